@@ -1,0 +1,279 @@
+//! The `leasefs` command: mount (and serve) a lease directory, unmount it.
+
+use std::io::{Read, Write};
+use std::os::fd::{FromRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser, Subcommand};
+use leasefs::fs::Fs;
+use leasefs::fuse::LeaseFs;
+use leasefs::session::{self, MountOptions, Served};
+use tracing::{error, info};
+
+/// Environment variable naming the pipe fd on which a daemon started by
+/// `leasefs mount` reports readiness (`READY`) or its failure to its parent.
+const READY_FD_ENV: &str = "LEASEFS_READY_FD";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "leasefs",
+    version,
+    about = "A FUSE filesystem that turns a directory into a fenced lock service",
+    long_about = "leasefs mounts an in-memory POSIX filesystem whose files are leases: flock, fcntl \
+                  and OFD locks are held by the daemon, every new holder gets a higher epoch \
+                  (a fencing token), and a lease keeps its identity across unlink and rename-over.\n\n\
+                  Logs go to stderr (or --log-file); set the level with RUST_LOG=error|warn|info|debug|trace."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Mount a lease directory; returns once the mount is live.
+    Mount(MountArgs),
+    /// Unmount a lease directory and wait for its daemon to exit.
+    Unmount(UnmountArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+struct MountArgs {
+    /// Empty directory to mount on.
+    mountpoint: PathBuf,
+    /// Directory for durable state (journal and snapshots).
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/leasefs")]
+    state_dir: PathBuf,
+    /// Stay in the foreground instead of detaching the daemon.
+    #[arg(long)]
+    foreground: bool,
+    /// Mount even if the directory is not empty (its entries are hidden while mounted).
+    #[arg(long)]
+    nonempty: bool,
+    /// Let users other than the one who mounted use the mount (needed for multi-user setups).
+    #[arg(long)]
+    allow_other: bool,
+    /// Append daemon logs to FILE (a detached daemon otherwise discards them).
+    #[arg(long, value_name = "FILE")]
+    log_file: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct UnmountArgs {
+    /// Mount point of a leasefs mount.
+    mountpoint: PathBuf,
+    /// Seconds to wait for the daemon to exit.
+    #[arg(long, default_value_t = 10)]
+    timeout: u64,
+}
+
+fn init_logging(log_file: Option<&Path>) {
+    let level = match std::env::var("RUST_LOG").unwrap_or_default().to_ascii_lowercase().as_str() {
+        "error" => tracing::Level::ERROR,
+        "warn" => tracing::Level::WARN,
+        "debug" => tracing::Level::DEBUG,
+        "trace" => tracing::Level::TRACE,
+        _ => tracing::Level::INFO,
+    };
+    let builder = tracing_subscriber::fmt().with_max_level(level).with_target(false);
+    match log_file.and_then(|p| session::open_append(p).ok()) {
+        Some(f) => builder.with_ansi(false).with_writer(std::sync::Mutex::new(f)).init(),
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Cmd::Mount(args) if args.foreground => serve(&args),
+        Cmd::Mount(args) => spawn_daemon(&args),
+        Cmd::Unmount(args) => unmount(&args),
+    }
+}
+
+/// Block the termination signals in every thread and turn them into an
+/// unmount, so the session loop ends and the daemon exits cleanly.
+fn handle_signals(mountpoint: PathBuf) {
+    // SAFETY: sigset manipulation on a local, zero-initialised set.
+    let set = unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        set
+    };
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || loop {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: set is a valid signal set; sig is a valid out pointer.
+            if unsafe { libc::sigwait(&set, &mut sig) } != 0 {
+                continue;
+            }
+            info!(signal = sig, "unmounting on signal");
+            if session::unmount(&mountpoint, false).is_err() {
+                let _ = session::unmount(&mountpoint, true);
+            }
+        })
+        .expect("spawn signal thread");
+}
+
+fn report_ready(msg: &str) {
+    if let Some(fd) = std::env::var(READY_FD_ENV).ok().and_then(|v| v.parse::<RawFd>().ok()) {
+        std::env::remove_var(READY_FD_ENV);
+        // SAFETY: the parent passed us this fd for exactly this message; we own it now.
+        let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+        let _ = f.write_all(msg.as_bytes());
+    }
+}
+
+fn serve(args: &MountArgs) -> ExitCode {
+    init_logging(args.log_file.as_deref());
+    let opts = MountOptions { nonempty: args.nonempty, allow_other: args.allow_other };
+    // SAFETY: geteuid/getegid have no preconditions.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let fs = Arc::new(Fs::new(uid, gid));
+    let mountpoint = match session::absolute(&args.mountpoint) {
+        Ok(p) => p,
+        Err(e) => {
+            report_ready(&format!("ERR {}: {e}\n", args.mountpoint.display()));
+            eprintln!("leasefs: {}: {e}", args.mountpoint.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    handle_signals(mountpoint.clone());
+    let served = match Served::start(LeaseFs::new(fs), &mountpoint, &opts, Arc::new(|_| {})) {
+        Ok(s) => s,
+        Err(e) => {
+            report_ready(&format!("ERR {e}\n"));
+            error!("{e}");
+            eprintln!("leasefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    report_ready("READY\n");
+    served.run();
+    ExitCode::SUCCESS
+}
+
+/// Start the daemon detached and wait until it reports the mount live.
+fn spawn_daemon(args: &MountArgs) -> ExitCode {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid array for pipe to fill.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        eprintln!("leasefs: pipe: {}", std::io::Error::last_os_error());
+        return ExitCode::FAILURE;
+    }
+    let (rd, wr) = (fds[0], fds[1]);
+    // SAFETY: rd was just created by pipe and is owned here.
+    let mut reader = unsafe { std::fs::File::from_raw_fd(rd) };
+    // SAFETY: fcntl on our own fd; the read end must not leak into the daemon.
+    unsafe { libc::fcntl(rd, libc::F_SETFD, libc::FD_CLOEXEC) };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("leasefs: cannot find own executable: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount").arg(&args.mountpoint).arg("--foreground").arg("--state-dir").arg(&args.state_dir);
+    if args.nonempty {
+        cmd.arg("--nonempty");
+    }
+    if args.allow_other {
+        cmd.arg("--allow-other");
+    }
+    if let Some(l) = &args.log_file {
+        cmd.arg("--log-file").arg(l);
+    }
+    cmd.env(READY_FD_ENV, wr.to_string()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our session.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn();
+    // SAFETY: closing our copy of the write end so EOF means the daemon is gone.
+    unsafe { libc::close(wr) };
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("leasefs: starting the daemon: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut msg = String::new();
+    let _ = reader.read_to_string(&mut msg);
+    if msg.starts_with("READY") {
+        // The daemon lives on; nobody waits for it here.
+        std::mem::forget(child);
+        return ExitCode::SUCCESS;
+    }
+    let _ = child.wait();
+    let why = msg.strip_prefix("ERR ").unwrap_or("the daemon exited before the mount was live").trim();
+    eprintln!("leasefs: {why}");
+    ExitCode::FAILURE
+}
+
+fn unmount(args: &UnmountArgs) -> ExitCode {
+    let path = match session::absolute(&args.mountpoint) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("leasefs: {}: {e}", args.mountpoint.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let show = path.display();
+    let Some(entry) = session::find_mount(&path) else {
+        eprintln!("leasefs: {show}: not a leasefs mount");
+        return ExitCode::FAILURE;
+    };
+    let pid = session::daemon_pid(&entry);
+    if let Err(e) = std::fs::metadata(&path) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            eprintln!(
+                "leasefs: {show}: the daemon is gone (Transport endpoint is not connected); removing the stale mount"
+            );
+            return match session::unmount(&path, true) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("leasefs: {show}: cannot remove the stale mount: {e}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+    }
+    if let Err(e) = session::unmount(&path, false) {
+        if e.raw_os_error() == Some(libc::EBUSY) {
+            eprintln!("leasefs: {show}: busy (processes still use it); close them or detach with `umount -l {show}`");
+        } else {
+            eprintln!("leasefs: {show}: unmount failed: {e}");
+        }
+        return ExitCode::FAILURE;
+    }
+    let Some(pid) = pid else { return ExitCode::SUCCESS };
+    let deadline = Instant::now() + Duration::from_secs(args.timeout);
+    while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
+        if Instant::now() > deadline {
+            eprintln!("leasefs: {show}: unmounted, but daemon {pid} has not exited after {}s", args.timeout);
+            return ExitCode::FAILURE;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    ExitCode::SUCCESS
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(true)
+}

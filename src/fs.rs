@@ -1,0 +1,674 @@
+//! Filesystem operations over the namespace, callable without the kernel.
+//!
+//! Every method takes the caller's identity and returns `Result<_, Error>`;
+//! the FUSE adapter only decodes requests and encodes replies. Permission
+//! checks are the kernel's (`default_permissions`); this layer enforces what
+//! the kernel cannot know: names, emptiness, types, ownership inheritance.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
+
+/// Who is asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    /// Process (thread) id from the request header.
+    pub pid: u32,
+}
+
+impl Caller {
+    /// The superuser, for tests and internal calls.
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0, pid: 0 };
+}
+
+/// An open file handle number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Handle(pub u64);
+
+/// A time given to `setattr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of a `setattr` call; `None` leaves a field alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<SystemTime>,
+    pub handle: Option<Handle>,
+}
+
+/// One directory entry as returned by `readdir`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Cookie to resume after this entry.
+    pub cookie: u64,
+    pub ino: Ino,
+    pub kind: Kind,
+    pub name: OsString,
+}
+
+/// `statfs` answer.
+#[derive(Debug, Clone, Copy)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+}
+
+/// Rename flags (`renameat2`).
+pub const RENAME_NOREPLACE: u32 = 1;
+/// Rename flags (`renameat2`).
+pub const RENAME_EXCHANGE: u32 = 2;
+
+const XATTR_CREATE: i32 = 1;
+const XATTR_REPLACE: i32 = 2;
+const XATTR_SIZE_MAX: usize = 65_536;
+const TOTAL_BLOCKS: u64 = 1 << 28;
+const TOTAL_FILES: u64 = 1 << 32;
+
+#[derive(Debug)]
+struct OpenFile {
+    ino: Ino,
+    flags: i32,
+}
+
+#[derive(Debug)]
+struct State {
+    ns: Namespace,
+    handles: HashMap<Handle, OpenFile>,
+    next_handle: u64,
+}
+
+/// The filesystem core.
+#[derive(Debug)]
+pub struct Fs {
+    state: Mutex<State>,
+}
+
+fn now() -> SystemTime {
+    SystemTime::now()
+}
+
+fn resolve(t: SetTime, now: SystemTime) -> SystemTime {
+    match t {
+        SetTime::Now => now,
+        SetTime::At(t) => t,
+    }
+}
+
+impl Fs {
+    /// A filesystem with an empty root owned by `uid:gid` (mode 0755).
+    pub fn new(uid: u32, gid: u32) -> Fs {
+        Fs {
+            state: Mutex::new(State {
+                ns: Namespace::new(0o755, uid, gid, now()),
+                handles: HashMap::new(),
+                next_handle: 1,
+            }),
+        }
+    }
+
+    /// Resolve `name` in `parent` and take a kernel reference on it.
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
+        let mut st = self.state.lock();
+        let ino = st.ns.child(parent, name)?;
+        st.ns.add_lookup(ino);
+        Ok(st.ns.get(ino)?.attr())
+    }
+
+    /// Drop `n` kernel references.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        self.state.lock().ns.forget(ino, n);
+    }
+
+    /// Attributes of an inode.
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        Ok(self.state.lock().ns.get(ino)?.attr())
+    }
+
+    /// Change attributes (chmod, chown, truncate, utimensat).
+    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
+        let mut st = self.state.lock();
+        let now = now();
+        let i = st.ns.get_mut(ino)?;
+        if let Some(size) = set.size {
+            i.data_mut()?.truncate(size)?;
+            i.touch_content(now);
+        }
+        if let Some(mode) = set.mode {
+            i.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = set.uid {
+            i.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            i.gid = gid;
+        }
+        if let Some(t) = set.atime {
+            i.atime = resolve(t, now);
+        }
+        if let Some(t) = set.mtime {
+            i.mtime = resolve(t, now);
+        }
+        i.ctime = set.ctime.unwrap_or(now);
+        Ok(i.attr())
+    }
+
+    /// Target of a symlink.
+    pub fn readlink(&self, ino: Ino) -> Result<OsString> {
+        match &self.state.lock().ns.get(ino)?.body {
+            Body::Symlink(t) => Ok(t.clone()),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    fn make(
+        st: &mut State,
+        caller: Caller,
+        parent: Ino,
+        name: &OsStr,
+        kind: Kind,
+        perm: u32,
+        rdev: u32,
+        symlink: Option<OsString>,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        let now = now();
+        let p = st.ns.get(parent)?;
+        if p.nlink == 0 {
+            // A removed directory accepts no new entries.
+            return Err(Error::NotFound);
+        }
+        if p.dir()?.get(name).is_some() {
+            return Err(Error::Exists);
+        }
+        let mut perm = (perm & 0o7777) as u16;
+        let mut gid = caller.gid;
+        // A setgid directory hands its group down, and its setgid bit to subdirectories.
+        if p.perm & libc::S_ISGID as u16 != 0 {
+            gid = p.gid;
+            if kind == Kind::Dir {
+                perm |= libc::S_ISGID as u16;
+            }
+        }
+        let ino = st.ns.alloc(NewInode { kind, perm, uid: caller.uid, gid, rdev, symlink }, parent, now);
+        st.ns.link(parent, name, ino)?;
+        st.ns.add_lookup(ino);
+        st.ns.get_mut(parent)?.touch_content(now);
+        Ok(st.ns.get(ino)?.attr())
+    }
+
+    /// `mknod`: regular files, FIFOs, sockets and (inert) device nodes.
+    pub fn mknod(&self, caller: Caller, parent: Ino, name: &OsStr, mode: u32, umask: u32, rdev: u32) -> Result<Attr> {
+        let kind = Kind::from_mode(mode).ok_or(Error::Invalid)?;
+        if matches!(kind, Kind::Dir | Kind::Symlink) {
+            return Err(Error::Invalid);
+        }
+        let mut st = self.state.lock();
+        Self::make(&mut st, caller, parent, name, kind, mode & !umask, rdev, None)
+    }
+
+    /// `mkdir`.
+    pub fn mkdir(&self, caller: Caller, parent: Ino, name: &OsStr, mode: u32, umask: u32) -> Result<Attr> {
+        let mut st = self.state.lock();
+        Self::make(&mut st, caller, parent, name, Kind::Dir, mode & !umask & 0o7777, 0, None)
+    }
+
+    /// `symlink`.
+    pub fn symlink(&self, caller: Caller, parent: Ino, name: &OsStr, target: &OsStr) -> Result<Attr> {
+        if target.len() >= libc::PATH_MAX as usize {
+            return Err(Error::NameTooLong);
+        }
+        let mut st = self.state.lock();
+        Self::make(&mut st, caller, parent, name, Kind::Symlink, 0o777, 0, Some(target.to_os_string()))
+    }
+
+    /// `create`: make a regular file and open it.
+    pub fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Attr, Handle)> {
+        let mut st = self.state.lock();
+        let attr = match Self::make(&mut st, caller, parent, name, Kind::File, mode & !umask, 0, None) {
+            Ok(a) => a,
+            Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
+                // The kernel raced with another creator: open the existing file.
+                let ino = st.ns.child(parent, name)?;
+                st.ns.add_lookup(ino);
+                st.ns.get(ino)?.attr()
+            }
+            Err(e) => return Err(e),
+        };
+        let h = Self::open_locked(&mut st, attr.ino, flags)?;
+        Ok((attr, h))
+    }
+
+    /// `unlink`.
+    pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        let mut st = self.state.lock();
+        let ino = st.ns.child(parent, name)?;
+        if st.ns.get(ino)?.kind == Kind::Dir {
+            return Err(Error::IsDir);
+        }
+        let now = now();
+        st.ns.get_mut(ino)?.ctime = now;
+        st.ns.unlink(parent, name)?;
+        st.ns.get_mut(parent)?.touch_content(now);
+        Ok(())
+    }
+
+    /// `rmdir`.
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        let mut st = self.state.lock();
+        if name == "." {
+            return Err(Error::Invalid);
+        }
+        if name == ".." {
+            return Err(Error::NotEmpty);
+        }
+        let ino = st.ns.child(parent, name)?;
+        let d = st.ns.get(ino)?.dir()?;
+        if !d.is_empty() {
+            return Err(Error::NotEmpty);
+        }
+        let now = now();
+        st.ns.get_mut(ino)?.ctime = now;
+        st.ns.unlink(parent, name)?;
+        st.ns.get_mut(parent)?.touch_content(now);
+        Ok(())
+    }
+
+    /// `link`: a new name for an existing non-directory.
+    pub fn link(&self, ino: Ino, parent: Ino, name: &OsStr) -> Result<Attr> {
+        check_name(name)?;
+        let mut st = self.state.lock();
+        let i = st.ns.get(ino)?;
+        if i.kind == Kind::Dir {
+            return Err(Error::NotPermitted);
+        }
+        if i.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        let p = st.ns.get(parent)?;
+        if p.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        if p.dir()?.get(name).is_some() {
+            return Err(Error::Exists);
+        }
+        let now = now();
+        st.ns.link(parent, name, ino)?;
+        st.ns.add_lookup(ino);
+        st.ns.get_mut(parent)?.touch_content(now);
+        let i = st.ns.get_mut(ino)?;
+        i.ctime = now;
+        Ok(i.attr())
+    }
+
+    /// `rename` / `renameat2` with `RENAME_NOREPLACE` and `RENAME_EXCHANGE`.
+    pub fn rename(&self, parent: Ino, name: &OsStr, newparent: Ino, newname: &OsStr, flags: u32) -> Result<()> {
+        check_name(name)?;
+        check_name(newname)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
+        {
+            return Err(Error::Invalid);
+        }
+        let mut st = self.state.lock();
+        let src = st.ns.child(parent, name)?;
+        let dst = match st.ns.child(newparent, newname) {
+            Ok(i) => Some(i),
+            Err(Error::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        let src_dir = st.ns.get(src)?.kind == Kind::Dir;
+        let now = now();
+
+        if flags & RENAME_EXCHANGE != 0 {
+            let dst = dst.ok_or(Error::NotFound)?;
+            if src == dst {
+                return Ok(());
+            }
+            let dst_dir = st.ns.get(dst)?.kind == Kind::Dir;
+            // Neither may end up inside itself.
+            if src_dir && st.ns.is_ancestor(src, newparent) || dst_dir && st.ns.is_ancestor(dst, parent) {
+                return Err(Error::Invalid);
+            }
+            st.ns.get_mut(parent)?.dir_mut()?.insert(name.to_os_string(), dst);
+            st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+            if parent != newparent {
+                if src_dir {
+                    Self::reparent(&mut st.ns, src, parent, newparent)?;
+                }
+                if dst_dir {
+                    Self::reparent(&mut st.ns, dst, newparent, parent)?;
+                }
+            }
+            for ino in [src, dst, parent, newparent] {
+                st.ns.get_mut(ino)?.ctime = now;
+            }
+            st.ns.get_mut(parent)?.mtime = now;
+            st.ns.get_mut(newparent)?.mtime = now;
+            return Ok(());
+        }
+
+        if let Some(dst) = dst {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(Error::Exists);
+            }
+            if dst == src {
+                // Two names of one inode: POSIX says do nothing.
+                return Ok(());
+            }
+            let d = st.ns.get(dst)?;
+            match (src_dir, d.kind == Kind::Dir) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) if !d.dir()?.is_empty() => return Err(Error::NotEmpty),
+                _ => {}
+            }
+        }
+        if src_dir && st.ns.is_ancestor(src, newparent) {
+            return Err(Error::Invalid);
+        }
+        if st.ns.get(newparent)?.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        if let Some(dst) = dst {
+            st.ns.get_mut(dst)?.ctime = now;
+            st.ns.unlink(newparent, newname)?;
+        }
+        st.ns.get_mut(parent)?.dir_mut()?.remove(name);
+        st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+        if src_dir && parent != newparent {
+            Self::reparent(&mut st.ns, src, parent, newparent)?;
+        }
+        st.ns.get_mut(src)?.ctime = now;
+        st.ns.get_mut(parent)?.touch_content(now);
+        st.ns.get_mut(newparent)?.touch_content(now);
+        Ok(())
+    }
+
+    fn reparent(ns: &mut Namespace, dir: Ino, from: Ino, to: Ino) -> Result<()> {
+        ns.get_mut(from)?.nlink -= 1;
+        ns.get_mut(to)?.nlink += 1;
+        ns.get_mut(dir)?.dir_mut()?.parent = to;
+        Ok(())
+    }
+
+    fn open_locked(st: &mut State, ino: Ino, flags: i32) -> Result<Handle> {
+        let i = st.ns.get_mut(ino)?;
+        i.opens += 1;
+        let h = Handle(st.next_handle);
+        st.next_handle += 1;
+        st.handles.insert(h, OpenFile { ino, flags });
+        Ok(h)
+    }
+
+    /// `open` / `opendir`.
+    pub fn open(&self, ino: Ino, flags: i32) -> Result<Handle> {
+        let mut st = self.state.lock();
+        Self::open_locked(&mut st, ino, flags)
+    }
+
+    /// `release` / `releasedir`: the last close of an open file description.
+    pub fn release(&self, h: Handle) -> Result<()> {
+        let mut st = self.state.lock();
+        let f = st.handles.remove(&h).ok_or(Error::BadHandle)?;
+        if let Ok(i) = st.ns.get_mut(f.ino) {
+            i.opens = i.opens.saturating_sub(1);
+        }
+        st.ns.maybe_drop(f.ino);
+        Ok(())
+    }
+
+    /// `read`.
+    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let st = self.state.lock();
+        Ok(st.ns.get(ino)?.data()?.read(offset, size as usize))
+    }
+
+    /// `write`; returns the number of bytes written.
+    pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8]) -> Result<u32> {
+        let mut st = self.state.lock();
+        let append = st.handles.get(&h).is_some_and(|f| f.flags & libc::O_APPEND != 0);
+        let i = st.ns.get_mut(ino)?;
+        let d = i.data_mut()?;
+        // O_APPEND writes land at the daemon's end of file, which other
+        // writers may have moved since the kernel last saw the size.
+        let offset = if append { d.size() } else { offset };
+        d.write(offset, data)?;
+        i.touch_content(now());
+        Ok(data.len() as u32)
+    }
+
+    /// `fallocate`: mode 0 and `FALLOC_FL_KEEP_SIZE` reserve (a no-op in
+    /// memory beyond growing the size), `PUNCH_HOLE|KEEP_SIZE` zeroes.
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32) -> Result<()> {
+        let mut st = self.state.lock();
+        let i = st.ns.get_mut(ino)?;
+        let d = i.data_mut()?;
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        match mode {
+            0 => {
+                if end > d.size() {
+                    d.truncate(end)?;
+                }
+            }
+            libc::FALLOC_FL_KEEP_SIZE => {}
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => d.zero_range(offset, len),
+            _ => return Err(Error::NotSupported),
+        }
+        i.touch_content(now());
+        Ok(())
+    }
+
+    /// `readdir`: entries after `offset` (0 starts over), including `.` and `..`.
+    pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        let st = self.state.lock();
+        let i = st.ns.get(ino)?;
+        let d = i.dir()?;
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push(DirEntry { cookie: 1, ino, kind: Kind::Dir, name: ".".into() });
+        }
+        if offset < 2 {
+            out.push(DirEntry { cookie: 2, ino: d.parent, kind: Kind::Dir, name: "..".into() });
+        }
+        for (cookie, name, child) in d.after(offset.max(2), max) {
+            let kind = st.ns.get(child).map_or(Kind::File, |c| c.kind);
+            out.push(DirEntry { cookie, ino: child, kind, name });
+        }
+        Ok(out)
+    }
+
+    /// `statfs`.
+    pub fn statfs(&self) -> StatFs {
+        let st = self.state.lock();
+        let used = st.ns.pages();
+        StatFs {
+            blocks: TOTAL_BLOCKS,
+            bfree: TOTAL_BLOCKS.saturating_sub(used),
+            files: TOTAL_FILES,
+            ffree: TOTAL_FILES - st.ns.len() as u64,
+            bsize: PAGE as u32,
+            namelen: crate::namespace::NAME_MAX as u32,
+        }
+    }
+
+    /// `setxattr`.
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+        check_xattr_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Error::TooBig);
+        }
+        let mut st = self.state.lock();
+        let i = st.ns.get_mut(ino)?;
+        let exists = i.xattrs.contains_key(name);
+        if flags & XATTR_CREATE != 0 && exists {
+            return Err(Error::Exists);
+        }
+        if flags & XATTR_REPLACE != 0 && !exists {
+            return Err(Error::NoAttr);
+        }
+        i.xattrs.insert(name.to_os_string(), value.to_vec());
+        i.ctime = now();
+        Ok(())
+    }
+
+    /// `getxattr`.
+    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
+        check_xattr_name(name)?;
+        let st = self.state.lock();
+        st.ns.get(ino)?.xattrs.get(name).cloned().ok_or(Error::NoAttr)
+    }
+
+    /// `listxattr`: NUL-terminated names.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        let st = self.state.lock();
+        let mut out = Vec::new();
+        for name in st.ns.get(ino)?.xattrs.keys() {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    /// `removexattr`.
+    pub fn removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
+        check_xattr_name(name)?;
+        let mut st = self.state.lock();
+        let i = st.ns.get_mut(ino)?;
+        i.xattrs.remove(name).ok_or(Error::NoAttr)?;
+        i.ctime = now();
+        Ok(())
+    }
+}
+
+fn check_xattr_name(name: &OsStr) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() > 255 {
+        return Err(Error::Range);
+    }
+    // POSIX ACLs (system.*) are not supported, as on a filesystem without acl.
+    if ["user.", "trusted.", "security."].iter().any(|p| b.starts_with(p.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Error::NotSupported)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fs() -> Fs {
+        Fs::new(0, 0)
+    }
+    const C: Caller = Caller::ROOT;
+
+    #[test]
+    fn hard_links_share_nlink_and_content() {
+        let fs = fs();
+        let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0o022, libc::O_RDWR).unwrap();
+        assert_eq!(a.perm, 0o644);
+        fs.write(a.ino, h, 0, b"hello").unwrap();
+        let b = fs.link(a.ino, Ino::ROOT, OsStr::new("b")).unwrap();
+        assert_eq!(b.nlink, 2);
+        fs.unlink(Ino::ROOT, OsStr::new("a")).unwrap();
+        assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("b")).unwrap().nlink, 1);
+        assert_eq!(fs.read(a.ino, 0, 10).unwrap(), b"hello");
+        assert_eq!(fs.link(a.ino, Ino::ROOT, OsStr::new("b")), Err(Error::Exists));
+    }
+
+    #[test]
+    fn rename_error_cases() {
+        let fs = fs();
+        let d = fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o755, 0).unwrap();
+        let e = fs.mkdir(C, d.ino, OsStr::new("e"), 0o755, 0).unwrap();
+        fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        fs.mknod(C, e.ino, OsStr::new("g"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        let r = Ino::ROOT;
+        assert_eq!(fs.rename(r, OsStr::new("d"), e.ino, OsStr::new("x"), 0), Err(Error::Invalid));
+        assert_eq!(fs.rename(r, OsStr::new("d"), r, OsStr::new("f"), 0), Err(Error::NotDir));
+        assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), 0), Err(Error::IsDir));
+        fs.mkdir(C, r, OsStr::new("z"), 0o755, 0).unwrap();
+        assert_eq!(fs.rename(r, OsStr::new("z"), d.ino, OsStr::new("e"), 0), Err(Error::NotEmpty));
+        assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("z"), RENAME_NOREPLACE), Err(Error::Exists));
+        assert_eq!(fs.rename(r, OsStr::new("nope"), r, OsStr::new("q"), 0), Err(Error::NotFound));
+        // Moving a directory across parents moves the ".." link count.
+        assert_eq!(fs.getattr(r).unwrap().nlink, 4);
+        fs.rename(d.ino, OsStr::new("e"), r, OsStr::new("e2"), 0).unwrap();
+        assert_eq!(fs.getattr(r).unwrap().nlink, 5);
+        assert_eq!(fs.getattr(d.ino).unwrap().nlink, 2);
+        fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), RENAME_EXCHANGE).unwrap();
+        assert_eq!(fs.lookup(r, OsStr::new("f")).unwrap().kind, Kind::Dir);
+    }
+
+    #[test]
+    fn setgid_directories_hand_down_group() {
+        let fs = fs();
+        let d = fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o2775, 0).unwrap();
+        fs.setattr(d.ino, &SetAttr { gid: Some(50), ..SetAttr::default() }).unwrap();
+        let u = Caller { uid: 1000, gid: 1000, pid: 1 };
+        let f = fs.mknod(u, d.ino, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        assert_eq!(f.gid, 50);
+        let s = fs.mkdir(u, d.ino, OsStr::new("s"), 0o755, 0).unwrap();
+        assert_eq!(s.perm & libc::S_ISGID as u16, libc::S_ISGID as u16);
+    }
+
+    #[test]
+    fn xattr_flags_and_errors() {
+        let fs = fs();
+        let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        let n = OsStr::new("user.k");
+        assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_REPLACE), Err(Error::NoAttr));
+        fs.setxattr(f.ino, n, b"v", XATTR_CREATE).unwrap();
+        assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_CREATE), Err(Error::Exists));
+        assert_eq!(fs.getxattr(f.ino, n).unwrap(), b"v");
+        assert_eq!(fs.listxattr(f.ino).unwrap(), b"user.k\0");
+        fs.removexattr(f.ino, n).unwrap();
+        assert_eq!(fs.getxattr(f.ino, n), Err(Error::NoAttr));
+        assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k"), b"v", 0), Err(Error::NotSupported));
+    }
+
+    #[test]
+    fn unlinked_open_file_lives_until_forget_and_release() {
+        let fs = fs();
+        let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, libc::O_RDWR).unwrap();
+        fs.unlink(Ino::ROOT, OsStr::new("a")).unwrap();
+        fs.write(a.ino, h, 0, b"x").unwrap();
+        fs.forget(a.ino, 1);
+        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
+        fs.release(h).unwrap();
+        assert_eq!(fs.getattr(a.ino), Err(Error::NotFound));
+        // A new file never reuses the number.
+        let (b, _) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, 0).unwrap();
+        assert!(b.ino > a.ino);
+    }
+}

@@ -1,0 +1,420 @@
+//! Thin adapter from `fuser::Filesystem` to the [`Fs`] core.
+//!
+//! Each handler decodes the request, calls the core, and replies. All fuser
+//! types stay in this file (its API churns between releases). A panic in the
+//! core is caught here: the request is answered with `EIO` and the mount stays
+//! up.
+
+use std::ffi::OsStr;
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use tracing::{debug, error};
+
+use crate::error::Error;
+use crate::fs::{Caller, Fs, Handle, SetAttr, SetTime};
+use crate::namespace::{Attr, Ino, Kind};
+
+/// Entries and attributes are never cached by the kernel: a lease's name can
+/// change its target at any moment (unlink, re-create, rename over), and a
+/// cached entry would let a process reach a stale inode.
+const TTL: Duration = Duration::ZERO;
+
+/// Largest write the kernel may send; every message must fit one datagram of
+/// the request proxy.
+pub const MAX_WRITE: u32 = 128 * 1024;
+
+/// The `fuser::Filesystem` implementation.
+#[derive(Debug)]
+pub struct LeaseFs {
+    fs: Arc<Fs>,
+}
+
+impl LeaseFs {
+    /// Serve `fs`.
+    pub fn new(fs: Arc<Fs>) -> LeaseFs {
+        LeaseFs { fs }
+    }
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
+}
+
+fn errno(e: Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+fn kind(k: Kind) -> FileType {
+    match k {
+        Kind::File => FileType::RegularFile,
+        Kind::Dir => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev => FileType::CharDevice,
+        Kind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino.0),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.crtime,
+        kind: kind(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
+    t.map(|t| match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(t) => SetTime::At(t),
+    })
+}
+
+/// Run a handler, turning a panic into an `EIO` reply (the reply object
+/// answers `EIO` when it is dropped unanswered during unwinding).
+fn guarded(op: &str, f: impl FnOnce()) {
+    if catch_unwind(AssertUnwindSafe(f)).is_err() {
+        error!(op, "handler panicked; request answered with EIO");
+    }
+}
+
+impl fuser::Filesystem for LeaseFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        // Readahead would fetch lease contents the process never asked for.
+        let _ = config.set_max_readahead(MAX_WRITE);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        guarded("lookup", || match self.fs.lookup(Ino(parent.0), name) {
+            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        guarded("forget", || self.fs.forget(Ino(ino.0), nlookup));
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        guarded("getattr", || match self.fs.getattr(Ino(ino.0)) {
+            Ok(a) => reply.attr(&TTL, &attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        guarded("setattr", || {
+            let set = SetAttr {
+                mode,
+                uid,
+                gid,
+                size,
+                atime: set_time(atime),
+                mtime: set_time(mtime),
+                ctime,
+                handle: fh.map(|h| Handle(h.0)),
+            };
+            match self.fs.setattr(Ino(ino.0), &set) {
+                Ok(a) => reply.attr(&TTL, &attr(&a)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        guarded("readlink", || match self.fs.readlink(Ino(ino.0)) {
+            Ok(t) => reply.data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        guarded("mknod", || match self.fs.mknod(caller(req), Ino(parent.0), name, mode, umask, rdev) {
+            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        guarded("mkdir", || match self.fs.mkdir(caller(req), Ino(parent.0), name, mode, umask) {
+            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("unlink", || match self.fs.unlink(Ino(parent.0), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("rmdir", || match self.fs.rmdir(Ino(parent.0), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        guarded("symlink", || match self.fs.symlink(caller(req), Ino(parent.0), link_name, target.as_os_str()) {
+            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        guarded("rename", || {
+            match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits()) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname) {
+            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        guarded("open", || match self.fs.open(Ino(ino.0), flags.0) {
+            Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        guarded("read", || match self.fs.read(Ino(ino.0), offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        guarded("release", || match self.fs.release(Handle(fh.0)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        guarded("opendir", || match self.fs.open(Ino(ino.0), flags.0) {
+            Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        guarded("readdir", || match self.fs.readdir(Ino(ino.0), offset, 512) {
+            Ok(entries) => {
+                for e in entries {
+                    if reply.add(INodeNo(e.ino.0), e.cookie, kind(e.kind), &e.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        guarded("releasedir", || match self.fs.release(Handle(fh.0)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        guarded("statfs", || {
+            let s = self.fs.statfs();
+            reply.statfs(s.blocks, s.bfree, s.bfree, s.files, s.ffree, s.bsize, s.namelen, s.bsize);
+        });
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        guarded("setxattr", || match self.fs.setxattr(Ino(ino.0), name, value, flags) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        guarded("getxattr", || reply_xattr(self.fs.getxattr(Ino(ino.0), name), size, reply));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        guarded("listxattr", || reply_xattr(self.fs.listxattr(Ino(ino.0)), size, reply));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("removexattr", || match self.fs.removexattr(Ino(ino.0), name) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        guarded("create", || match self.fs.create(caller(req), Ino(parent.0), name, mode, umask, flags) {
+            Ok((a, h)) => reply.created(&TTL, &attr(&a), Generation(0), FileHandle(h.0), FopenFlags::empty()),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        guarded("fallocate", || match self.fs.fallocate(Ino(ino.0), offset, length, mode) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+}
+
+fn reply_xattr(r: crate::error::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
+    match r {
+        Ok(v) if size == 0 => reply.size(v.len() as u32),
+        Ok(v) if v.len() > size as usize => reply.error(errno(Error::Range)),
+        Ok(v) => reply.data(&v),
+        Err(e) => {
+            debug!(errno = e.errno(), "xattr refused");
+            reply.error(errno(e));
+        }
+    }
+}

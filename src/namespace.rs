@@ -1,0 +1,626 @@
+//! The inode table and directory tree.
+//!
+//! Invariants this module keeps:
+//! - Inode numbers come from a counter that only goes up, so a number is never
+//!   reused while the kernel may still hold it.
+//! - An inode stays in the table while it has a name (`nlink > 0`) or the
+//!   kernel still holds lookups on it; only FORGET lowers the lookup count.
+//! - Directory entries carry a cookie assigned at insertion from a per-directory
+//!   counter. `readdir` resumes strictly after a cookie, so offsets handed to
+//!   the kernel stay valid while entries are added and removed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::{OsStr, OsString};
+use std::time::SystemTime;
+
+use crate::error::{Error, Result};
+
+/// An inode number as the kernel sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ino(pub u64);
+
+impl Ino {
+    /// The mount root.
+    pub const ROOT: Ino = Ino(1);
+}
+
+/// Longest name a directory entry may have, in bytes.
+pub const NAME_MAX: usize = 255;
+/// Size of a content page; files are stored as sparse pages.
+pub const PAGE: usize = 4096;
+/// Largest file size (the kernel's `MAX_LFS_FILESIZE` on 64-bit).
+pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
+
+/// The type of an inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Named pipe (inert: the kernel implements the pipe).
+    Fifo,
+    /// Unix socket node (inert).
+    Socket,
+    /// Character device node (inert).
+    CharDev,
+    /// Block device node (inert).
+    BlockDev,
+}
+
+impl Kind {
+    /// The kind encoded in the `S_IFMT` bits of a mode.
+    pub fn from_mode(mode: u32) -> Option<Kind> {
+        match mode & libc::S_IFMT {
+            libc::S_IFREG | 0 => Some(Kind::File),
+            libc::S_IFDIR => Some(Kind::Dir),
+            libc::S_IFLNK => Some(Kind::Symlink),
+            libc::S_IFIFO => Some(Kind::Fifo),
+            libc::S_IFSOCK => Some(Kind::Socket),
+            libc::S_IFCHR => Some(Kind::CharDev),
+            libc::S_IFBLK => Some(Kind::BlockDev),
+            _ => None,
+        }
+    }
+}
+
+/// Attributes of an inode, as returned to the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: Kind,
+    /// Permission bits including setuid, setgid and sticky.
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub size: u64,
+    pub blocks: u64,
+    pub rdev: u32,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    pub crtime: SystemTime,
+}
+
+/// Contents of a regular file: sparse pages, so holes and huge sizes cost
+/// nothing.
+#[derive(Debug, Default, Clone)]
+pub struct Data {
+    size: u64,
+    pages: BTreeMap<u64, Box<[u8; PAGE]>>,
+}
+
+impl Data {
+    /// Current size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Pages actually stored (for `st_blocks` and `statfs`).
+    pub fn pages(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// Read up to `len` bytes at `offset`; holes read as zeros.
+    pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        if offset >= self.size {
+            return Vec::new();
+        }
+        let end = self.size.min(offset.saturating_add(len as u64));
+        let mut out = vec![0u8; (end - offset) as usize];
+        let first = offset / PAGE as u64;
+        let last = (end - 1) / PAGE as u64;
+        for (&idx, page) in self.pages.range(first..=last) {
+            let page_start = idx * PAGE as u64;
+            let from = offset.max(page_start);
+            let to = end.min(page_start + PAGE as u64);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
+        }
+        out
+    }
+
+    /// Write `buf` at `offset`, growing the file as needed.
+    pub fn write(&mut self, offset: u64, buf: &[u8]) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset.checked_add(buf.len() as u64).ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let mut pos = offset;
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let idx = pos / PAGE as u64;
+            let in_page = (pos % PAGE as u64) as usize;
+            let n = rest.len().min(PAGE - in_page);
+            let page = self.pages.entry(idx).or_insert_with(|| Box::new([0u8; PAGE]));
+            page[in_page..in_page + n].copy_from_slice(&rest[..n]);
+            pos += n as u64;
+            rest = &rest[n..];
+        }
+        self.size = self.size.max(end);
+        Ok(())
+    }
+
+    /// Set the size; bytes beyond a shrink are gone and read as zeros if the
+    /// file grows again.
+    pub fn truncate(&mut self, size: u64) -> Result<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        if size < self.size {
+            let keep = size.div_ceil(PAGE as u64);
+            self.pages.split_off(&keep);
+            let tail = (size % PAGE as u64) as usize;
+            if tail != 0 {
+                if let Some(page) = self.pages.get_mut(&(size / PAGE as u64)) {
+                    page[tail..].fill(0);
+                }
+            }
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Zero a range without changing the size (punch hole).
+    pub fn zero_range(&mut self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len).min(self.size);
+        let mut pos = offset;
+        while pos < end {
+            let idx = pos / PAGE as u64;
+            let in_page = (pos % PAGE as u64) as usize;
+            let n = ((end - pos) as usize).min(PAGE - in_page);
+            if in_page == 0 && n == PAGE {
+                self.pages.remove(&idx);
+            } else if let Some(page) = self.pages.get_mut(&idx) {
+                page[in_page..in_page + n].fill(0);
+            }
+            pos += n as u64;
+        }
+    }
+
+    /// Replace the whole content with `other`'s.
+    pub fn replace_with(&mut self, other: Data) {
+        *self = other;
+    }
+}
+
+/// Entries of a directory with stable readdir cookies.
+#[derive(Debug, Clone)]
+pub struct Dir {
+    /// The parent directory (the root is its own parent).
+    pub parent: Ino,
+    entries: BTreeMap<u64, (OsString, Ino)>,
+    by_name: HashMap<OsString, u64>,
+    next_cookie: u64,
+}
+
+/// First cookie handed to a real entry; 1 and 2 are `.` and `..`.
+pub const FIRST_COOKIE: u64 = 3;
+
+impl Dir {
+    fn new(parent: Ino) -> Dir {
+        Dir { parent, entries: BTreeMap::new(), by_name: HashMap::new(), next_cookie: FIRST_COOKIE }
+    }
+
+    /// The inode a name points at.
+    pub fn get(&self, name: &OsStr) -> Option<Ino> {
+        self.by_name.get(name).map(|c| self.entries[c].1)
+    }
+
+    /// Number of entries (without `.` and `..`).
+    pub fn len(&self) -> usize {
+        self.by_name.len()
+    }
+
+    /// True when the directory has no entries.
+    pub fn is_empty(&self) -> bool {
+        self.by_name.is_empty()
+    }
+
+    /// Add or replace a name.
+    pub fn insert(&mut self, name: OsString, ino: Ino) {
+        if let Some(&cookie) = self.by_name.get(&name) {
+            // Replacing keeps the position: the name was already listed.
+            self.entries.insert(cookie, (name, ino));
+            return;
+        }
+        let cookie = self.next_cookie;
+        self.next_cookie += 1;
+        self.by_name.insert(name.clone(), cookie);
+        self.entries.insert(cookie, (name, ino));
+    }
+
+    /// Remove a name, returning the inode it pointed at.
+    pub fn remove(&mut self, name: &OsStr) -> Option<Ino> {
+        let cookie = self.by_name.remove(name)?;
+        self.entries.remove(&cookie).map(|(_, ino)| ino)
+    }
+
+    /// Entries strictly after `cookie`, at most `max`.
+    pub fn after(&self, cookie: u64, max: usize) -> Vec<(u64, OsString, Ino)> {
+        self.entries
+            .range(cookie.saturating_add(1)..)
+            .take(max)
+            .map(|(&c, (n, i))| (c, n.clone(), *i))
+            .collect()
+    }
+
+    /// All entries in cookie order.
+    pub fn iter(&self) -> impl Iterator<Item = (&OsString, Ino)> {
+        self.entries.values().map(|(n, i)| (n, *i))
+    }
+}
+
+/// What an inode holds besides its attributes.
+#[derive(Debug, Clone)]
+pub enum Body {
+    File(Data),
+    Dir(Dir),
+    Symlink(OsString),
+    /// FIFOs, sockets and device nodes carry nothing.
+    Special,
+}
+
+/// One inode.
+#[derive(Debug, Clone)]
+pub struct Inode {
+    pub ino: Ino,
+    pub kind: Kind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    pub ctime: SystemTime,
+    pub crtime: SystemTime,
+    /// Kernel references from lookup-type replies, lowered only by FORGET.
+    pub lookups: u64,
+    /// Open handles on the inode.
+    pub opens: u64,
+    pub xattrs: BTreeMap<OsString, Vec<u8>>,
+    pub body: Body,
+}
+
+impl Inode {
+    /// Attributes for the kernel.
+    pub fn attr(&self) -> Attr {
+        let (size, pages) = match &self.body {
+            Body::File(d) => (d.size(), d.pages()),
+            Body::Dir(d) => ((d.len() as u64 + 2) * 20, 0),
+            Body::Symlink(t) => (t.len() as u64, 0),
+            Body::Special => (0, 0),
+        };
+        Attr {
+            ino: self.ino,
+            kind: self.kind,
+            perm: self.perm,
+            nlink: self.nlink,
+            uid: self.uid,
+            gid: self.gid,
+            size,
+            blocks: pages * (PAGE as u64 / 512),
+            rdev: self.rdev,
+            atime: self.atime,
+            mtime: self.mtime,
+            ctime: self.ctime,
+            crtime: self.crtime,
+        }
+    }
+
+    /// The directory body, or `ENOTDIR`.
+    pub fn dir(&self) -> Result<&Dir> {
+        match &self.body {
+            Body::Dir(d) => Ok(d),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    /// The directory body, or `ENOTDIR`.
+    pub fn dir_mut(&mut self) -> Result<&mut Dir> {
+        match &mut self.body {
+            Body::Dir(d) => Ok(d),
+            _ => Err(Error::NotDir),
+        }
+    }
+
+    /// The file contents, or `EISDIR`/`EINVAL`.
+    pub fn data(&self) -> Result<&Data> {
+        match &self.body {
+            Body::File(d) => Ok(d),
+            Body::Dir(_) => Err(Error::IsDir),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    /// The file contents, or `EISDIR`/`EINVAL`.
+    pub fn data_mut(&mut self) -> Result<&mut Data> {
+        match &mut self.body {
+            Body::File(d) => Ok(d),
+            Body::Dir(_) => Err(Error::IsDir),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    /// Mark a change of content: mtime and ctime.
+    pub fn touch_content(&mut self, now: SystemTime) {
+        self.mtime = now;
+        self.ctime = now;
+    }
+}
+
+/// Fields of a new inode.
+#[derive(Debug, Clone)]
+pub struct NewInode {
+    pub kind: Kind,
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub symlink: Option<OsString>,
+}
+
+/// The inode table.
+#[derive(Debug)]
+pub struct Namespace {
+    inodes: HashMap<Ino, Inode>,
+    next_ino: u64,
+}
+
+impl Namespace {
+    /// A namespace holding only the root directory.
+    pub fn new(root_perm: u16, uid: u32, gid: u32, now: SystemTime) -> Namespace {
+        let root = Inode {
+            ino: Ino::ROOT,
+            kind: Kind::Dir,
+            perm: root_perm,
+            nlink: 2,
+            uid,
+            gid,
+            rdev: 0,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            // The kernel holds the root without ever looking it up.
+            lookups: 1,
+            opens: 0,
+            xattrs: BTreeMap::new(),
+            body: Body::Dir(Dir::new(Ino::ROOT)),
+        };
+        let mut inodes = HashMap::new();
+        inodes.insert(Ino::ROOT, root);
+        Namespace { inodes, next_ino: 2 }
+    }
+
+    /// The inode, or `ENOENT`.
+    pub fn get(&self, ino: Ino) -> Result<&Inode> {
+        self.inodes.get(&ino).ok_or(Error::NotFound)
+    }
+
+    /// The inode, or `ENOENT`.
+    pub fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode> {
+        self.inodes.get_mut(&ino).ok_or(Error::NotFound)
+    }
+
+    /// Number of inodes in the table.
+    pub fn len(&self) -> usize {
+        self.inodes.len()
+    }
+
+    /// True when only impossible: the root is always there.
+    pub fn is_empty(&self) -> bool {
+        self.inodes.is_empty()
+    }
+
+    /// Total stored pages over all files.
+    pub fn pages(&self) -> u64 {
+        self.inodes
+            .values()
+            .map(|i| match &i.body {
+                Body::File(d) => d.pages(),
+                _ => 0,
+            })
+            .sum()
+    }
+
+    /// The inode a name in `parent` points at.
+    pub fn child(&self, parent: Ino, name: &OsStr) -> Result<Ino> {
+        check_name(name)?;
+        self.get(parent)?.dir()?.get(name).ok_or(Error::NotFound)
+    }
+
+    /// Create an inode (without a name yet; nlink starts at 0).
+    pub fn alloc(&mut self, new: NewInode, parent: Ino, now: SystemTime) -> Ino {
+        let ino = Ino(self.next_ino);
+        self.next_ino += 1;
+        let body = match new.kind {
+            Kind::File => Body::File(Data::default()),
+            Kind::Dir => Body::Dir(Dir::new(parent)),
+            Kind::Symlink => Body::Symlink(new.symlink.unwrap_or_default()),
+            Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => Body::Special,
+        };
+        let inode = Inode {
+            ino,
+            kind: new.kind,
+            perm: new.perm,
+            nlink: 0,
+            uid: new.uid,
+            gid: new.gid,
+            rdev: new.rdev,
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+            lookups: 0,
+            opens: 0,
+            xattrs: BTreeMap::new(),
+            body,
+        };
+        self.inodes.insert(ino, inode);
+        ino
+    }
+
+    /// Link `ino` into `parent` under `name` (which must be free); keeps the
+    /// nlink counts of the inode and, for directories, of the parent.
+    pub fn link(&mut self, parent: Ino, name: &OsStr, ino: Ino) -> Result<()> {
+        let is_dir = self.get(ino)?.kind == Kind::Dir;
+        let p = self.get_mut(parent)?;
+        p.dir_mut()?.insert(name.to_os_string(), ino);
+        if is_dir {
+            p.nlink += 1;
+        }
+        let i = self.get_mut(ino)?;
+        if is_dir {
+            i.nlink = 2;
+            if let Body::Dir(d) = &mut i.body {
+                d.parent = parent;
+            }
+        } else {
+            i.nlink += 1;
+        }
+        Ok(())
+    }
+
+    /// Remove `name` from `parent`; the inode loses a link and is dropped when
+    /// nothing refers to it any more.
+    pub fn unlink(&mut self, parent: Ino, name: &OsStr) -> Result<Ino> {
+        let p = self.get_mut(parent)?;
+        let ino = p.dir_mut()?.remove(name).ok_or(Error::NotFound)?;
+        let is_dir = self.get(ino)?.kind == Kind::Dir;
+        if is_dir {
+            self.get_mut(parent)?.nlink -= 1;
+        }
+        let i = self.get_mut(ino)?;
+        i.nlink = if is_dir { 0 } else { i.nlink.saturating_sub(1) };
+        self.maybe_drop(ino);
+        Ok(ino)
+    }
+
+    /// Add kernel lookups.
+    pub fn add_lookup(&mut self, ino: Ino) {
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.lookups += 1;
+        }
+    }
+
+    /// FORGET: lower the lookup count and drop an unreachable inode.
+    pub fn forget(&mut self, ino: Ino, n: u64) {
+        if ino == Ino::ROOT {
+            return;
+        }
+        if let Some(i) = self.inodes.get_mut(&ino) {
+            i.lookups = i.lookups.saturating_sub(n);
+        }
+        self.maybe_drop(ino);
+    }
+
+    /// Drop the inode when it has no name, no kernel reference and no handle.
+    pub fn maybe_drop(&mut self, ino: Ino) {
+        if ino == Ino::ROOT {
+            return;
+        }
+        if let Some(i) = self.inodes.get(&ino) {
+            if i.nlink == 0 && i.lookups == 0 && i.opens == 0 {
+                self.inodes.remove(&ino);
+            }
+        }
+    }
+
+    /// True when `ancestor` is `ino` or one of its parents.
+    pub fn is_ancestor(&self, ancestor: Ino, mut ino: Ino) -> bool {
+        loop {
+            if ino == ancestor {
+                return true;
+            }
+            let Ok(parent) = self.get(ino).and_then(|i| i.dir().map(|d| d.parent)) else {
+                return false;
+            };
+            if parent == ino {
+                return false;
+            }
+            ino = parent;
+        }
+    }
+
+    /// The path of a directory from the root (used to name leases).
+    pub fn dir_path(&self, mut dir: Ino) -> Option<Vec<OsString>> {
+        let mut parts = Vec::new();
+        while dir != Ino::ROOT {
+            let d = self.get(dir).ok()?;
+            if d.nlink == 0 {
+                return None;
+            }
+            let parent = d.dir().ok()?.parent;
+            let name = self.get(parent).ok()?.dir().ok()?.iter().find(|(_, i)| *i == dir)?.0.clone();
+            parts.push(name);
+            dir = parent;
+        }
+        parts.reverse();
+        Some(parts)
+    }
+}
+
+/// Reject names the kernel should never send and names over 255 bytes.
+pub fn check_name(name: &OsStr) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = name.as_bytes();
+    if b.len() > NAME_MAX {
+        return Err(Error::NameTooLong);
+    }
+    if b.is_empty() || b.contains(&b'/') || b.contains(&0) {
+        return Err(Error::Invalid);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_data_reads_holes_as_zeros() {
+        let mut d = Data::default();
+        d.write(10_000, b"abc").unwrap();
+        assert_eq!(d.size(), 10_003);
+        assert_eq!(d.pages(), 1);
+        assert_eq!(d.read(9_998, 10), b"\0\0abc");
+        d.truncate(10_001).unwrap();
+        d.truncate(20_000).unwrap();
+        assert_eq!(d.read(10_000, 3), b"a\0\0");
+        d.truncate(1 << 40).unwrap();
+        assert_eq!(d.size(), 1 << 40);
+        assert_eq!(d.truncate(MAX_FILE_SIZE + 1), Err(Error::FileTooBig));
+        d.zero_range(10_000, 1);
+        assert_eq!(d.read(10_000, 1), b"\0");
+    }
+
+    #[test]
+    fn readdir_cookies_survive_removal_and_insertion() {
+        let mut d = Dir::new(Ino::ROOT);
+        for (n, i) in [("a", 2), ("b", 3), ("c", 4)] {
+            d.insert(n.into(), Ino(i));
+        }
+        let first = d.after(0, 2);
+        assert_eq!(first.len(), 2);
+        let resume = first[1].0;
+        d.remove(OsStr::new("a"));
+        d.insert("d".into(), Ino(5));
+        let rest: Vec<_> = d.after(resume, 10).into_iter().map(|e| e.1).collect();
+        assert_eq!(rest, vec![OsString::from("c"), OsString::from("d")]);
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(check_name(OsStr::new(&"x".repeat(256))), Err(Error::NameTooLong));
+        assert!(check_name(OsStr::new(&"x".repeat(255))).is_ok());
+        assert_eq!(check_name(OsStr::new("a/b")), Err(Error::Invalid));
+    }
+}

@@ -1,0 +1,366 @@
+//! Mounting, the request proxy, and the session loop.
+//!
+//! The daemon opens `/dev/fuse` and mounts it itself, then runs fuser's
+//! session on one end of a `SOCK_SEQPACKET` socketpair. Two proxy threads
+//! forward kernel requests to the session and replies back, one message per
+//! datagram. Every request passes the proxy first, which lets the daemon see
+//! what fuser hides: FUSE_INTERRUPT (fuser answers it with ENOSYS, after which
+//! the kernel never interrupts again and a process blocked in a lock wait
+//! cannot be killed) and the raw lock flags of lock requests.
+//!
+//! All `unsafe` of the daemon lives here and in `sys`, each block with a
+//! `SAFETY:` line.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread;
+
+use tracing::{debug, info, warn};
+
+/// Opcode of FUSE_INTERRUPT.
+const FUSE_INTERRUPT: u32 = 36;
+/// Size of `fuse_in_header`.
+const IN_HEADER: usize = 40;
+/// Room for the largest message either way: a 128 KiB write plus headers, or
+/// a read reply of up to 1 MiB (the kernel's max_pages default is 256).
+const MSG_BUF: usize = (1 << 20) + 4096;
+
+/// What a mount needs from the command line.
+#[derive(Debug, Clone, Default)]
+pub struct MountOptions {
+    /// Mount over a non-empty directory.
+    pub nonempty: bool,
+    /// Let other users use the mount (`allow_other`).
+    pub allow_other: bool,
+}
+
+/// Why a mount failed, worded for a one-line message.
+#[derive(Debug)]
+pub struct MountError(pub String);
+
+impl std::fmt::Display for MountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for MountError {}
+
+/// Called for every FUSE_INTERRUPT with the unique id of the interrupted
+/// request.
+pub type InterruptHook = Arc<dyn Fn(u64) + Send + Sync>;
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn cstr(p: &OsStr) -> io::Result<CString> {
+    CString::new(p.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// One entry of `/proc/self/mountinfo`.
+#[derive(Debug, Clone)]
+pub struct MountEntry {
+    pub mount_point: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+fn unescape(s: &str) -> OsString {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 3 < b.len() + 0 && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    OsString::from_vec(out)
+}
+
+/// The mounts of this process's namespace.
+pub fn mounts() -> Vec<MountEntry> {
+    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            Some(MountEntry {
+                mount_point: PathBuf::from(unescape(f.get(4)?)),
+                fstype: (*f.get(sep + 1)?).to_string(),
+                source: unescape(f.get(sep + 2)?).to_string_lossy().into_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The leasefs mount at `path`, if any (the last one mounted there wins).
+pub fn find_mount(path: &Path) -> Option<MountEntry> {
+    mounts().into_iter().rev().find(|m| m.mount_point == path && m.fstype == "fuse.leasefs")
+}
+
+/// The daemon pid recorded in a leasefs mount's source (`leasefs:PID`).
+pub fn daemon_pid(m: &MountEntry) -> Option<i32> {
+    m.source.strip_prefix("leasefs:")?.parse().ok()
+}
+
+/// An absolute path without resolving the last component through a possibly
+/// dead mount.
+pub fn absolute(p: &Path) -> io::Result<PathBuf> {
+    let abs = if p.is_absolute() { p.to_path_buf() } else { std::env::current_dir()?.join(p) };
+    let name = abs.file_name().map(OsStr::to_os_string);
+    match (abs.parent(), name) {
+        (Some(parent), Some(name)) => Ok(std::fs::canonicalize(parent)?.join(name)),
+        _ => Ok(abs),
+    }
+}
+
+/// Check the mount point and mount `/dev/fuse` on it. Returns the device fd.
+pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf), MountError> {
+    let show = mountpoint.display();
+    let meta = std::fs::metadata(mountpoint).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => MountError(format!("{show}: no such directory")),
+        Some(libc::ENOTCONN) => MountError(format!(
+            "{show}: a dead leasefs daemon's mount is still there (Transport endpoint is not connected); \
+             run `leasefs unmount {show}` first"
+        )),
+        _ => MountError(format!("{show}: {e}")),
+    })?;
+    if !meta.is_dir() {
+        return Err(MountError(format!("{show}: not a directory")));
+    }
+    let path = std::fs::canonicalize(mountpoint).map_err(|e| MountError(format!("{show}: {e}")))?;
+    if mounts().iter().any(|m| m.mount_point == path) {
+        return Err(MountError(format!("{show}: already a mount point")));
+    }
+    if !opts.nonempty {
+        let mut rd = std::fs::read_dir(&path).map_err(|e| MountError(format!("{show}: {e}")))?;
+        if rd.next().is_some() {
+            return Err(MountError(format!("{show}: directory is not empty (pass --nonempty to mount over it)")));
+        }
+    }
+    let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").map_err(|e| {
+        MountError(match e.raw_os_error() {
+            Some(libc::ENOENT) => "no /dev/fuse: load the fuse module (modprobe fuse) or run where FUSE exists".into(),
+            Some(libc::EACCES) | Some(libc::EPERM) => {
+                "cannot open /dev/fuse: permission denied (run as root or join the fuse group)".into()
+            }
+            _ => format!("cannot open /dev/fuse: {e}"),
+        })
+    })?;
+    let fd: OwnedFd = dev.into();
+    // SAFETY: getuid/getgid/getpid have no preconditions.
+    let (uid, gid, pid) = unsafe { (libc::getuid(), libc::getgid(), libc::getpid()) };
+    let mut data = format!(
+        "fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions",
+        fd.as_raw_fd()
+    );
+    if opts.allow_other {
+        data.push_str(",allow_other");
+    }
+    let source = CString::new(format!("leasefs:{pid}")).expect("no NUL");
+    let target = cstr(path.as_os_str()).map_err(|e| MountError(format!("{show}: {e}")))?;
+    let fstype = CString::new("fuse.leasefs").expect("no NUL");
+    let cdata = CString::new(data).expect("no NUL");
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            cdata.as_ptr().cast(),
+        )
+    };
+    if rc != 0 {
+        let e = errno();
+        return Err(MountError(match e.raw_os_error() {
+            Some(libc::EPERM) => format!(
+                "{show}: not permitted to mount (leasefs mounts /dev/fuse directly; run it as root \
+                 or with CAP_SYS_ADMIN)"
+            ),
+            _ => format!("{show}: mount failed: {e}"),
+        }));
+    }
+    Ok((fd, path))
+}
+
+/// Detach the mount at `path` (lazily if it is busy).
+pub fn unmount(path: &Path, lazy: bool) -> io::Result<()> {
+    let c = cstr(path.as_os_str())?;
+    let flags = if lazy { libc::MNT_DETACH } else { 0 };
+    // SAFETY: c is a valid NUL-terminated path.
+    if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
+        return Err(errno());
+    }
+    Ok(())
+}
+
+fn read_retry(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: buf is a valid writable buffer of buf.len() bytes.
+        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = errno();
+        match e.raw_os_error() {
+            // ENOENT: the request was aborted before we read it.
+            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
+            _ => return Err(e),
+        }
+    }
+}
+
+fn write_all(fd: RawFd, buf: &[u8]) -> io::Result<()> {
+    loop {
+        // SAFETY: buf is a valid readable buffer of buf.len() bytes.
+        let n = unsafe { libc::write(fd, buf.as_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = errno();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+/// Start the proxy between `/dev/fuse` and a socketpair; returns the session
+/// end of the pair.
+fn start_proxy(dev: OwnedFd, hook: InterruptHook) -> io::Result<(OwnedFd, Vec<thread::JoinHandle<()>>)> {
+    let mut sv = [0 as RawFd; 2];
+    // SAFETY: sv is a valid array of two fds for socketpair to fill.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
+        return Err(errno());
+    }
+    // SAFETY: socketpair returned two fresh fds that nothing else owns.
+    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
+    for fd in [&ours, &theirs] {
+        let size: libc::c_int = 8 << 20;
+        for opt in [libc::SO_SNDBUFFORCE, libc::SO_RCVBUFFORCE, libc::SO_SNDBUF, libc::SO_RCVBUF] {
+            // SAFETY: size is a valid c_int option value for the duration of the call.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    (&size as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+    }
+    let dev = Arc::new(dev);
+    let ours = Arc::new(ours);
+    let (dev_in, sock_out) = (dev.clone(), ours.clone());
+    let to_session = thread::Builder::new().name("fuse-in".into()).spawn(move || {
+        let mut buf = vec![0u8; MSG_BUF];
+        loop {
+            let n = match read_retry(dev_in.as_raw_fd(), &mut buf) {
+                Ok(n) => n,
+                Err(e) => {
+                    if e.raw_os_error() != Some(libc::ENODEV) {
+                        warn!("reading /dev/fuse: {e}");
+                    }
+                    break;
+                }
+            };
+            if n >= IN_HEADER {
+                let opcode = u32::from_ne_bytes(buf[4..8].try_into().expect("4 bytes"));
+                if opcode == FUSE_INTERRUPT && n >= IN_HEADER + 8 {
+                    let target = u64::from_ne_bytes(buf[IN_HEADER..IN_HEADER + 8].try_into().expect("8 bytes"));
+                    hook(target);
+                    continue;
+                }
+            }
+            if let Err(e) = write_all(sock_out.as_raw_fd(), &buf[..n]) {
+                warn!("forwarding a request: {e}");
+                break;
+            }
+        }
+        // SAFETY: shutting down our own socket; the session sees EOF and ends.
+        unsafe { libc::shutdown(sock_out.as_raw_fd(), libc::SHUT_RDWR) };
+    })?;
+    let (dev_out, sock_in) = (dev, ours);
+    let to_kernel = thread::Builder::new().name("fuse-out".into()).spawn(move || {
+        let mut buf = vec![0u8; MSG_BUF];
+        loop {
+            let n = match read_retry(sock_in.as_raw_fd(), &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if let Err(e) = write_all(dev_out.as_raw_fd(), &buf[..n]) {
+                match e.raw_os_error() {
+                    // The requester is gone (killed, or the request was interrupted).
+                    Some(libc::ENOENT) => debug!("reply to a vanished request dropped"),
+                    Some(libc::ENODEV) => break,
+                    _ => warn!("writing a reply to /dev/fuse: {e}"),
+                }
+            }
+        }
+    })?;
+    Ok((theirs, vec![to_session, to_kernel]))
+}
+
+/// A live mount served by fuser over the proxy.
+pub struct Served<FS: fuser::Filesystem> {
+    session: fuser::Session<FS>,
+    threads: Vec<thread::JoinHandle<()>>,
+    /// The canonical mount point.
+    pub path: PathBuf,
+}
+
+impl<FS: fuser::Filesystem> Served<FS> {
+    /// Mount, start the proxy and complete the INIT handshake. When this
+    /// returns the mount is live.
+    pub fn start(fs: FS, mountpoint: &Path, opts: &MountOptions, hook: InterruptHook) -> Result<Self, MountError> {
+        let (dev, path) = mount(mountpoint, opts)?;
+        let fail = |what: &str, e: io::Error| {
+            let _ = unmount(&path, true);
+            MountError(format!("{}: {what}: {e}", path.display()))
+        };
+        let (sock, threads) = start_proxy(dev, hook).map_err(|e| fail("starting the request proxy", e))?;
+        let mut config = fuser::Config::default();
+        config.acl = fuser::SessionACL::All;
+        config.n_threads = Some(1);
+        let session = fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config)
+            .map_err(|e| fail("FUSE handshake", e))?;
+        info!(mountpoint = %path.display(), "mounted");
+        Ok(Served { session, threads, path })
+    }
+
+    /// A handle for sending invalidation notices to the kernel.
+    pub fn notifier(&self) -> fuser::Notifier {
+        self.session.notifier()
+    }
+
+    /// Serve requests until the mount goes away.
+    pub fn run(self) {
+        // The session ends with an error when the proxy closes its end; that
+        // is the normal way out after an unmount.
+        if let Err(e) = self.session.run() {
+            debug!("session ended: {e}");
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+        info!(mountpoint = %self.path.display(), "unmounted");
+    }
+}
+
+/// Open a file for appending (used for log files).
+pub fn open_append(p: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new().create(true).append(true).open(p)
+}
