@@ -1,1 +1,12 @@
+//! Integration tests: real leasefs mounts driven from separate processes.
+//!
+//! They mount filesystems and must run as root (CI does). Each test mounts
+//! its own filesystem in a temp dir; the mount guard unmounts even when the
+//! test panics.
 
+mod util;
+
+mod cli;
+mod conformance;
+mod differential;
+mod posix;

@@ -1,0 +1,116 @@
+//! The `leasefs` command line: mount refusals, detaching, signals, unmount,
+//! stale mounts.
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::util::{is_mounted, leasefs_bin, run_timeout, sh_ok, wait_timeout, Mount, STEP};
+
+fn leasefs(args: &[&str]) -> (bool, String) {
+    let o = run_timeout(Command::new(leasefs_bin()).args(args), STEP);
+    (o.status.success(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn mount_refuses_with_a_one_line_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing");
+    let (ok, err) = leasefs(&["mount", missing.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("no such directory"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let (ok, err) = leasefs(&["mount", file.to_str().unwrap()]);
+    assert!(!ok && err.contains("not a directory"), "{err}");
+
+    let full = dir.path().join("full");
+    std::fs::create_dir(&full).unwrap();
+    std::fs::write(full.join("x"), "x").unwrap();
+    let (ok, err) = leasefs(&["mount", full.to_str().unwrap()]);
+    assert!(!ok && err.contains("not empty"), "{err}");
+    assert!(!is_mounted(&full));
+}
+
+#[test]
+fn nonempty_and_already_mounted() {
+    let m = Mount::new();
+    let (ok, err) = leasefs(&["mount", m.path.to_str().unwrap(), "--nonempty"]);
+    assert!(!ok && err.contains("already a mount point"), "{err}");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().join("d");
+    std::fs::create_dir(&d).unwrap();
+    std::fs::write(d.join("hidden"), "x").unwrap();
+    let ds = d.to_str().unwrap();
+    let (ok, err) = leasefs(&["mount", ds, "--nonempty"]);
+    assert!(ok, "{err}");
+    let listed = std::fs::read_dir(&d).unwrap().count();
+    let (ok, err) = leasefs(&["unmount", ds]);
+    assert!(ok, "{err}");
+    assert_eq!(listed, 0, "the mount hides the directory's own entries");
+    assert!(d.join("hidden").exists());
+}
+
+#[test]
+fn detached_mount_and_unmount_wait_for_the_daemon() {
+    let dir = tempfile::tempdir().unwrap();
+    let mp = dir.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let mps = mp.to_str().unwrap();
+    let (ok, err) = leasefs(&["mount", mps]);
+    assert!(ok, "{err}");
+    assert!(is_mounted(&mp), "mount must be live when `leasefs mount` returns");
+    sh_ok(&mp, "echo hi > f && cat f");
+    let (ok, err) = leasefs(&["unmount", mps]);
+    assert!(ok, "{err}");
+    assert!(!is_mounted(&mp));
+    let (ok, err) = leasefs(&["unmount", mps]);
+    assert!(!ok && err.contains("not a leasefs mount"), "{err}");
+}
+
+#[test]
+fn sigterm_and_sigint_unmount_cleanly() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mut m = Mount::new();
+        sh_ok(&m.path, "touch f");
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(m.pid(), sig) };
+        let mut child = m.child.take().unwrap();
+        let st = wait_timeout(&mut child, STEP, "daemon after signal");
+        assert!(st.success(), "signal {sig}: {st:?}");
+        assert!(!is_mounted(&m.path), "signal {sig} left the mount behind");
+    }
+}
+
+#[test]
+fn stale_mount_of_a_dead_daemon_is_explained_and_cleaned() {
+    let mut m = Mount::new();
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(m.pid(), libc::SIGKILL) };
+    let mut child = m.child.take().unwrap();
+    wait_timeout(&mut child, STEP, "killed daemon");
+    let err = std::fs::metadata(&m.path).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
+    let (ok, err) = leasefs(&["mount", m.path.to_str().unwrap()]);
+    assert!(!ok && err.contains("Transport endpoint is not connected"), "{err}");
+    let (ok, err) = leasefs(&["unmount", m.path.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(err.contains("Transport endpoint is not connected"), "{err}");
+    assert!(!is_mounted(&m.path));
+}
+
+#[test]
+fn help_reads_well_for_every_subcommand() {
+    for args in [&["--help"][..], &["mount", "--help"], &["unmount", "--help"]] {
+        let o = run_timeout(Command::new(leasefs_bin()).args(args), Duration::from_secs(10));
+        assert!(o.status.success());
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(text.contains("Usage:"), "{text}");
+    }
+    let o = run_timeout(Command::new(leasefs_bin()).args(["mount", "--help"]), Duration::from_secs(10));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for flag in ["--state-dir", "--foreground", "--nonempty", "--allow-other"] {
+        assert!(text.contains(flag), "mount --help lacks {flag}");
+    }
+}

@@ -1,0 +1,150 @@
+//! Differential test: seeded random namespace operations applied to a
+//! leasefs mount and to tmpfs; every result, errno and the final trees must
+//! match. A failure prints the seed and the operation that diverged.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::Path;
+
+use crate::util::{Mount, Rng, Tmpfs};
+
+const NAMES: &[&str] = &["a", "b", "c", "d1", "d2"];
+
+fn rand_path(rng: &mut Rng) -> String {
+    let depth = rng.below(3);
+    let mut parts = Vec::new();
+    for _ in 0..=depth {
+        parts.push(*rng.pick(NAMES));
+    }
+    parts.join("/")
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Create(String),
+    Mkdir(String),
+    Write(String, u64, Vec<u8>),
+    Append(String, Vec<u8>),
+    Truncate(String, u64),
+    Link(String, String),
+    Symlink(String, String),
+    Rename(String, String),
+    Unlink(String),
+    Rmdir(String),
+    Stat(String),
+    Read(String),
+}
+
+fn gen(rng: &mut Rng) -> Op {
+    let p = rand_path(rng);
+    let data: Vec<u8> = (0..rng.below(64)).map(|_| b'a' + rng.below(26) as u8).collect();
+    match rng.below(12) {
+        0 => Op::Create(p),
+        1 => Op::Mkdir(p),
+        2 => Op::Write(p, rng.below(10_000), data),
+        3 => Op::Append(p, data),
+        4 => Op::Truncate(p, rng.below(5_000)),
+        5 => Op::Link(p, rand_path(rng)),
+        6 => Op::Symlink(p, rand_path(rng)),
+        7 => Op::Rename(p, rand_path(rng)),
+        8 => Op::Unlink(p),
+        9 => Op::Rmdir(p),
+        10 => Op::Stat(p),
+        _ => Op::Read(p),
+    }
+}
+
+fn errno(e: std::io::Error) -> String {
+    format!("errno {}", e.raw_os_error().unwrap_or(-1))
+}
+
+fn describe(m: &fs::Metadata) -> String {
+    let size = if m.is_dir() { 0 } else { m.size() };
+    format!("mode {:o} nlink {} size {size}", m.mode(), m.nlink())
+}
+
+fn apply(root: &Path, op: &Op) -> String {
+    let r = |p: &str| root.join(p);
+    let res: std::io::Result<String> = (|| match op {
+        Op::Create(p) => {
+            fs::OpenOptions::new().write(true).create_new(true).mode(0o640).open(r(p))?;
+            Ok(String::new())
+        }
+        Op::Mkdir(p) => fs::create_dir(r(p)).map(|_| String::new()),
+        Op::Write(p, off, d) => {
+            let mut f = fs::OpenOptions::new().write(true).open(r(p))?;
+            f.seek(SeekFrom::Start(*off))?;
+            f.write_all(d)?;
+            Ok(String::new())
+        }
+        Op::Append(p, d) => {
+            let mut f = fs::OpenOptions::new().append(true).open(r(p))?;
+            f.write_all(d)?;
+            Ok(String::new())
+        }
+        Op::Truncate(p, n) => fs::OpenOptions::new().write(true).open(r(p))?.set_len(*n).map(|_| String::new()),
+        Op::Link(a, b) => fs::hard_link(r(a), r(b)).map(|_| String::new()),
+        Op::Symlink(target, p) => std::os::unix::fs::symlink(target, r(p)).map(|_| String::new()),
+        Op::Rename(a, b) => fs::rename(r(a), r(b)).map(|_| String::new()),
+        Op::Unlink(p) => fs::remove_file(r(p)).map(|_| String::new()),
+        Op::Rmdir(p) => fs::remove_dir(r(p)).map(|_| String::new()),
+        Op::Stat(p) => fs::symlink_metadata(r(p)).map(|m| describe(&m)),
+        Op::Read(p) => {
+            let mut v = Vec::new();
+            fs::File::open(r(p))?.read_to_end(&mut v)?;
+            Ok(format!("{} bytes, sum {}", v.len(), v.iter().map(|&b| b as u64).sum::<u64>()))
+        }
+    })();
+    res.unwrap_or_else(errno)
+}
+
+fn tree(root: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let path = e.path();
+            let rel = path.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            let m = fs::symlink_metadata(&path).unwrap();
+            let mut d = describe(&m);
+            if m.file_type().is_symlink() {
+                d += &format!(" -> {}", fs::read_link(&path).unwrap().display());
+            } else if m.is_file() {
+                d += &format!(" content {:?}", fs::read(&path).unwrap().iter().map(|&b| b as u64).sum::<u64>());
+            }
+            out.insert(rel, d);
+            if m.is_dir() {
+                walk(root, &path, out);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+#[test]
+fn random_namespace_operations_match_tmpfs() {
+    // SAFETY: umask only affects this test process.
+    unsafe { libc::umask(0o022) };
+    let m = Mount::new();
+    let t = Tmpfs::new();
+    let seeds: Vec<u64> = match std::env::var("LEASEFS_DIFF_SEED") {
+        Ok(s) => vec![s.parse().expect("seed")],
+        Err(_) => (1..=8).collect(),
+    };
+    for seed in seeds {
+        let sub = format!("run{seed}");
+        let (a, b) = (m.path.join(&sub), t.path.join(&sub));
+        fs::create_dir(&a).unwrap();
+        fs::create_dir(&b).unwrap();
+        let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        for step in 0..400 {
+            let op = gen(&mut rng);
+            let (ra, rb) = (apply(&a, &op), apply(&b, &op));
+            assert_eq!(ra, rb, "seed {seed} step {step}: {op:?} diverged (leasefs vs tmpfs)");
+        }
+        assert_eq!(tree(&a), tree(&b), "seed {seed}: final trees differ");
+    }
+}

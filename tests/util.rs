@@ -1,0 +1,263 @@
+//! Shared harness: a real leasefs mount in a temp dir whose `Drop` unmounts,
+//! readiness over a pipe, and child processes that cannot hang a test.
+
+#![allow(dead_code)]
+
+use std::io::Read;
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long any single blocking step of a test may take.
+pub const STEP: Duration = Duration::from_secs(30);
+
+/// The `leasefs` binary: `$LEASEFS_BIN`, or next to the test executable.
+pub fn leasefs_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("LEASEFS_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let bin = dir.join("leasefs");
+    assert!(bin.exists(), "{} not built: run `cargo build --workspace` first (scripts/test.sh does)", bin.display());
+    bin
+}
+
+/// Wait for `child` at most `timeout`; kill it and panic past that.
+pub fn wait_timeout(child: &mut Child, timeout: Duration, what: &str) -> ExitStatus {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{what}: still running after {timeout:?}; killed");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Run a command with a timeout, capturing output.
+pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let mut out = child.stdout.take().expect("stdout");
+    let mut err = child.stderr.take().expect("stderr");
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = out.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let status = wait_timeout(&mut child, timeout, &what);
+    Output { status, stdout: t_out.join().unwrap(), stderr: t_err.join().unwrap() }
+}
+
+/// Run `sh -c script` in `dir`; returns the output.
+pub fn sh(dir: &Path, script: &str) -> Output {
+    run_timeout(Command::new("sh").arg("-c").arg(script).current_dir(dir), STEP)
+}
+
+/// Run `sh -c script` in `dir` and require success; returns stdout.
+pub fn sh_ok(dir: &Path, script: &str) -> String {
+    let o = sh(dir, script);
+    assert!(
+        o.status.success(),
+        "`{script}` failed: {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Run a python3 program in `dir` and require success; returns stdout.
+pub fn py_ok(dir: &Path, program: &str) -> String {
+    let o = run_timeout(Command::new("python3").arg("-c").arg(program).current_dir(dir), STEP);
+    assert!(
+        o.status.success(),
+        "python failed: {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// True when the process runs as root (mounting needs it).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn unmount(path: &Path, flags: libc::c_int) -> bool {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: c is a valid path string.
+    unsafe { libc::umount2(c.as_ptr(), flags) == 0 }
+}
+
+/// True when `path` is a mount point in this namespace.
+pub fn is_mounted(path: &Path) -> bool {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let p = path.to_string_lossy().replace(' ', "\\040");
+    text.lines().any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+}
+
+/// A leasefs daemon in the foreground serving a mount in a temp dir.
+pub struct Mount {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+    pub child: Option<Child>,
+}
+
+impl Mount {
+    /// Mount with `--allow-other` (tests switch users).
+    pub fn new() -> Mount {
+        Mount::with_args(&["--allow-other"])
+    }
+
+    /// Mount with extra command-line arguments.
+    pub fn with_args(args: &[&str]) -> Mount {
+        assert!(is_root(), "integration tests mount filesystems and must run as root");
+        let dir = tempfile::Builder::new().prefix("leasefs-test").tempdir().expect("tempdir");
+        let path = dir.path().join("mnt");
+        std::fs::create_dir(&path).unwrap();
+        let mut fds = [0 as RawFd; 2];
+        // SAFETY: fds is a valid array for pipe2 to fill.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        let (rd, wr) = (fds[0], fds[1]);
+        let mut cmd = Command::new(leasefs_bin());
+        cmd.arg("mount").arg(&path).arg("--foreground").arg("--state-dir").arg(dir.path().join("state"));
+        cmd.args(args).env("LEASEFS_READY_FD", wr.to_string()).stdin(Stdio::null());
+        if std::env::var_os("LEASEFS_TEST_LOG").is_none() {
+            cmd.stderr(Stdio::null());
+        }
+        // SAFETY: only fcntl (async-signal-safe) between fork and exec, to let
+        // the daemon inherit the write end.
+        unsafe {
+            cmd.pre_exec(move || {
+                libc::fcntl(wr, libc::F_SETFD, 0);
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("spawn leasefs");
+        // SAFETY: closing our copy of the write end; rd is ours.
+        unsafe { libc::close(wr) };
+        // SAFETY: rd came from pipe2 above and is owned here.
+        let mut reader = unsafe { std::fs::File::from_raw_fd(rd) };
+        let m = Mount { dir, path, child: Some(child) };
+        let msg = read_with_timeout(&mut reader, STEP);
+        assert!(msg.starts_with("READY"), "daemon did not become ready: {msg:?}");
+        m
+    }
+
+    /// A path inside the mount.
+    pub fn p(&self, rel: &str) -> PathBuf {
+        self.path.join(rel)
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("daemon").id() as i32
+    }
+
+    /// Unmount and wait for the daemon; returns its exit status.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        if !unmount(&self.path, 0) {
+            unmount(&self.path, libc::MNT_DETACH);
+        }
+        let deadline = Instant::now() + STEP;
+        loop {
+            if let Ok(Some(st)) = child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let st = self.stop();
+        if is_mounted(&self.path) {
+            unmount(&self.path, libc::MNT_DETACH);
+        }
+        if let Some(st) = st {
+            if !std::thread::panicking() {
+                assert!(st.success() || st.signal().is_some(), "daemon exited with {st:?}");
+            }
+        }
+    }
+}
+
+fn read_with_timeout(f: &mut std::fs::File, timeout: Duration) -> String {
+    use std::os::fd::AsRawFd;
+    let mut pfd = libc::pollfd { fd: f.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: pfd is a valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis() as i32) };
+    if n <= 0 {
+        return format!("no answer within {timeout:?}");
+    }
+    let mut s = String::new();
+    let _ = f.read_to_string(&mut s);
+    s
+}
+
+/// A private tmpfs in a temp dir, unmounted on drop (the differential
+/// baseline).
+pub struct Tmpfs {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl Tmpfs {
+    pub fn new() -> Tmpfs {
+        let dir = tempfile::Builder::new().prefix("leasefs-tmpfs").tempdir().unwrap();
+        let path = dir.path().join("mnt");
+        std::fs::create_dir(&path).unwrap();
+        let o = run_timeout(Command::new("mount").args(["-t", "tmpfs", "tmpfs"]).arg(&path), STEP);
+        assert!(o.status.success(), "mount tmpfs: {}", String::from_utf8_lossy(&o.stderr));
+        Tmpfs { dir, path }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if !unmount(&self.path, 0) {
+            unmount(&self.path, libc::MNT_DETACH);
+        }
+    }
+}
+
+/// Small deterministic PRNG (xorshift64*), so failures replay from a seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    pub fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+}
