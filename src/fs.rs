@@ -7,12 +7,19 @@
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
+use crate::lease::{Effect, Epoch, Lock, Locks, Outcome, Owner, Request, WaitId};
 use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
+
+/// Prefix of the extended attributes leasefs computes itself.
+pub const XATTR_PREFIX: &str = "user.leasefs.";
+/// The lease's epoch (fencing token), decimal text, read-only.
+pub const XATTR_EPOCH: &str = "user.leasefs.epoch";
 
 /// Who is asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,6 +102,61 @@ struct State {
     ns: Namespace,
     handles: HashMap<Handle, OpenFile>,
     next_handle: u64,
+    locks: Locks,
+    /// Live leases whose name was unlinked, by path: re-creating the path
+    /// re-attaches the same inode (SPEC 4).
+    detached: HashMap<PathBuf, Ino>,
+    /// The highest epoch each path has carried, so a re-created or
+    /// re-targeted path never goes back (SPEC 5).
+    path_epochs: HashMap<PathBuf, Epoch>,
+    /// Inodes whose cached pages the kernel must drop (content replaced
+    /// behind open descriptors).
+    invalidate: Vec<Ino>,
+}
+
+impl State {
+    fn path_of(&self, parent: Ino, name: &OsStr) -> Option<PathBuf> {
+        let mut p: PathBuf = self.ns.dir_path(parent)?.into_iter().collect();
+        p.push(name);
+        Some(p)
+    }
+
+    /// Remember the epoch a path carried.
+    fn remember_epoch(&mut self, path: Option<PathBuf>, ino: Ino) {
+        let e = self.locks.epoch(ino);
+        if let (Some(p), true) = (path, e.0 > 0) {
+            let slot = self.path_epochs.entry(p).or_default();
+            *slot = (*slot).max(e);
+        }
+    }
+
+    /// Never let an inode named by `path` carry a lower epoch than the path did.
+    fn floor_epoch(&mut self, path: Option<&PathBuf>, ino: Ino) {
+        if let Some(e) = path.and_then(|p| self.path_epochs.get(p)).copied() {
+            self.locks.raise_epoch(ino, e);
+        }
+    }
+
+    /// Drop lease state of inodes that are gone, and detached names whose
+    /// lease is no longer live.
+    fn collect(&mut self, ino: Ino) {
+        if self.ns.get(ino).is_err() {
+            self.locks.forget(ino);
+        }
+        let (ns, locks) = (&self.ns, &self.locks);
+        self.detached.retain(|_, i| locks.is_live(*i) && ns.get(*i).is_ok());
+    }
+
+    /// True when `ino` or anything below it is a live lease.
+    fn holds_live_lease(&self, ino: Ino) -> bool {
+        if self.locks.is_live(ino) {
+            return true;
+        }
+        match self.ns.get(ino).map(|i| &i.body) {
+            Ok(Body::Dir(d)) => d.iter().any(|(_, c)| self.holds_live_lease(c)),
+            _ => false,
+        }
+    }
 }
 
 /// The filesystem core.
@@ -122,6 +184,10 @@ impl Fs {
                 ns: Namespace::new(0o755, uid, gid, now()),
                 handles: HashMap::new(),
                 next_handle: 1,
+                locks: Locks::new(),
+                detached: HashMap::new(),
+                path_epochs: HashMap::new(),
+                invalidate: Vec::new(),
             }),
         }
     }
@@ -136,7 +202,9 @@ impl Fs {
 
     /// Drop `n` kernel references.
     pub fn forget(&self, ino: Ino, n: u64) {
-        self.state.lock().ns.forget(ino, n);
+        let mut st = self.state.lock();
+        st.ns.forget(ino, n);
+        st.collect(ino);
     }
 
     /// Attributes of an inode.
@@ -209,9 +277,27 @@ impl Fs {
                 perm |= libc::S_ISGID as u16;
             }
         }
+        let path = st.path_of(parent, name);
+        if kind == Kind::File {
+            // A live lease whose name was removed comes back with its inode,
+            // holders, waiters and epoch (SPEC 4); its content starts empty
+            // like any newly created file.
+            if let Some(ino) = path.as_ref().and_then(|p| st.detached.remove(p)) {
+                if st.locks.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.nlink == 0) {
+                    st.ns.link(parent, name, ino)?;
+                    st.ns.add_lookup(ino);
+                    let i = st.ns.get_mut(ino)?;
+                    i.data_mut()?.truncate(0)?;
+                    i.touch_content(now);
+                    st.ns.get_mut(parent)?.touch_content(now);
+                    return Ok(st.ns.get(ino)?.attr());
+                }
+            }
+        }
         let ino = st.ns.alloc(NewInode { kind, perm, uid: caller.uid, gid, rdev, symlink }, parent, now);
         st.ns.link(parent, name, ino)?;
         st.ns.add_lookup(ino);
+        st.floor_epoch(path.as_ref(), ino);
         st.ns.get_mut(parent)?.touch_content(now);
         Ok(st.ns.get(ino)?.attr())
     }
@@ -253,7 +339,14 @@ impl Fs {
     ) -> Result<(Attr, Handle)> {
         let mut st = self.state.lock();
         let attr = match Self::make(&mut st, caller, parent, name, Kind::File, mode & !umask, 0, None) {
-            Ok(a) => a,
+            Ok(a) => {
+                // O_CREAT|O_EXCL that creates the file acquires the lease (the
+                // lockfile idiom). A re-attached live lease keeps its holder.
+                if flags & libc::O_EXCL != 0 && !st.locks.is_live(a.ino) {
+                    st.locks.acquire_by_create(a.ino);
+                }
+                a
+            }
             Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
                 // The kernel raced with another creator: open the existing file.
                 let ino = st.ns.child(parent, name)?;
@@ -274,9 +367,18 @@ impl Fs {
             return Err(Error::IsDir);
         }
         let now = now();
+        let path = st.path_of(parent, name);
+        st.remember_epoch(path.clone(), ino);
+        if st.locks.is_live(ino) {
+            // The name goes (POSIX), the lease stays bound to the path.
+            if let Some(p) = path {
+                st.detached.insert(p, ino);
+            }
+        }
         st.ns.get_mut(ino)?.ctime = now;
         st.ns.unlink(parent, name)?;
         st.ns.get_mut(parent)?.touch_content(now);
+        st.collect(ino);
         Ok(())
     }
 
@@ -320,9 +422,13 @@ impl Fs {
             return Err(Error::Exists);
         }
         let now = now();
+        let path = st.path_of(parent, name);
         st.ns.link(parent, name, ino)?;
         st.ns.add_lookup(ino);
         st.ns.get_mut(parent)?.touch_content(now);
+        // link() creating the name acquires the lease (the dotlock idiom).
+        st.floor_epoch(path.as_ref(), ino);
+        st.locks.acquire_by_link(ino);
         let i = st.ns.get_mut(ino)?;
         i.ctime = now;
         Ok(i.attr())
@@ -351,6 +457,11 @@ impl Fs {
             let dst = dst.ok_or(Error::NotFound)?;
             if src == dst {
                 return Ok(());
+            }
+            // Moving a live lease would let newcomers lock a fresh file at
+            // its old name (SPEC 4).
+            if st.holds_live_lease(src) || st.holds_live_lease(dst) {
+                return Err(Error::Busy);
             }
             let dst_dir = st.ns.get(dst)?.kind == Kind::Dir;
             // Neither may end up inside itself.
@@ -397,15 +508,42 @@ impl Fs {
         if st.ns.get(newparent)?.nlink == 0 {
             return Err(Error::NotFound);
         }
+        if st.holds_live_lease(src) {
+            return Err(Error::Busy);
+        }
+        let old_path = st.path_of(parent, name);
+        let new_path = st.path_of(newparent, newname);
         if let Some(dst) = dst {
+            let in_use = st.locks.in_use(dst);
+            let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
+            if in_use && both_files {
+                // Rename over a lease in use replaces its content and keeps
+                // its inode, holders, waiters and epoch (SPEC 4).
+                let data = st.ns.get(src)?.data()?.clone();
+                let d = st.ns.get_mut(dst)?;
+                *d.data_mut()? = data;
+                d.touch_content(now);
+                st.remember_epoch(old_path, src);
+                st.ns.get_mut(src)?.ctime = now;
+                st.ns.unlink(parent, name)?;
+                st.ns.get_mut(parent)?.touch_content(now);
+                st.ns.get_mut(newparent)?.touch_content(now);
+                st.invalidate.push(dst);
+                st.collect(src);
+                return Ok(());
+            }
+            st.remember_epoch(new_path.clone(), dst);
             st.ns.get_mut(dst)?.ctime = now;
             st.ns.unlink(newparent, newname)?;
+            st.collect(dst);
         }
+        st.remember_epoch(old_path, src);
         st.ns.get_mut(parent)?.dir_mut()?.remove(name);
         st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
         if src_dir && parent != newparent {
             Self::reparent(&mut st.ns, src, parent, newparent)?;
         }
+        st.floor_epoch(new_path.as_ref(), src);
         st.ns.get_mut(src)?.ctime = now;
         st.ns.get_mut(parent)?.touch_content(now);
         st.ns.get_mut(newparent)?.touch_content(now);
@@ -435,14 +573,56 @@ impl Fs {
     }
 
     /// `release` / `releasedir`: the last close of an open file description.
-    pub fn release(&self, h: Handle) -> Result<()> {
+    /// Every lock taken through it goes; returns what that unblocked.
+    pub fn release(&self, h: Handle, flock_owner: Option<Owner>) -> Result<Vec<Effect>> {
         let mut st = self.state.lock();
         let f = st.handles.remove(&h).ok_or(Error::BadHandle)?;
+        let effects = st.locks.release_handle(f.ino, h.0, flock_owner);
         if let Ok(i) = st.ns.get_mut(f.ino) {
             i.opens = i.opens.saturating_sub(1);
         }
         st.ns.maybe_drop(f.ino);
-        Ok(())
+        st.collect(f.ino);
+        Ok(effects)
+    }
+
+    /// A process closed a descriptor (FLUSH): its POSIX locks on the file go.
+    pub fn flush(&self, ino: Ino, owner: Owner) -> Vec<Effect> {
+        let mut st = self.state.lock();
+        let effects = st.locks.release_owner(ino, owner);
+        st.collect(ino);
+        effects
+    }
+
+    /// Lock, unlock, or park a waiter (`wait`); see [`Locks::set`].
+    pub fn setlk(&self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
+        let mut st = self.state.lock();
+        st.ns.get(ino)?;
+        let r = st.locks.set(ino, req, wait);
+        st.collect(ino);
+        Ok(r)
+    }
+
+    /// The lock that would block `req` (`F_GETLK`).
+    pub fn getlk(&self, ino: Ino, req: &Request) -> Result<Option<Lock>> {
+        let st = self.state.lock();
+        st.ns.get(ino)?;
+        Ok(st.locks.test(ino, req))
+    }
+
+    /// A signal interrupted a parked lock request.
+    pub fn interrupt(&self, id: WaitId) -> Option<Vec<Effect>> {
+        self.state.lock().locks.interrupt(id)
+    }
+
+    /// The epoch of the lease at `ino`.
+    pub fn epoch(&self, ino: Ino) -> Epoch {
+        self.state.lock().locks.epoch(ino)
+    }
+
+    /// Inodes whose kernel page cache must be dropped.
+    pub fn take_invalidations(&self) -> Vec<Ino> {
+        std::mem::take(&mut self.state.lock().invalidate)
     }
 
     /// `read`.
@@ -522,6 +702,9 @@ impl Fs {
     /// `setxattr`.
     pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
         check_xattr_name(name)?;
+        if is_leasefs_xattr(name) {
+            return Err(Error::NotPermitted);
+        }
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::TooBig);
         }
@@ -543,6 +726,10 @@ impl Fs {
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         let st = self.state.lock();
+        if name == XATTR_EPOCH {
+            st.ns.get(ino)?;
+            return Ok(st.locks.epoch(ino).0.to_string().into_bytes());
+        }
         st.ns.get(ino)?.xattrs.get(name).cloned().ok_or(Error::NoAttr)
     }
 
@@ -561,12 +748,20 @@ impl Fs {
     /// `removexattr`.
     pub fn removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
         check_xattr_name(name)?;
+        if is_leasefs_xattr(name) {
+            return Err(Error::NotPermitted);
+        }
         let mut st = self.state.lock();
         let i = st.ns.get_mut(ino)?;
         i.xattrs.remove(name).ok_or(Error::NoAttr)?;
         i.ctime = now();
         Ok(())
     }
+}
+
+fn is_leasefs_xattr(name: &OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    name.as_bytes().starts_with(XATTR_PREFIX.as_bytes())
 }
 
 fn check_xattr_name(name: &OsStr) -> Result<()> {
@@ -665,7 +860,7 @@ mod tests {
         fs.write(a.ino, h, 0, b"x").unwrap();
         fs.forget(a.ino, 1);
         assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
-        fs.release(h).unwrap();
+        fs.release(h, None).unwrap();
         assert_eq!(fs.getattr(a.ino), Err(Error::NotFound));
         // A new file never reuses the number.
         let (b, _) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, 0).unwrap();

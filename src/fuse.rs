@@ -5,6 +5,7 @@
 //! core is caught here: the request is answered with `EIO` and the mount stays
 //! up.
 
+use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -13,15 +14,23 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use tracing::{debug, error};
+use parking_lot::Mutex;
+use tracing::{debug, error, warn};
 
 use crate::error::Error;
 use crate::fs::{Caller, Fs, Handle, SetAttr, SetTime};
+use crate::lease::{Effect, LockKind, Mode, Outcome, Owner, Range, Request as LockRequest, WaitId};
 use crate::namespace::{Attr, Ino, Kind};
+use crate::session::{Intercept, Notices};
+
+/// `fuse_lk_in.lk_flags` bit marking a `flock(2)` request.
+const FUSE_LK_FLOCK: u32 = 1;
+/// How many interrupts for not-yet-parked requests are remembered.
+const EARLY_INTERRUPTS: usize = 256;
 
 /// Entries and attributes are never cached by the kernel: a lease's name can
 /// change its target at any moment (unlink, re-create, rename over), and a
@@ -32,16 +41,141 @@ const TTL: Duration = Duration::ZERO;
 /// the request proxy.
 pub const MAX_WRITE: u32 = 128 * 1024;
 
+/// Parked lock requests and what the proxy saw of requests in flight.
+#[derive(Default)]
+struct Waits {
+    /// Replies of lock requests parked in the lease core.
+    parked: HashMap<WaitId, ReplyEmpty>,
+    /// Interrupts that arrived before their request was parked.
+    early: VecDeque<u64>,
+    /// `lk_flags` of lock requests, by request id (fuser does not expose them).
+    lk_flags: HashMap<u64, u32>,
+    /// Where to send page-cache invalidations.
+    notices: Option<Notices>,
+}
+
+impl Waits {
+    /// Answer parked requests as the lease core decided. Runs with the
+    /// `Waits` lock held so a reply cannot be parked after its answer.
+    fn deliver(&mut self, effects: Vec<Effect>) {
+        for e in effects {
+            match e {
+                Effect::Grant(id) => match self.parked.remove(&id) {
+                    Some(r) => r.ok(),
+                    None => warn!(wait = id.0, "grant for a request that is not parked"),
+                },
+                Effect::Refuse(id, err) => {
+                    if let Some(r) = self.parked.remove(&id) {
+                        r.error(errno(err));
+                    }
+                }
+                Effect::Epoch(ino, epoch) => debug!(ino = ino.0, epoch = epoch.0, "lease acquired: new epoch"),
+            }
+        }
+    }
+
+    fn take_early(&mut self, unique: u64) -> bool {
+        match self.early.iter().position(|u| *u == unique) {
+            Some(i) => {
+                self.early.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The part of the filesystem the request proxy calls into.
+pub struct Interceptor {
+    fs: Arc<Fs>,
+    waits: Arc<Mutex<Waits>>,
+}
+
+impl Intercept for Interceptor {
+    fn interrupt(&self, unique: u64) {
+        let mut w = self.waits.lock();
+        match self.fs.interrupt(WaitId(unique)) {
+            Some(effects) => {
+                debug!(unique, "lock wait interrupted by a signal");
+                w.deliver(effects);
+            }
+            None => {
+                // Either not a lock wait (ignored: it completes on its own) or
+                // not parked yet: remember it for when it arrives.
+                if w.early.len() >= EARLY_INTERRUPTS {
+                    w.early.pop_front();
+                }
+                w.early.push_back(unique);
+            }
+        }
+    }
+
+    fn lock_request(&self, unique: u64, lk_flags: u32) {
+        self.waits.lock().lk_flags.insert(unique, lk_flags);
+    }
+
+    fn attach(&self, notices: Notices) {
+        self.waits.lock().notices = Some(notices);
+    }
+}
+
 /// The `fuser::Filesystem` implementation.
-#[derive(Debug)]
 pub struct LeaseFs {
     fs: Arc<Fs>,
+    waits: Arc<Mutex<Waits>>,
+}
+
+impl std::fmt::Debug for LeaseFs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseFs").finish_non_exhaustive()
+    }
 }
 
 impl LeaseFs {
-    /// Serve `fs`.
-    pub fn new(fs: Arc<Fs>) -> LeaseFs {
-        LeaseFs { fs }
+    /// Serve `fs`; the interceptor goes to the request proxy.
+    pub fn new(fs: Arc<Fs>) -> (LeaseFs, Arc<Interceptor>) {
+        let waits = Arc::new(Mutex::new(Waits::default()));
+        let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
+        (LeaseFs { fs, waits }, icpt)
+    }
+
+    fn lock_request(
+        &self,
+        w: &mut Waits,
+        unique: u64,
+        fh: FileHandle,
+        owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+    ) -> Result<LockRequest, Error> {
+        let flags = w.lk_flags.remove(&unique).unwrap_or(0);
+        let mode = match typ {
+            libc::F_RDLCK => Some(Mode::Shared),
+            libc::F_WRLCK => Some(Mode::Exclusive),
+            libc::F_UNLCK => None,
+            _ => return Err(Error::Invalid),
+        };
+        if start > end {
+            return Err(Error::Invalid);
+        }
+        Ok(LockRequest {
+            owner: Owner(owner.0),
+            kind: if flags & FUSE_LK_FLOCK != 0 { LockKind::Flock } else { LockKind::Posix },
+            mode,
+            range: Range { start, end },
+            pid,
+            handle: fh.0,
+        })
+    }
+
+    fn invalidate(&self, w: &Waits) {
+        for ino in self.fs.take_invalidations() {
+            if let Some(n) = &w.notices {
+                n.inval_inode(ino.0);
+            }
+        }
     }
 }
 
@@ -105,6 +239,11 @@ impl fuser::Filesystem for LeaseFs {
         let _ = config.set_max_write(MAX_WRITE);
         // Readahead would fetch lease contents the process never asked for.
         let _ = config.set_max_readahead(MAX_WRITE);
+        // Without these the kernel keeps locks to itself and the daemon would
+        // never see a holder.
+        if let Err(missing) = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS) {
+            error!("kernel lacks lock forwarding ({missing:?}); locks stay kernel-local");
+        }
         Ok(())
     }
 
@@ -225,7 +364,10 @@ impl fuser::Filesystem for LeaseFs {
     ) {
         guarded("rename", || {
             match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits()) {
-                Ok(()) => reply.ok(),
+                Ok(()) => {
+                    reply.ok();
+                    self.invalidate(&self.waits.lock());
+                }
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -280,8 +422,13 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn flush(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
-        reply.ok();
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+        guarded("flush", || {
+            let mut w = self.waits.lock();
+            let effects = self.fs.flush(Ino(ino.0), Owner(lock_owner.0));
+            reply.ok();
+            w.deliver(effects);
+        });
     }
 
     fn release(
@@ -290,13 +437,19 @@ impl fuser::Filesystem for LeaseFs {
         _ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("release", || match self.fs.release(Handle(fh.0)) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+        guarded("release", || {
+            let mut w = self.waits.lock();
+            match self.fs.release(Handle(fh.0), lock_owner.map(|o| Owner(o.0))) {
+                Ok(effects) => {
+                    reply.ok();
+                    w.deliver(effects);
+                }
+                Err(e) => reply.error(errno(e)),
+            }
         });
     }
 
@@ -326,8 +479,8 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        guarded("releasedir", || match self.fs.release(Handle(fh.0)) {
-            Ok(()) => reply.ok(),
+        guarded("releasedir", || match self.fs.release(Handle(fh.0), None) {
+            Ok(_) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -390,6 +543,37 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
+    fn getlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        guarded("getlk", || self.getlk_inner(req, ino, fh, lock_owner, start, end, typ, pid, reply));
+    }
+
+    fn setlk(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        guarded("setlk", || self.setlk_inner(req, ino, fh, lock_owner, start, end, typ, pid, sleep, reply));
+    }
+
     fn fallocate(
         &self,
         _req: &Request,
@@ -404,6 +588,77 @@ impl fuser::Filesystem for LeaseFs {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });
+    }
+}
+
+impl LeaseFs {
+    fn getlk_inner(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        reply: ReplyLock,
+    ) {
+        let lreq = {
+            let mut w = self.waits.lock();
+            self.lock_request(&mut w, req.unique().0, fh, lock_owner, start, end, typ, pid)
+        };
+        let result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
+        match result {
+            Ok(Some(l)) => {
+                let typ = if l.mode == Mode::Exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
+                reply.locked(l.range.start, l.range.end, typ, l.pid);
+            }
+            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setlk_inner(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let unique = req.unique().0;
+        let mut w = self.waits.lock();
+        let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
+            Ok(r) => r,
+            Err(e) => return reply.error(errno(e)),
+        };
+        if sleep && w.take_early(unique) {
+            return reply.error(errno(Error::Interrupted));
+        }
+        let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
+        match self.fs.setlk(Ino(ino.0), lreq, wait) {
+            Ok((Outcome::Granted, effects)) => {
+                debug!(ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, "lock granted");
+                reply.ok();
+                w.deliver(effects);
+            }
+            Ok((Outcome::Parked, effects)) => {
+                debug!(ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");
+                w.parked.insert(WaitId(unique), reply);
+                w.deliver(effects);
+            }
+            Ok((Outcome::Refused(e), effects)) => {
+                reply.error(errno(e));
+                w.deliver(effects);
+            }
+            Err(e) => reply.error(errno(e)),
+        }
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod error;
 pub mod fs;
 pub mod fuse;
+pub mod lease;
 pub mod namespace;
 pub mod session;
 

@@ -51,9 +51,61 @@ impl std::fmt::Display for MountError {
 
 impl std::error::Error for MountError {}
 
-/// Called for every FUSE_INTERRUPT with the unique id of the interrupted
-/// request.
-pub type InterruptHook = Arc<dyn Fn(u64) + Send + Sync>;
+/// Opcodes of lock requests (GETLK, SETLK, SETLKW).
+const FUSE_GETLK: u32 = 31;
+const FUSE_SETLKW: u32 = 33;
+/// Offset of `fuse_lk_in.lk_flags` in a lock request.
+const LK_FLAGS_AT: usize = IN_HEADER + 40;
+/// `FUSE_NOTIFY_INVAL_INODE`.
+const NOTIFY_INVAL_INODE: i32 = 2;
+
+/// What the proxy reports to the filesystem.
+pub trait Intercept: Send + Sync {
+    /// FUSE_INTERRUPT for the request with this unique id.
+    fn interrupt(&self, unique: u64);
+    /// A lock request is about to be forwarded, with its raw `lk_flags`.
+    fn lock_request(&self, unique: u64, lk_flags: u32);
+    /// The channel for kernel notifications is ready.
+    fn attach(&self, notices: Notices);
+}
+
+/// Sends invalidation notices to the kernel from a thread of its own, never
+/// from inside a request handler (the kernel may wait on pages that a
+/// pending request holds).
+#[derive(Debug, Clone)]
+pub struct Notices {
+    tx: std::sync::mpsc::Sender<u64>,
+}
+
+impl Notices {
+    fn start(dev: Arc<OwnedFd>) -> io::Result<Notices> {
+        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        thread::Builder::new().name("fuse-notify".into()).spawn(move || {
+            for ino in rx {
+                let mut msg = Vec::with_capacity(40);
+                msg.extend_from_slice(&40u32.to_ne_bytes());
+                msg.extend_from_slice(&NOTIFY_INVAL_INODE.to_ne_bytes());
+                msg.extend_from_slice(&0u64.to_ne_bytes());
+                msg.extend_from_slice(&ino.to_ne_bytes());
+                msg.extend_from_slice(&0i64.to_ne_bytes());
+                msg.extend_from_slice(&0i64.to_ne_bytes());
+                if let Err(e) = write_all(dev.as_raw_fd(), &msg) {
+                    match e.raw_os_error() {
+                        Some(libc::ENOENT) => {}
+                        Some(libc::ENODEV) => break,
+                        _ => warn!(ino, "invalidation notice failed: {e}"),
+                    }
+                }
+            }
+        })?;
+        Ok(Notices { tx })
+    }
+
+    /// Drop the kernel's cached pages and attributes of an inode.
+    pub fn inval_inode(&self, ino: u64) {
+        let _ = self.tx.send(ino);
+    }
+}
 
 fn errno() -> io::Error {
     io::Error::last_os_error()
@@ -239,7 +291,10 @@ fn write_all(fd: RawFd, buf: &[u8]) -> io::Result<()> {
 
 /// Start the proxy between `/dev/fuse` and a socketpair; returns the session
 /// end of the pair.
-fn start_proxy(dev: OwnedFd, hook: InterruptHook) -> io::Result<(OwnedFd, Vec<thread::JoinHandle<()>>)> {
+fn start_proxy(
+    dev: Arc<OwnedFd>,
+    hook: Arc<dyn Intercept>,
+) -> io::Result<(OwnedFd, Vec<thread::JoinHandle<()>>)> {
     let mut sv = [0 as RawFd; 2];
     // SAFETY: sv is a valid array of two fds for socketpair to fill.
     if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
@@ -262,7 +317,6 @@ fn start_proxy(dev: OwnedFd, hook: InterruptHook) -> io::Result<(OwnedFd, Vec<th
             }
         }
     }
-    let dev = Arc::new(dev);
     let ours = Arc::new(ours);
     let (dev_in, sock_out) = (dev.clone(), ours.clone());
     let to_session = thread::Builder::new().name("fuse-in".into()).spawn(move || {
@@ -281,8 +335,13 @@ fn start_proxy(dev: OwnedFd, hook: InterruptHook) -> io::Result<(OwnedFd, Vec<th
                 let opcode = u32::from_ne_bytes(buf[4..8].try_into().expect("4 bytes"));
                 if opcode == FUSE_INTERRUPT && n >= IN_HEADER + 8 {
                     let target = u64::from_ne_bytes(buf[IN_HEADER..IN_HEADER + 8].try_into().expect("8 bytes"));
-                    hook(target);
+                    hook.interrupt(target);
                     continue;
+                }
+                if (FUSE_GETLK..=FUSE_SETLKW).contains(&opcode) && n >= LK_FLAGS_AT + 4 {
+                    let unique = u64::from_ne_bytes(buf[8..16].try_into().expect("8 bytes"));
+                    let flags = u32::from_ne_bytes(buf[LK_FLAGS_AT..LK_FLAGS_AT + 4].try_into().expect("4 bytes"));
+                    hook.lock_request(unique, flags);
                 }
             }
             if let Err(e) = write_all(sock_out.as_raw_fd(), &buf[..n]) {
@@ -325,17 +384,25 @@ pub struct Served<FS: fuser::Filesystem> {
 impl<FS: fuser::Filesystem> Served<FS> {
     /// Mount, start the proxy and complete the INIT handshake. When this
     /// returns the mount is live.
-    pub fn start(fs: FS, mountpoint: &Path, opts: &MountOptions, hook: InterruptHook) -> Result<Self, MountError> {
+    pub fn start(fs: FS, mountpoint: &Path, opts: &MountOptions, hook: Arc<dyn Intercept>) -> Result<Self, MountError> {
         let (dev, path) = mount(mountpoint, opts)?;
+        let dev = Arc::new(dev);
         let fail = |what: &str, e: io::Error| {
             let _ = unmount(&path, true);
             MountError(format!("{}: {what}: {e}", path.display()))
         };
         // LEASEFS_NO_PROXY=1 serves /dev/fuse directly, for measuring what the
         // proxy costs; blocked lock waits then cannot be interrupted.
+        hook.attach(Notices::start(dev.clone()).map_err(|e| fail("starting the notifier", e))?);
         let (sock, threads) = if std::env::var_os("LEASEFS_NO_PROXY").is_some() {
             warn!("LEASEFS_NO_PROXY set: serving /dev/fuse directly; lock waits cannot be interrupted");
-            (dev, Vec::new())
+            // SAFETY: dup of our own open fd; the copy is owned by the session.
+            let fd = unsafe { libc::dup(dev.as_raw_fd()) };
+            if fd < 0 {
+                return Err(fail("dup /dev/fuse", errno()));
+            }
+            // SAFETY: fd is a fresh descriptor from dup.
+            (unsafe { OwnedFd::from_raw_fd(fd) }, Vec::new())
         } else {
             start_proxy(dev, hook).map_err(|e| fail("starting the request proxy", e))?
         };

@@ -9,4 +9,5 @@ mod util;
 mod cli;
 mod conformance;
 mod differential;
+mod locks;
 mod posix;

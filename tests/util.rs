@@ -261,3 +261,120 @@ impl Rng {
         &v[self.below(v.len() as u64) as usize]
     }
 }
+
+/// A background process killed (and reaped) on drop.
+pub struct Bg {
+    pub child: Child,
+}
+
+impl Bg {
+    /// Start `sh -c script` in `dir` and wait until it prints a line `ready`.
+    pub fn ready(dir: &Path, script: &str) -> Bg {
+        use std::io::BufRead;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = std::io::BufReader::new(out).lines();
+            let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
+            let _ = tx.send(first);
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(STEP).unwrap_or_else(|_| {
+            let _ = child.kill();
+            panic!("`{script}` did not get ready within {STEP:?}")
+        });
+        assert_eq!(line.trim(), "ready", "`{script}` printed {line:?}");
+        Bg { child }
+    }
+
+    /// Start `sh -c script` in `dir` without waiting.
+    pub fn spawn(dir: &Path, script: &str) -> Bg {
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        Bg { child }
+    }
+
+    /// Start a program directly (its pid is the program's).
+    pub fn exec(dir: &Path, prog: &str, args: &[&str]) -> Bg {
+        let child =
+            Command::new(prog).args(args).current_dir(dir).stdin(Stdio::null()).process_group(0).spawn().expect("spawn");
+        Bg { child }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Wait for exit within `timeout`.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        wait_timeout(&mut self.child, timeout, "background process")
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// The scheduler state letter from /proc (R, S, D, ...).
+    pub fn state(&self) -> char {
+        let s = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()).unwrap_or('?')
+    }
+
+    /// Wait until the process is blocked (sleeping) — i.e. parked in a lock
+    /// wait — or fail after `STEP`.
+    pub fn wait_blocked(&mut self) {
+        let deadline = Instant::now() + STEP;
+        while self.state() != 'S' {
+            assert!(self.running(), "process exited instead of blocking");
+            assert!(Instant::now() < deadline, "process never blocked");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Bg {
+    /// Kill the whole process group (the process and everything it started).
+    pub fn kill_all(&mut self) {
+        // SAFETY: signalling the process group we created for our child.
+        unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Bg {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// Exit code of `sh -c script` in `dir`.
+pub fn sh_code(dir: &Path, script: &str) -> i32 {
+    sh(dir, script).status.code().unwrap_or(-1)
+}
+
+/// The epoch of a lease file, from `getfattr`.
+pub fn epoch(dir: &Path, file: &str) -> u64 {
+    sh_ok(dir, &format!("getfattr --only-values -n user.leasefs.epoch {file}")).trim().parse().expect("epoch")
+}

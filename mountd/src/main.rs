@@ -148,7 +148,8 @@ fn serve(args: &MountArgs) -> ExitCode {
         }
     };
     handle_signals(mountpoint.clone());
-    let served = match Served::start(LeaseFs::new(fs), &mountpoint, &opts, Arc::new(|_| {})) {
+    let (lease_fs, interceptor) = LeaseFs::new(fs);
+    let served = match Served::start(lease_fs, &mountpoint, &opts, interceptor) {
         Ok(s) => s,
         Err(e) => {
             report_ready(&format!("ERR {e}\n"));

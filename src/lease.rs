@@ -1,0 +1,670 @@
+//! The lease state machine: holders, waiters and epochs of every lease.
+//!
+//! Pure: no I/O, no clock, no fuser types. Callers describe what happened
+//! (a lock request, a close, an interrupt) and get back what to do
+//! ([`Effect`]s: answer a parked waiter, make an epoch durable).
+//!
+//! Invariants kept here:
+//! - **One exclusive holder.** No two locks of different owners that overlap
+//!   are both held unless both are shared. `flock` and POSIX locks on one
+//!   lease conflict with each other: a lease has one owner at a time.
+//! - **Epochs only go up.** A lease's epoch rises by exactly one each time a
+//!   new owner acquires it exclusively (exclusive `flock`, whole-file POSIX
+//!   write lock, `O_EXCL` create, `link`), never on re-locks by the owner
+//!   that already holds it, never on shared or byte-range locks.
+//! - **Fair.** Waiters are served in arrival order: a request that conflicts
+//!   with an earlier waiter queues behind it, so a stream of shared requests
+//!   cannot starve a waiting exclusive one. An owner that already holds a lock
+//!   on the lease is not queued behind others (its upgrade would otherwise
+//!   deadlock against waiters that wait for it).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::error::Error;
+use crate::namespace::Ino;
+
+/// Who owns a lock: the open file description for `flock` and OFD locks,
+/// the process's file table for POSIX locks (as the kernel reports it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Owner(pub u64);
+
+/// A parked lock request, named by the FUSE request id that waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct WaitId(pub u64);
+
+/// A lease's fencing token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Epoch(pub u64);
+
+/// Which API took a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockKind {
+    /// `flock(2)`: whole file, owned by the open file description.
+    Flock,
+    /// `fcntl` record locks (POSIX and OFD).
+    Posix,
+}
+
+/// Shared (read) or exclusive (write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Shared,
+    Exclusive,
+}
+
+/// Largest offset POSIX locks use for "to end of file" (`OFFSET_MAX`).
+pub const OFFSET_MAX: u64 = i64::MAX as u64;
+
+/// An inclusive byte range.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub start: u64,
+    pub end: u64,
+}
+
+impl Range {
+    /// The whole file.
+    pub const WHOLE: Range = Range { start: 0, end: OFFSET_MAX };
+
+    fn overlaps(&self, o: &Range) -> bool {
+        self.start <= o.end && o.start <= self.end
+    }
+
+    /// True when the range covers the whole file.
+    pub fn is_whole(&self) -> bool {
+        self.start == 0 && self.end >= OFFSET_MAX
+    }
+}
+
+/// A held lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lock {
+    pub owner: Owner,
+    pub kind: LockKind,
+    pub mode: Mode,
+    pub range: Range,
+    /// Process id of the holder (reported by `F_GETLK`).
+    pub pid: u32,
+    /// The open file handle the lock was taken through.
+    pub handle: u64,
+}
+
+/// A lock or unlock request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    pub owner: Owner,
+    pub kind: LockKind,
+    /// `None` unlocks.
+    pub mode: Option<Mode>,
+    pub range: Range,
+    pub pid: u32,
+    pub handle: u64,
+}
+
+impl Request {
+    fn conflicts_with_lock(&self, l: &Lock) -> bool {
+        let Some(mode) = self.mode else { return false };
+        l.owner != self.owner
+            && l.range.overlaps(&self.range)
+            && (l.mode == Mode::Exclusive || mode == Mode::Exclusive)
+    }
+
+    fn conflicts_with_request(&self, o: &Request) -> bool {
+        match (self.mode, o.mode) {
+            (Some(a), Some(b)) => {
+                o.owner != self.owner
+                    && o.range.overlaps(&self.range)
+                    && (a == Mode::Exclusive || b == Mode::Exclusive)
+            }
+            _ => false,
+        }
+    }
+
+    fn acquires_lease(&self) -> bool {
+        self.mode == Some(Mode::Exclusive) && (self.kind == LockKind::Flock || self.range.is_whole())
+    }
+}
+
+/// What the caller must do after a state change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Answer this parked request: granted.
+    Grant(WaitId),
+    /// Answer this parked request with an error.
+    Refuse(WaitId, Error),
+    /// A lease reached a new epoch; make it durable before any process can
+    /// see the grant.
+    Epoch(Ino, Epoch),
+}
+
+/// Outcome of a lock request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Done (granted or unlocked).
+    Granted,
+    /// Parked until granted, refused or interrupted (reported as an effect).
+    Parked,
+    /// Refused at once.
+    Refused(Error),
+}
+
+#[derive(Debug, Clone)]
+struct Waiter {
+    id: WaitId,
+    req: Request,
+}
+
+/// State of one lease.
+#[derive(Debug, Clone, Default)]
+pub struct Lease {
+    epoch: Epoch,
+    /// The owner that acquired the current epoch and still holds it exclusively.
+    epoch_owner: Option<Owner>,
+    locks: Vec<Lock>,
+    waiters: VecDeque<Waiter>,
+    /// Used as a lease: acquired by a lock or an `O_EXCL` create. Rename
+    /// over such a file keeps its identity (SPEC 4).
+    in_use: bool,
+}
+
+impl Lease {
+    /// The current epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// True while the lease has a holder or a waiter.
+    pub fn is_live(&self) -> bool {
+        !self.locks.is_empty() || !self.waiters.is_empty()
+    }
+
+    /// Held locks.
+    pub fn locks(&self) -> &[Lock] {
+        &self.locks
+    }
+
+    /// Number of parked waiters.
+    pub fn waiters(&self) -> usize {
+        self.waiters.len()
+    }
+
+    fn holds_any(&self, owner: Owner) -> bool {
+        self.locks.iter().any(|l| l.owner == owner)
+    }
+
+    fn blockers(&self, req: &Request) -> Vec<Owner> {
+        self.locks.iter().filter(|l| req.conflicts_with_lock(l)).map(|l| l.owner).collect()
+    }
+
+    /// Can `req` be granted now, given the waiters queued before it?
+    fn grantable(&self, req: &Request, ahead: usize) -> bool {
+        if self.locks.iter().any(|l| req.conflicts_with_lock(l)) {
+            return false;
+        }
+        // Fairness: queue behind earlier conflicting waiters unless we
+        // already hold something here.
+        self.holds_any(req.owner) || !self.waiters.iter().take(ahead).any(|w| req.conflicts_with_request(&w.req))
+    }
+
+    /// Apply a grantable request; returns the new epoch if it advanced.
+    fn apply(&mut self, req: &Request) -> Option<Epoch> {
+        let held_exclusively = self.epoch_owner == Some(req.owner);
+        match req.kind {
+            LockKind::Flock => self.locks.retain(|l| !(l.owner == req.owner && l.kind == LockKind::Flock)),
+            LockKind::Posix => self.cut(req.owner, req.range),
+        }
+        if let Some(mode) = req.mode {
+            self.locks.push(Lock {
+                owner: req.owner,
+                kind: req.kind,
+                mode,
+                range: req.range,
+                pid: req.pid,
+                handle: req.handle,
+            });
+            if req.kind == LockKind::Posix {
+                self.merge(req.owner);
+            }
+        }
+        self.settle_epoch_owner();
+        if req.mode.is_some() {
+            self.in_use = true;
+        }
+        if req.acquires_lease() && !held_exclusively {
+            self.epoch = Epoch(self.epoch.0 + 1);
+            self.epoch_owner = Some(req.owner);
+            return Some(self.epoch);
+        }
+        None
+    }
+
+    /// Forget the epoch owner once it no longer holds the lease exclusively,
+    /// so its next acquisition counts as a new holder.
+    fn settle_epoch_owner(&mut self) {
+        if let Some(o) = self.epoch_owner {
+            let still = self.locks.iter().any(|l| {
+                l.owner == o && l.mode == Mode::Exclusive && (l.kind == LockKind::Flock || l.range.is_whole())
+            });
+            if !still {
+                self.epoch_owner = None;
+            }
+        }
+    }
+
+    /// Remove `range` from `owner`'s POSIX locks, splitting as needed.
+    fn cut(&mut self, owner: Owner, range: Range) {
+        let mut out = Vec::with_capacity(self.locks.len() + 1);
+        for l in self.locks.drain(..) {
+            if l.owner != owner || l.kind != LockKind::Posix || !l.range.overlaps(&range) {
+                out.push(l);
+                continue;
+            }
+            if l.range.start < range.start {
+                out.push(Lock { range: Range { start: l.range.start, end: range.start - 1 }, ..l });
+            }
+            if l.range.end > range.end {
+                out.push(Lock { range: Range { start: range.end + 1, end: l.range.end }, ..l });
+            }
+        }
+        self.locks = out;
+    }
+
+    /// Merge `owner`'s adjacent or overlapping POSIX locks of the same mode.
+    fn merge(&mut self, owner: Owner) {
+        let (mut mine, rest): (Vec<Lock>, Vec<Lock>) =
+            self.locks.drain(..).partition(|l| l.owner == owner && l.kind == LockKind::Posix);
+        self.locks = rest;
+        mine.sort_by_key(|l| l.range.start);
+        let mut merged: Vec<Lock> = Vec::with_capacity(mine.len());
+        for l in mine {
+            if let Some(last) = merged.last_mut() {
+                if last.mode == l.mode && last.range.end.saturating_add(1) >= l.range.start {
+                    last.range.end = last.range.end.max(l.range.end);
+                    continue;
+                }
+            }
+            merged.push(l);
+        }
+        self.locks.extend(merged);
+    }
+}
+
+/// All leases and the waits-for relation between lock owners.
+#[derive(Debug, Default)]
+pub struct Locks {
+    leases: HashMap<Ino, Lease>,
+    /// Where each parked owner waits (for deadlock detection).
+    waiting: HashMap<Owner, (Ino, WaitId)>,
+}
+
+impl Locks {
+    /// An empty table.
+    pub fn new() -> Locks {
+        Locks::default()
+    }
+
+    /// The lease of an inode, if it has state.
+    pub fn lease(&self, ino: Ino) -> Option<&Lease> {
+        self.leases.get(&ino)
+    }
+
+    /// The epoch of an inode's lease (0 if it never had one).
+    pub fn epoch(&self, ino: Ino) -> Epoch {
+        self.leases.get(&ino).map_or(Epoch(0), |l| l.epoch)
+    }
+
+    /// True while the inode's lease has a holder or waiter.
+    pub fn is_live(&self, ino: Ino) -> bool {
+        self.leases.get(&ino).is_some_and(Lease::is_live)
+    }
+
+    /// Start a lease's epochs at `floor` (a path's remembered epoch) unless
+    /// it is already higher.
+    pub fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
+        let l = self.leases.entry(ino).or_default();
+        if l.epoch < floor {
+            l.epoch = floor;
+            l.in_use = true;
+        }
+    }
+
+    /// A new holder took the lease by creating the file (`O_CREAT|O_EXCL`):
+    /// the epoch advances and the file counts as a lease in use.
+    pub fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
+        let l = self.leases.entry(ino).or_default();
+        l.in_use = true;
+        Self::advance(ino, l)
+    }
+
+    /// A new holder took the lease by creating its name with `link()` (the
+    /// dotlock idiom): the epoch advances. Hard links alone do not make the
+    /// file a lease in use, so rename over a multiply-linked file stays POSIX.
+    pub fn acquire_by_link(&mut self, ino: Ino) -> Vec<Effect> {
+        Self::advance(ino, self.leases.entry(ino).or_default())
+    }
+
+    fn advance(ino: Ino, l: &mut Lease) -> Vec<Effect> {
+        l.epoch = Epoch(l.epoch.0 + 1);
+        l.epoch_owner = None;
+        vec![Effect::Epoch(ino, l.epoch)]
+    }
+
+    /// True when the inode was used as a lease (locked or created with
+    /// `O_EXCL`, or re-created at a path that carried an epoch).
+    pub fn in_use(&self, ino: Ino) -> bool {
+        self.leases.get(&ino).is_some_and(|l| l.in_use)
+    }
+
+    /// Move a lease's state to another inode number (used when a name is
+    /// re-bound); the target's own state is replaced.
+    pub fn rebind(&mut self, from: Ino, to: Ino) {
+        if let Some(l) = self.leases.remove(&from) {
+            for w in &l.waiters {
+                self.waiting.insert(w.req.owner, (to, w.id));
+            }
+            self.leases.insert(to, l);
+        }
+    }
+
+    /// Drop the state of an inode that went away for good; returns its epoch
+    /// so the caller can remember it for the path.
+    pub fn forget(&mut self, ino: Ino) -> Epoch {
+        match self.leases.get(&ino) {
+            Some(l) if !l.is_live() => self.leases.remove(&ino).map_or(Epoch(0), |l| l.epoch),
+            Some(l) => l.epoch,
+            None => Epoch(0),
+        }
+    }
+
+    /// The first lock that would block `req` (`F_GETLK`).
+    pub fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
+        self.leases.get(&ino)?.locks.iter().find(|l| req.conflicts_with_lock(l)).copied()
+    }
+
+    /// Lock, unlock or wait. With `wait` the request parks when it cannot be
+    /// granted; without it the request is refused with `EWOULDBLOCK`.
+    pub fn set(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> (Outcome, Vec<Effect>) {
+        let mut effects = Vec::new();
+        let lease = self.leases.entry(ino).or_default();
+        let ahead = lease.waiters.len();
+        if req.mode.is_none() || lease.grantable(&req, ahead) {
+            if let Some(e) = lease.apply(&req) {
+                effects.push(Effect::Epoch(ino, e));
+            }
+            self.drain(ino, &mut effects);
+            return (Outcome::Granted, effects);
+        }
+        let Some(id) = wait else {
+            return (Outcome::Refused(Error::WouldBlock), effects);
+        };
+        if req.kind == LockKind::Posix && self.would_deadlock(ino, &req) {
+            return (Outcome::Refused(Error::Deadlock), effects);
+        }
+        let lease = self.leases.entry(ino).or_default();
+        lease.waiters.push_back(Waiter { id, req });
+        self.waiting.insert(req.owner, (ino, id));
+        (Outcome::Parked, effects)
+    }
+
+    /// A parked request was interrupted by a signal: it ends with `EINTR`.
+    /// Returns `None` when no such request is parked.
+    pub fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
+        let ino = self.leases.iter().find(|(_, l)| l.waiters.iter().any(|w| w.id == id)).map(|(i, _)| *i)?;
+        let lease = self.leases.get_mut(&ino)?;
+        let pos = lease.waiters.iter().position(|w| w.id == id)?;
+        let w = lease.waiters.remove(pos)?;
+        self.waiting.remove(&w.req.owner);
+        let mut effects = vec![Effect::Refuse(id, Error::Interrupted)];
+        // Later waiters may have queued only behind this one.
+        self.drain(ino, &mut effects);
+        Some(effects)
+    }
+
+    /// A process closed a descriptor of the file (FLUSH): its POSIX locks on
+    /// it go, as the kernel would do on close.
+    pub fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect> {
+        self.release_where(ino, |l| l.owner == owner && l.kind == LockKind::Posix)
+    }
+
+    /// The last close of an open file description (RELEASE): every lock
+    /// taken through it goes (flock, OFD, and POSIX locks taken through it).
+    pub fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect> {
+        self.release_where(ino, |l| l.handle == handle || Some(l.owner) == flock_owner && l.kind == LockKind::Flock)
+    }
+
+    fn release_where(&mut self, ino: Ino, gone: impl Fn(&Lock) -> bool) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        let Some(lease) = self.leases.get_mut(&ino) else { return effects };
+        let before = lease.locks.len();
+        lease.locks.retain(|l| !gone(l));
+        if lease.locks.len() != before {
+            lease.settle_epoch_owner();
+            self.drain(ino, &mut effects);
+        }
+        effects
+    }
+
+    /// Grant every waiter that can go now, in arrival order.
+    fn drain(&mut self, ino: Ino, effects: &mut Vec<Effect>) {
+        let Some(lease) = self.leases.get_mut(&ino) else { return };
+        loop {
+            let mut granted = None;
+            for (i, w) in lease.waiters.iter().enumerate() {
+                if lease.grantable(&w.req, i) {
+                    granted = Some(i);
+                    break;
+                }
+            }
+            let Some(i) = granted else { break };
+            let w = lease.waiters.remove(i).expect("index in range");
+            if let Some(e) = lease.apply(&w.req) {
+                effects.push(Effect::Epoch(ino, e));
+            }
+            self.waiting.remove(&w.req.owner);
+            effects.push(Effect::Grant(w.id));
+        }
+    }
+
+    /// Would `req` waiting close a cycle of owners waiting for each other?
+    fn would_deadlock(&self, ino: Ino, req: &Request) -> bool {
+        let mut stack = self.leases.get(&ino).map(|l| l.blockers(req)).unwrap_or_default();
+        let mut seen = HashSet::new();
+        while let Some(o) = stack.pop() {
+            if o == req.owner {
+                return true;
+            }
+            if !seen.insert(o) {
+                continue;
+            }
+            if let Some((wino, wid)) = self.waiting.get(&o) {
+                if let Some(l) = self.leases.get(wino) {
+                    if let Some(w) = l.waiters.iter().find(|w| w.id == *wid) {
+                        stack.extend(l.blockers(&w.req));
+                    }
+                }
+            }
+        }
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const I: Ino = Ino(7);
+
+    fn flock(owner: u64, mode: Option<Mode>) -> Request {
+        Request { owner: Owner(owner), kind: LockKind::Flock, mode, range: Range::WHOLE, pid: owner as u32, handle: owner }
+    }
+
+    fn posix(owner: u64, mode: Option<Mode>, start: u64, end: u64) -> Request {
+        Request { owner: Owner(owner), kind: LockKind::Posix, mode, range: Range { start, end }, pid: owner as u32, handle: owner }
+    }
+
+    #[test]
+    fn exclusive_conflicts_and_epoch_per_new_holder() {
+        let mut t = Locks::new();
+        let (o, e) = t.set(I, flock(1, Some(Mode::Exclusive)), None);
+        assert_eq!(o, Outcome::Granted);
+        assert_eq!(e, vec![Effect::Epoch(I, Epoch(1))]);
+        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
+        assert_eq!(t.set(I, flock(2, Some(Mode::Shared)), None).0, Outcome::Refused(Error::WouldBlock));
+        // Re-lock by the holder keeps the epoch.
+        assert_eq!(t.set(I, flock(1, Some(Mode::Exclusive)), None).1, vec![]);
+        assert_eq!(t.epoch(I), Epoch(1));
+        t.set(I, flock(1, None), None);
+        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Granted);
+        assert_eq!(t.epoch(I), Epoch(2));
+    }
+
+    #[test]
+    fn shared_locks_coexist_and_do_not_advance_the_epoch() {
+        let mut t = Locks::new();
+        assert_eq!(t.set(I, flock(1, Some(Mode::Shared)), None).0, Outcome::Granted);
+        assert_eq!(t.set(I, flock(2, Some(Mode::Shared)), None).0, Outcome::Granted);
+        assert_eq!(t.set(I, posix(3, Some(Mode::Exclusive), 0, 10), None).0, Outcome::Refused(Error::WouldBlock));
+        assert_eq!(t.epoch(I), Epoch(0));
+    }
+
+    #[test]
+    fn waiters_are_granted_in_arrival_order_and_shared_cannot_starve_exclusive() {
+        let mut t = Locks::new();
+        t.set(I, flock(1, Some(Mode::Shared)), None);
+        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2))).0, Outcome::Parked);
+        // A new shared request must queue behind the exclusive waiter.
+        assert_eq!(t.set(I, flock(3, Some(Mode::Shared)), Some(WaitId(3))).0, Outcome::Parked);
+        assert_eq!(t.set(I, flock(4, Some(Mode::Exclusive)), Some(WaitId(4))).0, Outcome::Parked);
+        let e = t.release_handle(I, 1, Some(Owner(1)));
+        assert_eq!(e, vec![Effect::Epoch(I, Epoch(1)), Effect::Grant(WaitId(2))]);
+        let e = t.set(I, flock(2, None), None).1;
+        assert_eq!(e, vec![Effect::Grant(WaitId(3))]);
+        let e = t.set(I, flock(3, None), None).1;
+        assert_eq!(e, vec![Effect::Epoch(I, Epoch(2)), Effect::Grant(WaitId(4))]);
+    }
+
+    #[test]
+    fn interrupt_ends_a_wait_and_unblocks_those_queued_behind() {
+        let mut t = Locks::new();
+        t.set(I, flock(1, Some(Mode::Shared)), None);
+        t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2)));
+        t.set(I, flock(3, Some(Mode::Shared)), Some(WaitId(3)));
+        let e = t.interrupt(WaitId(2)).unwrap();
+        assert_eq!(e, vec![Effect::Refuse(WaitId(2), Error::Interrupted), Effect::Grant(WaitId(3))]);
+        assert!(t.interrupt(WaitId(2)).is_none());
+    }
+
+    #[test]
+    fn posix_ranges_split_and_merge() {
+        let mut t = Locks::new();
+        t.set(I, posix(1, Some(Mode::Exclusive), 0, 99), None);
+        t.set(I, posix(1, None, 40, 59), None);
+        assert_eq!(t.set(I, posix(2, Some(Mode::Exclusive), 40, 59), None).0, Outcome::Granted);
+        assert_eq!(t.set(I, posix(2, Some(Mode::Exclusive), 30, 45), None).0, Outcome::Refused(Error::WouldBlock));
+        let l = t.test(I, &posix(3, Some(Mode::Shared), 60, 60)).unwrap();
+        assert_eq!((l.range.start, l.range.end, l.pid), (60, 99, 1));
+        t.set(I, posix(2, None, 0, OFFSET_MAX), None);
+        t.set(I, posix(1, Some(Mode::Exclusive), 40, 59), None);
+        let l = t.test(I, &posix(3, Some(Mode::Shared), 0, 0)).unwrap();
+        assert_eq!((l.range.start, l.range.end), (0, 99), "adjacent ranges merge");
+        assert_eq!(t.epoch(I), Epoch(0), "byte ranges do not advance the epoch");
+    }
+
+    #[test]
+    fn whole_file_posix_write_lock_and_flock_conflict_and_advance_epoch() {
+        let mut t = Locks::new();
+        t.set(I, posix(1, Some(Mode::Exclusive), 0, OFFSET_MAX), None);
+        assert_eq!(t.epoch(I), Epoch(1));
+        assert_eq!(t.set(I, flock(2, Some(Mode::Shared)), None).0, Outcome::Refused(Error::WouldBlock));
+        t.release_owner(I, Owner(1));
+        assert!(!t.is_live(I));
+        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Granted);
+        assert_eq!(t.epoch(I), Epoch(2));
+    }
+
+    #[test]
+    fn deadlock_cycle_is_refused() {
+        let (a, b) = (Ino(1), Ino(2));
+        let mut t = Locks::new();
+        t.set(a, posix(1, Some(Mode::Exclusive), 0, 0), None);
+        t.set(b, posix(2, Some(Mode::Exclusive), 0, 0), None);
+        assert_eq!(t.set(b, posix(1, Some(Mode::Exclusive), 0, 0), Some(WaitId(10))).0, Outcome::Parked);
+        assert_eq!(t.set(a, posix(2, Some(Mode::Exclusive), 0, 0), Some(WaitId(11))).0, Outcome::Refused(Error::Deadlock));
+    }
+
+    #[test]
+    fn upgrade_by_a_holder_is_not_queued_behind_waiters() {
+        let mut t = Locks::new();
+        t.set(I, flock(1, Some(Mode::Shared)), None);
+        t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2)));
+        assert_eq!(t.set(I, flock(1, Some(Mode::Exclusive)), None).0, Outcome::Granted);
+        assert_eq!(t.epoch(I), Epoch(1));
+        // Downgrade keeps the holder; the exclusive waiter still waits.
+        assert_eq!(t.set(I, flock(1, Some(Mode::Shared)), None).1, vec![]);
+        assert_eq!(t.lease(I).unwrap().waiters(), 1);
+    }
+
+    /// Model test: random operations from several owners; after every step
+    /// no two owners hold conflicting locks and the epoch never decreases.
+    #[test]
+    fn model_no_two_exclusive_holders_and_monotonic_epochs() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut t = Locks::new();
+        let mut last_epoch = Epoch(0);
+        let mut parked: Vec<WaitId> = Vec::new();
+        for step in 0..20_000u64 {
+            let owner = next() % 5;
+            let mode = match next() % 3 {
+                0 => None,
+                1 => Some(Mode::Shared),
+                _ => Some(Mode::Exclusive),
+            };
+            let req = if next() % 2 == 0 {
+                flock(owner, mode)
+            } else {
+                let s = next() % 8;
+                let e = if next() % 4 == 0 { OFFSET_MAX } else { s + next() % 8 };
+                posix(owner + 10, mode, s, e)
+            };
+            let effects = match next() % 6 {
+                0 => t.release_handle(I, owner, Some(Owner(owner))),
+                1 => t.release_owner(I, Owner(owner + 10)),
+                2 if !parked.is_empty() => {
+                    let id = parked.remove((next() % parked.len() as u64) as usize);
+                    t.interrupt(id).unwrap_or_default()
+                }
+                _ => {
+                    let wait = (next() % 2 == 0 && !t.waiting.contains_key(&req.owner)).then_some(WaitId(step));
+                    let (o, e) = t.set(I, req, wait);
+                    if o == Outcome::Parked {
+                        parked.push(WaitId(step));
+                    }
+                    e
+                }
+            };
+            for e in effects {
+                if let Effect::Grant(id) | Effect::Refuse(id, _) = e {
+                    parked.retain(|p| *p != id);
+                }
+            }
+            let locks = t.lease(I).map(|l| l.locks().to_vec()).unwrap_or_default();
+            for a in &locks {
+                for b in &locks {
+                    let conflict = a.owner != b.owner
+                        && a.range.overlaps(&b.range)
+                        && (a.mode == Mode::Exclusive || b.mode == Mode::Exclusive);
+                    assert!(!conflict, "step {step}: {a:?} and {b:?} both held");
+                }
+            }
+            assert!(t.epoch(I) >= last_epoch, "step {step}: epoch went backwards");
+            last_epoch = t.epoch(I);
+        }
+        assert!(last_epoch.0 > 100, "the model exercised acquisitions: {last_epoch:?}");
+    }
+}
