@@ -427,8 +427,8 @@ impl Fs {
         st.ns.add_lookup(ino);
         st.ns.get_mut(parent)?.touch_content(now);
         // link() creating the name acquires the lease (the dotlock idiom).
-        st.floor_epoch(path.as_ref(), ino);
-        st.locks.acquire_by_link(ino);
+        let floor = path.as_ref().and_then(|p| st.path_epochs.get(p)).copied().unwrap_or_default();
+        st.locks.acquire_by_link(ino, floor);
         let i = st.ns.get_mut(ino)?;
         i.ctime = now;
         Ok(i.attr())

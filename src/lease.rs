@@ -337,10 +337,21 @@ impl Locks {
     }
 
     /// A new holder took the lease by creating its name with `link()` (the
-    /// dotlock idiom): the epoch advances. Hard links alone do not make the
-    /// file a lease in use, so rename over a multiply-linked file stays POSIX.
-    pub fn acquire_by_link(&mut self, ino: Ino) -> Vec<Effect> {
-        Self::advance(ino, self.leases.entry(ino).or_default())
+    /// dotlock idiom): the name's epoch becomes one past what the path last
+    /// carried (`floor`), never lower than the inode's own. The temporary file
+    /// of the idiom was created with `O_EXCL` and already carries epoch 1, so
+    /// each dotlock holder advances the lock path by exactly one. Hard links
+    /// alone do not make the file a lease in use, so rename over a
+    /// multiply-linked file stays POSIX.
+    pub fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect> {
+        let l = self.leases.entry(ino).or_default();
+        let next = Epoch(floor.0 + 1).max(l.epoch);
+        if next == l.epoch {
+            return Vec::new();
+        }
+        l.epoch = next;
+        l.epoch_owner = None;
+        vec![Effect::Epoch(ino, next)]
     }
 
     fn advance(ino: Ino, l: &mut Lease) -> Vec<Effect> {

@@ -310,6 +310,11 @@ fn epochs_rise_by_one_per_new_exclusive_holder() {
     assert_eq!(epoch(&m.path, "X"), 1);
     sh_ok(&m.path, "rm X && touch tmp && ln tmp X");
     assert_eq!(epoch(&m.path, "X"), 2, "link() past the remembered epoch of the path");
+    // The dotlock idiom: O_EXCL temp file, link() to the lock name, unlink temp.
+    for want in [3, 4] {
+        sh_ok(&m.path, "rm X && python3 -c \"import os; os.close(os.open('t2', os.O_CREAT|os.O_EXCL|os.O_WRONLY))\" && ln t2 X && rm t2");
+        assert_eq!(epoch(&m.path, "X"), want, "one epoch per dotlock holder");
+    }
     // Read-only.
     let o = sh(&m.path, "setfattr -n user.leasefs.epoch -v 99 L");
     assert!(String::from_utf8_lossy(&o.stderr).contains("Operation not permitted"), "{o:?}");

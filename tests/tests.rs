@@ -7,6 +7,7 @@
 mod util;
 
 mod cli;
+mod clients;
 mod conformance;
 mod differential;
 mod locks;
