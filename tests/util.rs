@@ -34,7 +34,14 @@ pub fn wait_timeout(child: &mut Child, timeout: Duration, what: &str) -> ExitSta
         }
         if Instant::now() > deadline {
             let _ = child.kill();
-            let _ = child.wait();
+            // Reap if it dies soon; a process stuck in the kernel must not
+            // turn this failure into a hang.
+            for _ in 0..200 {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
             panic!("{what}: still running after {timeout:?}; killed");
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -359,7 +366,16 @@ impl Bg {
         // SAFETY: signalling the process group we created for our child.
         unsafe { libc::kill(-self.pid(), libc::SIGKILL) };
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        // Bounded: a process stuck in the kernel on a broken daemon must
+        // fail the test, not hang it (the mount guard then kills the daemon).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        eprintln!("process {} did not die within 10s of SIGKILL", self.pid());
     }
 }
 
