@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Lock-path benchmark, side by side in one run on tmpfs, leasefs, leasefs
+# without its request proxy (LEASEFS_NO_PROXY=1), and a minimal fuser
+# filesystem with in-memory locks and none of leasefs's logic
+# (scripts/minimalfs.rs). Medians over repeated runs.
+#   scripts/lockbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 5000, 2)
+#   PIN=1 scripts/lockbench.sh                     (everything on CPU 0)
+# Needs root and gcc.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repeats=${1:-5}
+n=${2:-5000}
+secs=${3:-2}
+
+cargo build --release --workspace --quiet
+cargo build --release --quiet --example minimalfs
+work=$(mktemp -d /tmp/leasefs-lockbench.XXXXXX)
+gcc -O2 -o "$work/lockbench" scripts/lockbench.c
+pin=()
+[ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
+mkdir -p "$work/tmpfs" "$work/leasefs" "$work/noproxy" "$work/minimal"
+mount -t tmpfs tmpfs "$work/tmpfs"
+"${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state"
+LEASEFS_NO_PROXY=1 "${pin[@]}" ./target/release/leasefs mount "$work/noproxy" --state-dir "$work/state2"
+"${pin[@]}" ./target/release/examples/minimalfs "$work/minimal" &
+minimal_pid=$!
+cleanup() {
+    for m in leasefs noproxy; do
+        ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
+    done
+    umount "$work/minimal" 2>/dev/null || umount -l "$work/minimal" 2>/dev/null || true
+    kill "$minimal_pid" 2>/dev/null || true
+    wait "$minimal_pid" 2>/dev/null || true
+    umount "$work/tmpfs" 2>/dev/null || true
+    rm -rf "$work"
+}
+trap cleanup EXIT
+for _ in $(seq 100); do mountpoint -q "$work/minimal" && break; sleep 0.05; done
+mountpoint -q "$work/minimal" || { echo "minimalfs did not mount" >&2; exit 1; }
+
+for r in $(seq "$repeats"); do
+    for fs in tmpfs leasefs noproxy minimal; do
+        d="$work/$fs"
+        [ "$fs" = minimal ] || { d="$work/$fs/run$r"; mkdir "$d"; }
+        "${pin[@]}" "$work/lockbench" "$d" "$n" "$secs" | sed "s/^/$fs /"
+    done
+done > "$work/results"
+
+python3 - "$work/results" "$repeats" "$n" "$secs" <<'PY'
+import statistics, sys
+data = {}
+for fs, metric, v in (l.split() for l in open(sys.argv[1])):
+    data.setdefault(metric, {}).setdefault(fs, []).append(float(v))
+print(f"# medians of {sys.argv[2]} runs; {sys.argv[3]} ops per latency metric; {sys.argv[4]} s per contention run")
+cols = ("tmpfs", "leasefs", "noproxy", "minimal")
+print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min':>9}{'lfs/tmpfs':>11}")
+for metric, by in data.items():
+    med = {c: statistics.median(by[c]) for c in cols}
+    print(f"{metric:<20}" + "".join(f"{med[c]:>12.0f}" for c in cols)
+          + f"{med['leasefs']/med['minimal']:>8.2f}x{med['leasefs']/med['tmpfs']:>10.1f}x")
+print("(ns for *_ns, acquisitions/s for *_acq_s, µs for *_worst_us; lower is better except acq_s)")
+PY

@@ -1,0 +1,226 @@
+//! Bench-only baseline: a minimal fuser filesystem with in-memory locks and
+//! none of leasefs's logic (no proxy, no epochs, no identity, no fairness
+//! beyond a FIFO queue). `scripts/lockbench.sh` measures leasefs against it.
+//!
+//! Usage: minimalfs MOUNTPOINT   (runs until unmounted; as root)
+//!
+//! One flat directory of regular files; contents are ignored (writes succeed,
+//! reads return nothing). Blocked lock waits cannot be interrupted.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{OsStr, OsString};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, ReplyAttr, ReplyCreate, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyWrite, Request, WriteFlags,
+};
+use parking_lot::Mutex;
+
+struct Held {
+    owner: u64,
+    exclusive: bool,
+}
+
+#[derive(Default)]
+struct FileLocks {
+    held: Vec<Held>,
+    waiting: VecDeque<(u64, bool, ReplyEmpty)>,
+}
+
+impl FileLocks {
+    fn can(&self, owner: u64, exclusive: bool) -> bool {
+        self.held.iter().all(|h| h.owner == owner || (!h.exclusive && !exclusive))
+    }
+    fn grant(&mut self, owner: u64, exclusive: bool) {
+        self.held.retain(|h| h.owner != owner);
+        self.held.push(Held { owner, exclusive });
+    }
+    fn drain(&mut self) {
+        while let Some((owner, ex, _)) = self.waiting.front() {
+            if !self.can(*owner, *ex) {
+                break;
+            }
+            let (owner, ex, reply) = self.waiting.pop_front().expect("front");
+            self.grant(owner, ex);
+            reply.ok();
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    names: HashMap<OsString, u64>,
+    locks: HashMap<u64, FileLocks>,
+    next: u64,
+    next_fh: u64,
+}
+
+struct MinimalFs {
+    st: Mutex<State>,
+}
+
+fn attr(ino: u64) -> FileAttr {
+    let t = SystemTime::UNIX_EPOCH;
+    FileAttr {
+        ino: INodeNo(ino),
+        size: 0,
+        blocks: 0,
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        kind: if ino == 1 { FileType::Directory } else { FileType::RegularFile },
+        perm: if ino == 1 { 0o777 } else { 0o666 },
+        nlink: if ino == 1 { 2 } else { 1 },
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+const TTL: Duration = Duration::ZERO;
+
+impl fuser::Filesystem for MinimalFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, _parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.st.lock().names.get(name) {
+            Some(&ino) => reply.entry(&TTL, &attr(ino), Generation(0)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        reply.attr(&TTL, &attr(ino.0));
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        name: &OsStr,
+        _mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let mut st = self.st.lock();
+        st.next = st.next.max(1) + 1;
+        let fresh = st.next;
+        let ino = *st.names.entry(name.to_os_string()).or_insert(fresh);
+        st.next_fh += 1;
+        reply.created(&TTL, &attr(ino), Generation(0), FileHandle(st.next_fh), FopenFlags::empty());
+    }
+
+    fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let mut st = self.st.lock();
+        st.next_fh += 1;
+        reply.opened(FileHandle(st.next_fh), FopenFlags::empty());
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.written(data.len() as u32);
+    }
+
+    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
+        let mut st = self.st.lock();
+        if let Some(l) = st.locks.get_mut(&ino.0) {
+            l.held.retain(|h| h.owner != owner.0);
+            l.drain();
+        }
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut st = self.st.lock();
+        if let (Some(l), Some(o)) = (st.locks.get_mut(&ino.0), owner) {
+            l.held.retain(|h| h.owner != o.0);
+            l.drain();
+        }
+        reply.ok();
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _owner: LockOwner,
+        start: u64,
+        end: u64,
+        _typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        reply.locked(start, end, libc::F_UNLCK, 0);
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        owner: LockOwner,
+        _start: u64,
+        _end: u64,
+        typ: i32,
+        _pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        let mut st = self.st.lock();
+        let l = st.locks.entry(ino.0).or_default();
+        if typ == libc::F_UNLCK {
+            l.held.retain(|h| h.owner != owner.0);
+            l.drain();
+            return reply.ok();
+        }
+        let ex = typ == libc::F_WRLCK;
+        if l.waiting.is_empty() && l.can(owner.0, ex) {
+            l.grant(owner.0, ex);
+            reply.ok();
+        } else if sleep {
+            l.waiting.push_back((owner.0, ex, reply));
+        } else {
+            reply.error(Errno::EAGAIN);
+        }
+    }
+}
+
+fn main() {
+    let mountpoint = std::env::args().nth(1).expect("usage: minimalfs MOUNTPOINT");
+    let mut config = fuser::Config::default();
+    config.mount_options = vec![fuser::MountOption::FSName("minimalfs".into()), fuser::MountOption::DefaultPermissions];
+    config.acl = fuser::SessionACL::All;
+    let fs = MinimalFs { st: Mutex::new(State::default()) };
+    if let Err(e) = fuser::mount(fs, &mountpoint, &config) {
+        eprintln!("minimalfs: {e}");
+        std::process::exit(1);
+    }
+}
