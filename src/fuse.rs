@@ -170,11 +170,19 @@ impl LeaseFs {
         })
     }
 
-    fn invalidate(&self, w: &Waits) {
-        for ino in self.fs.take_invalidations() {
-            if let Some(n) = &w.notices {
-                n.inval_inode(ino.0);
+    /// Answer a request that replaced file content only after the kernel
+    /// dropped its cached pages of those files.
+    fn reply_after_invalidation(&self, reply: ReplyEmpty) {
+        let w = self.waits.lock();
+        let mut inos = self.fs.take_invalidations();
+        match (&w.notices, inos.pop()) {
+            (Some(n), Some(last)) => {
+                for ino in inos {
+                    n.inval_inode(ino.0, None);
+                }
+                n.inval_inode(last.0, Some(Box::new(move || reply.ok())));
             }
+            _ => reply.ok(),
         }
     }
 }
@@ -364,10 +372,7 @@ impl fuser::Filesystem for LeaseFs {
     ) {
         guarded("rename", || {
             match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits()) {
-                Ok(()) => {
-                    reply.ok();
-                    self.invalidate(&self.waits.lock());
-                }
+                Ok(()) => self.reply_after_invalidation(reply),
                 Err(e) => reply.error(errno(e)),
             }
         });

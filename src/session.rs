@@ -69,19 +69,33 @@ pub trait Intercept: Send + Sync {
     fn attach(&self, notices: Notices);
 }
 
+/// What the notifier thread does next.
+enum Notice {
+    /// Drop the kernel's cached pages and attributes of an inode, then run
+    /// the continuation (if any).
+    InvalInode(u64, Option<Box<dyn FnOnce() + Send>>),
+}
+
 /// Sends invalidation notices to the kernel from a thread of its own, never
 /// from inside a request handler (the kernel may wait on pages that a
-/// pending request holds).
-#[derive(Debug, Clone)]
+/// pending request holds, and only the session thread can answer it).
+#[derive(Clone)]
 pub struct Notices {
-    tx: std::sync::mpsc::Sender<u64>,
+    tx: std::sync::mpsc::Sender<Notice>,
+}
+
+impl std::fmt::Debug for Notices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Notices")
+    }
 }
 
 impl Notices {
     fn start(dev: Arc<OwnedFd>) -> io::Result<Notices> {
-        let (tx, rx) = std::sync::mpsc::channel::<u64>();
+        let (tx, rx) = std::sync::mpsc::channel::<Notice>();
         thread::Builder::new().name("fuse-notify".into()).spawn(move || {
-            for ino in rx {
+            for notice in rx {
+                let Notice::InvalInode(ino, then) = notice;
                 let mut msg = Vec::with_capacity(40);
                 msg.extend_from_slice(&40u32.to_ne_bytes());
                 msg.extend_from_slice(&NOTIFY_INVAL_INODE.to_ne_bytes());
@@ -90,20 +104,28 @@ impl Notices {
                 msg.extend_from_slice(&0i64.to_ne_bytes());
                 msg.extend_from_slice(&0i64.to_ne_bytes());
                 if let Err(e) = write_all(dev.as_raw_fd(), &msg) {
-                    match e.raw_os_error() {
-                        Some(libc::ENOENT) => {}
-                        Some(libc::ENODEV) => break,
-                        _ => warn!(ino, "invalidation notice failed: {e}"),
+                    // ENOENT: the kernel no longer has the inode; nothing cached.
+                    if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) {
+                        warn!(ino, "invalidation notice failed: {e}");
                     }
+                }
+                if let Some(then) = then {
+                    then();
                 }
             }
         })?;
         Ok(Notices { tx })
     }
 
-    /// Drop the kernel's cached pages and attributes of an inode.
-    pub fn inval_inode(&self, ino: u64) {
-        let _ = self.tx.send(ino);
+    /// Drop the kernel's cached pages and attributes of an inode, then run
+    /// `then` (e.g. answer the request that changed the content, so the
+    /// caller cannot read stale pages after it returns).
+    pub fn inval_inode(&self, ino: u64, then: Option<Box<dyn FnOnce() + Send>>) {
+        if let Err(std::sync::mpsc::SendError(Notice::InvalInode(_, Some(then)))) =
+            self.tx.send(Notice::InvalInode(ino, then))
+        {
+            then();
+        }
     }
 }
 
