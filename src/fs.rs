@@ -15,6 +15,25 @@ use parking_lot::Mutex;
 use crate::error::{Error, Result};
 use crate::lease::{Effect, Epoch, Lock, Locks, Outcome, Owner, Request, WaitId};
 use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
+use crate::observe::{Observations, Proc, Verdict};
+use tracing::debug;
+
+/// How many earlier targets of a name are remembered per inode.
+const MAX_PREDECESSORS: usize = 16;
+/// How many removed names remember their last target.
+const MAX_REMOVED_NAMES: usize = 65_536;
+/// Observations recorded between sweeps for exited processes.
+const SWEEP_EVERY: u64 = 4096;
+
+/// Resolve a request's thread id to the process identity (thread-group id
+/// and start time) from `/proc`.
+pub fn proc_of_tid(tid: u32) -> Option<Proc> {
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let tgid: u32 = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    let start = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    Some(Proc { tgid, start })
+}
 
 /// Prefix of the extended attributes leasefs computes itself.
 pub const XATTR_PREFIX: &str = "user.leasefs.";
@@ -112,9 +131,90 @@ struct State {
     /// Inodes whose cached pages the kernel must drop (content replaced
     /// behind open descriptors).
     invalidate: Vec<Ino>,
+    /// What each process last observed of each file (SPEC 6).
+    obs: Observations,
+    /// Inodes a name pointed at before it pointed at this one.
+    predecessors: HashMap<Ino, Vec<Ino>>,
+    /// The last inode each removed name pointed at.
+    removed: HashMap<PathBuf, Ino>,
+    /// Thread id → process identity cache.
+    tids: HashMap<u32, Proc>,
+    recorded: u64,
+    resolve: fn(u32) -> Option<Proc>,
 }
 
 impl State {
+    /// The process behind a request's thread id, cached; `fresh` re-reads it
+    /// (before a compare-and-swap check, so a reused pid is never trusted).
+    fn proc(&mut self, tid: u32, fresh: bool) -> Option<Proc> {
+        if tid == 0 {
+            return None;
+        }
+        if !fresh {
+            if let Some(p) = self.tids.get(&tid) {
+                return Some(*p);
+            }
+        }
+        let p = (self.resolve)(tid)?;
+        if self.tids.len() > 8192 {
+            self.tids.clear();
+        }
+        self.tids.insert(tid, p);
+        Some(p)
+    }
+
+    /// `tid` observed the regular file `ino` at its current version.
+    fn observe(&mut self, tid: u32, ino: Ino) {
+        let Ok(i) = self.ns.get(ino) else { return };
+        if i.kind != Kind::File {
+            return;
+        }
+        let version = i.version;
+        let Some(p) = self.proc(tid, false) else { return };
+        self.obs.record(p, ino, version);
+        self.recorded += 1;
+        if self.recorded % SWEEP_EVERY == 0 {
+            let resolve = self.resolve;
+            self.obs.forget_dead(|p| resolve(p.tgid).is_some_and(|q| q == *p));
+            self.tids.clear();
+        }
+    }
+
+    /// Refuse with `ESTALE` when `tid` acts on an older version of the file
+    /// at `ino` than the current one (SPEC 6).
+    fn check_current(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
+        let Ok(i) = self.ns.get(ino) else { return Ok(()) };
+        if i.kind != Kind::File {
+            return Ok(());
+        }
+        let current = i.version;
+        let Some(p) = self.proc(tid, true) else { return Ok(()) };
+        let preds: Vec<(Ino, u64)> =
+            self.predecessors.get(&ino).map(|v| v.iter().map(|i| (*i, 0)).collect()).unwrap_or_default();
+        match self.obs.check(p, ino, current, &preds) {
+            Verdict::Current | Verdict::Unobserved => Ok(()),
+            Verdict::Stale { seen, current } => {
+                debug!(pid = p.tgid, ino = ino.0, seen, current, op = what, "compare-and-swap rejected: stale view");
+                Err(Error::Stale)
+            }
+        }
+    }
+
+    /// The name now pointing at `new` pointed at `old` before.
+    fn succeed(&mut self, old: Ino, new: Ino) {
+        if old == new {
+            return;
+        }
+        let mut chain = self.predecessors.get(&old).cloned().unwrap_or_default();
+        chain.push(old);
+        let entry = self.predecessors.entry(new).or_default();
+        entry.extend(chain);
+        if entry.len() > MAX_PREDECESSORS {
+            let cut = entry.len() - MAX_PREDECESSORS;
+            entry.drain(..cut);
+        }
+    }
+
     fn path_of(&self, parent: Ino, name: &OsStr) -> Option<PathBuf> {
         let mut p: PathBuf = self.ns.dir_path(parent)?.into_iter().collect();
         p.push(name);
@@ -142,6 +242,7 @@ impl State {
     fn collect(&mut self, ino: Ino) {
         if self.ns.get(ino).is_err() {
             self.locks.forget(ino);
+            self.predecessors.remove(&ino);
         }
         let (ns, locks) = (&self.ns, &self.locks);
         self.detached.retain(|_, i| locks.is_live(*i) && ns.get(*i).is_ok());
@@ -188,8 +289,26 @@ impl Fs {
                 detached: HashMap::new(),
                 path_epochs: HashMap::new(),
                 invalidate: Vec::new(),
+                obs: Observations::new(),
+                predecessors: HashMap::new(),
+                removed: HashMap::new(),
+                tids: HashMap::new(),
+                recorded: 0,
+                resolve: proc_of_tid,
             }),
         }
+    }
+
+    /// Replace how thread ids map to processes (tests).
+    pub fn set_proc_resolver(&self, resolve: fn(u32) -> Option<Proc>) {
+        let mut st = self.state.lock();
+        st.resolve = resolve;
+        st.tids.clear();
+    }
+
+    /// The lease version of a file (SPEC 6).
+    pub fn version(&self, ino: Ino) -> Result<u64> {
+        Ok(self.state.lock().ns.get(ino)?.version)
     }
 
     /// Resolve `name` in `parent` and take a kernel reference on it.
@@ -207,19 +326,22 @@ impl Fs {
         st.collect(ino);
     }
 
-    /// Attributes of an inode.
-    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        Ok(self.state.lock().ns.get(ino)?.attr())
+    /// Attributes of an inode (`stat`: an observation by `tid`).
+    pub fn getattr(&self, ino: Ino, tid: u32) -> Result<Attr> {
+        let mut st = self.state.lock();
+        let a = st.ns.get(ino)?.attr();
+        st.observe(tid, ino);
+        Ok(a)
     }
 
     /// Change attributes (chmod, chown, truncate, utimensat).
-    pub fn setattr(&self, ino: Ino, set: &SetAttr) -> Result<Attr> {
+    pub fn setattr(&self, ino: Ino, set: &SetAttr, tid: u32) -> Result<Attr> {
         let mut st = self.state.lock();
         let now = now();
         let i = st.ns.get_mut(ino)?;
         if let Some(size) = set.size {
             i.data_mut()?.truncate(size)?;
-            i.touch_content(now);
+            i.change_content(now);
         }
         if let Some(mode) = set.mode {
             i.perm = (mode & 0o7777) as u16;
@@ -237,7 +359,11 @@ impl Fs {
             i.mtime = resolve(t, now);
         }
         i.ctime = set.ctime.unwrap_or(now);
-        Ok(i.attr())
+        let a = i.attr();
+        if set.size.is_some() {
+            st.observe(tid, ino);
+        }
+        Ok(a)
     }
 
     /// Target of a symlink.
@@ -288,7 +414,7 @@ impl Fs {
                     st.ns.add_lookup(ino);
                     let i = st.ns.get_mut(ino)?;
                     i.data_mut()?.truncate(0)?;
-                    i.touch_content(now);
+                    i.change_content(now);
                     st.ns.get_mut(parent)?.touch_content(now);
                     return Ok(st.ns.get(ino)?.attr());
                 }
@@ -298,6 +424,11 @@ impl Fs {
         st.ns.link(parent, name, ino)?;
         st.ns.add_lookup(ino);
         st.floor_epoch(path.as_ref(), ino);
+        if let Some(old) = path.as_ref().and_then(|p| st.removed.remove(p)) {
+            // The name points at something new: whoever looked at the old
+            // target has a stale view.
+            st.succeed(old, ino);
+        }
         st.ns.get_mut(parent)?.touch_content(now);
         Ok(st.ns.get(ino)?.attr())
     }
@@ -356,18 +487,26 @@ impl Fs {
             Err(e) => return Err(e),
         };
         let h = Self::open_locked(&mut st, attr.ino, flags)?;
+        st.observe(caller.pid, attr.ino);
         Ok((attr, h))
     }
 
-    /// `unlink`.
-    pub fn unlink(&self, parent: Ino, name: &OsStr) -> Result<()> {
+    /// `unlink` by thread `tid`; `ESTALE` when it acts on an old view.
+    pub fn unlink(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<()> {
         let mut st = self.state.lock();
         let ino = st.ns.child(parent, name)?;
         if st.ns.get(ino)?.kind == Kind::Dir {
             return Err(Error::IsDir);
         }
+        st.check_current(tid, ino, "unlink")?;
         let now = now();
         let path = st.path_of(parent, name);
+        if let Some(p) = &path {
+            if st.removed.len() >= MAX_REMOVED_NAMES {
+                st.removed.clear();
+            }
+            st.removed.insert(p.clone(), ino);
+        }
         st.remember_epoch(path.clone(), ino);
         if st.locks.is_live(ino) {
             // The name goes (POSIX), the lease stays bound to the path.
@@ -435,7 +574,15 @@ impl Fs {
     }
 
     /// `rename` / `renameat2` with `RENAME_NOREPLACE` and `RENAME_EXCHANGE`.
-    pub fn rename(&self, parent: Ino, name: &OsStr, newparent: Ino, newname: &OsStr, flags: u32) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        flags: u32,
+        tid: u32,
+    ) -> Result<()> {
         check_name(name)?;
         check_name(newname)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
@@ -511,6 +658,9 @@ impl Fs {
         if st.holds_live_lease(src) {
             return Err(Error::Busy);
         }
+        if let Some(dst) = dst {
+            st.check_current(tid, dst, "rename over")?;
+        }
         let old_path = st.path_of(parent, name);
         let new_path = st.path_of(newparent, newname);
         if let Some(dst) = dst {
@@ -522,7 +672,7 @@ impl Fs {
                 let data = st.ns.get(src)?.data()?.clone();
                 let d = st.ns.get_mut(dst)?;
                 *d.data_mut()? = data;
-                d.touch_content(now);
+                d.change_content(now);
                 st.remember_epoch(old_path, src);
                 st.ns.get_mut(src)?.ctime = now;
                 st.ns.unlink(parent, name)?;
@@ -530,9 +680,16 @@ impl Fs {
                 st.ns.get_mut(newparent)?.touch_content(now);
                 st.invalidate.push(dst);
                 st.collect(src);
+                // Its own rename is an observation of the new version.
+                st.observe(tid, dst);
                 return Ok(());
             }
             st.remember_epoch(new_path.clone(), dst);
+            // Whoever looked at the replaced file now has a stale view of
+            // this name (versions count content changes; re-pointing a name
+            // is tracked through predecessors, so other hard links of the
+            // moved file are unaffected).
+            st.succeed(dst, src);
             st.ns.get_mut(dst)?.ctime = now;
             st.ns.unlink(newparent, newname)?;
             st.collect(dst);
@@ -544,9 +701,15 @@ impl Fs {
             Self::reparent(&mut st.ns, src, parent, newparent)?;
         }
         st.floor_epoch(new_path.as_ref(), src);
+        if dst.is_none() {
+            if let Some(old) = new_path.as_ref().and_then(|p| st.removed.remove(p)) {
+                st.succeed(old, src);
+            }
+        }
         st.ns.get_mut(src)?.ctime = now;
         st.ns.get_mut(parent)?.touch_content(now);
         st.ns.get_mut(newparent)?.touch_content(now);
+        st.observe(tid, src);
         Ok(())
     }
 
@@ -566,10 +729,12 @@ impl Fs {
         Ok(h)
     }
 
-    /// `open` / `opendir`.
-    pub fn open(&self, ino: Ino, flags: i32) -> Result<Handle> {
+    /// `open` / `opendir` by thread `tid` (an observation).
+    pub fn open(&self, ino: Ino, flags: i32, tid: u32) -> Result<Handle> {
         let mut st = self.state.lock();
-        Self::open_locked(&mut st, ino, flags)
+        let h = Self::open_locked(&mut st, ino, flags)?;
+        st.observe(tid, ino);
+        Ok(h)
     }
 
     /// `release` / `releasedir`: the last close of an open file description.
@@ -625,14 +790,16 @@ impl Fs {
         std::mem::take(&mut self.state.lock().invalidate)
     }
 
-    /// `read`.
-    pub fn read(&self, ino: Ino, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let st = self.state.lock();
-        Ok(st.ns.get(ino)?.data()?.read(offset, size as usize))
+    /// `read` by thread `tid` (an observation).
+    pub fn read(&self, ino: Ino, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
+        let mut st = self.state.lock();
+        let d = st.ns.get(ino)?.data()?.read(offset, size as usize);
+        st.observe(tid, ino);
+        Ok(d)
     }
 
     /// `write`; returns the number of bytes written.
-    pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8]) -> Result<u32> {
+    pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8], tid: u32) -> Result<u32> {
         let mut st = self.state.lock();
         let append = st.handles.get(&h).is_some_and(|f| f.flags & libc::O_APPEND != 0);
         let i = st.ns.get_mut(ino)?;
@@ -641,13 +808,14 @@ impl Fs {
         // writers may have moved since the kernel last saw the size.
         let offset = if append { d.size() } else { offset };
         d.write(offset, data)?;
-        i.touch_content(now());
+        i.change_content(now());
+        st.observe(tid, ino);
         Ok(data.len() as u32)
     }
 
     /// `fallocate`: mode 0 and `FALLOC_FL_KEEP_SIZE` reserve (a no-op in
     /// memory beyond growing the size), `PUNCH_HOLE|KEEP_SIZE` zeroes.
-    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32) -> Result<()> {
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32, tid: u32) -> Result<()> {
         let mut st = self.state.lock();
         let i = st.ns.get_mut(ino)?;
         let d = i.data_mut()?;
@@ -662,7 +830,8 @@ impl Fs {
             m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => d.zero_range(offset, len),
             _ => return Err(Error::NotSupported),
         }
-        i.touch_content(now());
+        i.change_content(now());
+        st.observe(tid, ino);
         Ok(())
     }
 
@@ -792,12 +961,12 @@ mod tests {
         let fs = fs();
         let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0o022, libc::O_RDWR).unwrap();
         assert_eq!(a.perm, 0o644);
-        fs.write(a.ino, h, 0, b"hello").unwrap();
+        fs.write(a.ino, h, 0, b"hello", 0).unwrap();
         let b = fs.link(a.ino, Ino::ROOT, OsStr::new("b")).unwrap();
         assert_eq!(b.nlink, 2);
-        fs.unlink(Ino::ROOT, OsStr::new("a")).unwrap();
+        fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
         assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("b")).unwrap().nlink, 1);
-        assert_eq!(fs.read(a.ino, 0, 10).unwrap(), b"hello");
+        assert_eq!(fs.read(a.ino, 0, 10, 0).unwrap(), b"hello");
         assert_eq!(fs.link(a.ino, Ino::ROOT, OsStr::new("b")), Err(Error::Exists));
     }
 
@@ -809,19 +978,19 @@ mod tests {
         fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
         fs.mknod(C, e.ino, OsStr::new("g"), libc::S_IFREG | 0o644, 0, 0).unwrap();
         let r = Ino::ROOT;
-        assert_eq!(fs.rename(r, OsStr::new("d"), e.ino, OsStr::new("x"), 0), Err(Error::Invalid));
-        assert_eq!(fs.rename(r, OsStr::new("d"), r, OsStr::new("f"), 0), Err(Error::NotDir));
-        assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), 0), Err(Error::IsDir));
+        assert_eq!(fs.rename(r, OsStr::new("d"), e.ino, OsStr::new("x"), 0, 0), Err(Error::Invalid));
+        assert_eq!(fs.rename(r, OsStr::new("d"), r, OsStr::new("f"), 0, 0), Err(Error::NotDir));
+        assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), 0, 0), Err(Error::IsDir));
         fs.mkdir(C, r, OsStr::new("z"), 0o755, 0).unwrap();
-        assert_eq!(fs.rename(r, OsStr::new("z"), d.ino, OsStr::new("e"), 0), Err(Error::NotEmpty));
-        assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("z"), RENAME_NOREPLACE), Err(Error::Exists));
-        assert_eq!(fs.rename(r, OsStr::new("nope"), r, OsStr::new("q"), 0), Err(Error::NotFound));
+        assert_eq!(fs.rename(r, OsStr::new("z"), d.ino, OsStr::new("e"), 0, 0), Err(Error::NotEmpty));
+        assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("z"), RENAME_NOREPLACE, 0), Err(Error::Exists));
+        assert_eq!(fs.rename(r, OsStr::new("nope"), r, OsStr::new("q"), 0, 0), Err(Error::NotFound));
         // Moving a directory across parents moves the ".." link count.
-        assert_eq!(fs.getattr(r).unwrap().nlink, 4);
-        fs.rename(d.ino, OsStr::new("e"), r, OsStr::new("e2"), 0).unwrap();
-        assert_eq!(fs.getattr(r).unwrap().nlink, 5);
-        assert_eq!(fs.getattr(d.ino).unwrap().nlink, 2);
-        fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), RENAME_EXCHANGE).unwrap();
+        assert_eq!(fs.getattr(r, 0).unwrap().nlink, 4);
+        fs.rename(d.ino, OsStr::new("e"), r, OsStr::new("e2"), 0, 0).unwrap();
+        assert_eq!(fs.getattr(r, 0).unwrap().nlink, 5);
+        assert_eq!(fs.getattr(d.ino, 0).unwrap().nlink, 2);
+        fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), RENAME_EXCHANGE, 0).unwrap();
         assert_eq!(fs.lookup(r, OsStr::new("f")).unwrap().kind, Kind::Dir);
     }
 
@@ -829,7 +998,7 @@ mod tests {
     fn setgid_directories_hand_down_group() {
         let fs = fs();
         let d = fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o2775, 0).unwrap();
-        fs.setattr(d.ino, &SetAttr { gid: Some(50), ..SetAttr::default() }).unwrap();
+        fs.setattr(d.ino, &SetAttr { gid: Some(50), ..SetAttr::default() }, 0).unwrap();
         let u = Caller { uid: 1000, gid: 1000, pid: 1 };
         let f = fs.mknod(u, d.ino, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
         assert_eq!(f.gid, 50);
@@ -856,12 +1025,12 @@ mod tests {
     fn unlinked_open_file_lives_until_forget_and_release() {
         let fs = fs();
         let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, libc::O_RDWR).unwrap();
-        fs.unlink(Ino::ROOT, OsStr::new("a")).unwrap();
-        fs.write(a.ino, h, 0, b"x").unwrap();
+        fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
+        fs.write(a.ino, h, 0, b"x", 0).unwrap();
         fs.forget(a.ino, 1);
-        assert_eq!(fs.getattr(a.ino).unwrap().nlink, 0);
+        assert_eq!(fs.getattr(a.ino, 0).unwrap().nlink, 0);
         fs.release(h, None).unwrap();
-        assert_eq!(fs.getattr(a.ino), Err(Error::NotFound));
+        assert_eq!(fs.getattr(a.ino, 0), Err(Error::NotFound));
         // A new file never reuses the number.
         let (b, _) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, 0).unwrap();
         assert!(b.ino > a.ino);

@@ -266,8 +266,8 @@ impl fuser::Filesystem for LeaseFs {
         guarded("forget", || self.fs.forget(Ino(ino.0), nlookup));
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        guarded("getattr", || match self.fs.getattr(Ino(ino.0)) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        guarded("getattr", || match self.fs.getattr(Ino(ino.0), req.pid()) {
             Ok(a) => reply.attr(&TTL, &attr(&a)),
             Err(e) => reply.error(errno(e)),
         });
@@ -275,7 +275,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn setattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
         uid: Option<u32>,
@@ -302,7 +302,7 @@ impl fuser::Filesystem for LeaseFs {
                 ctime,
                 handle: fh.map(|h| Handle(h.0)),
             };
-            match self.fs.setattr(Ino(ino.0), &set) {
+            match self.fs.setattr(Ino(ino.0), &set, req.pid()) {
                 Ok(a) => reply.attr(&TTL, &attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
@@ -339,8 +339,8 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("unlink", || match self.fs.unlink(Ino(parent.0), name) {
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("unlink", || match self.fs.unlink(Ino(parent.0), name, req.pid()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });
@@ -362,7 +362,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -371,7 +371,7 @@ impl fuser::Filesystem for LeaseFs {
         reply: ReplyEmpty,
     ) {
         guarded("rename", || {
-            match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits()) {
+            match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits(), req.pid()) {
                 Ok(()) => self.reply_after_invalidation(reply),
                 Err(e) => reply.error(errno(e)),
             }
@@ -385,8 +385,8 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        guarded("open", || match self.fs.open(Ino(ino.0), flags.0) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        guarded("open", || match self.fs.open(Ino(ino.0), flags.0, req.pid()) {
             Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         });
@@ -394,7 +394,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn read(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -403,7 +403,7 @@ impl fuser::Filesystem for LeaseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        guarded("read", || match self.fs.read(Ino(ino.0), offset, size) {
+        guarded("read", || match self.fs.read(Ino(ino.0), offset, size, req.pid()) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
         });
@@ -411,7 +411,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
@@ -421,7 +421,7 @@ impl fuser::Filesystem for LeaseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data) {
+        guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data, req.pid()) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         });
@@ -463,7 +463,7 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        guarded("opendir", || match self.fs.open(Ino(ino.0), flags.0) {
+        guarded("opendir", || match self.fs.open(Ino(ino.0), flags.0, 0) {
             Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         });
@@ -581,7 +581,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn fallocate(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         offset: u64,
@@ -589,7 +589,7 @@ impl fuser::Filesystem for LeaseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        guarded("fallocate", || match self.fs.fallocate(Ino(ino.0), offset, length, mode) {
+        guarded("fallocate", || match self.fs.fallocate(Ino(ino.0), offset, length, mode, req.pid()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });

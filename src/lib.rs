@@ -11,6 +11,7 @@ pub mod fs;
 pub mod fuse;
 pub mod lease;
 pub mod namespace;
+pub mod observe;
 pub mod session;
 
 /// The version reported by the CLI and the control files.

@@ -285,6 +285,9 @@ pub struct Inode {
     pub lookups: u64,
     /// Open handles on the inode.
     pub opens: u64,
+    /// Bumped on every change of content or of the name pointing at it
+    /// (the lease version of SPEC 6).
+    pub version: u64,
     pub xattrs: BTreeMap<OsString, Vec<u8>>,
     pub body: Body,
 }
@@ -354,6 +357,12 @@ impl Inode {
         self.mtime = now;
         self.ctime = now;
     }
+
+    /// Mark a change of a regular file's content: times and version.
+    pub fn change_content(&mut self, now: SystemTime) {
+        self.touch_content(now);
+        self.version += 1;
+    }
 }
 
 /// Fields of a new inode.
@@ -392,6 +401,7 @@ impl Namespace {
             // The kernel holds the root without ever looking it up.
             lookups: 1,
             opens: 0,
+            version: 1,
             xattrs: BTreeMap::new(),
             body: Body::Dir(Dir::new(Ino::ROOT)),
         };
@@ -461,6 +471,7 @@ impl Namespace {
             crtime: now,
             lookups: 0,
             opens: 0,
+            version: 1,
             xattrs: BTreeMap::new(),
             body,
         };

@@ -265,7 +265,7 @@ print(held, free)
 fn exclusive_waiters_are_served_in_arrival_order_and_not_starved_by_shared() {
     let m = Mount::new();
     sh_ok(&m.path, "touch L");
-    let mut holder = Bg::ready(&m.path, "exec flock -s L sh -c 'echo ready; exec sleep 60'");
+    let holder = Bg::ready(&m.path, "exec flock -s L sh -c 'echo ready; exec sleep 60'");
     let mut waiters = Vec::new();
     for i in 1..=4 {
         let mut w = Bg::spawn(&m.path, &format!("exec flock L sh -c 'echo {i} >> order'"));

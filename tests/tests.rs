@@ -6,6 +6,7 @@
 
 mod util;
 
+mod cas;
 mod cli;
 mod clients;
 mod conformance;

@@ -272,6 +272,8 @@ impl Rng {
 /// A background process killed (and reaped) on drop.
 pub struct Bg {
     pub child: Child,
+    /// Lines the process printed after `ready` (for `Bg::ready`).
+    pub lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Bg {
@@ -289,18 +291,22 @@ impl Bg {
             .expect("spawn");
         let out = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
+        let rest = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = rest.clone();
         std::thread::spawn(move || {
             let mut lines = std::io::BufReader::new(out).lines();
             let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
             let _ = tx.send(first);
-            for _ in lines {}
+            for l in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
         });
         let line = rx.recv_timeout(STEP).unwrap_or_else(|_| {
             let _ = child.kill();
             panic!("`{script}` did not get ready within {STEP:?}")
         });
         assert_eq!(line.trim(), "ready", "`{script}` printed {line:?}");
-        Bg { child }
+        Bg { child, lines: rest }
     }
 
     /// Start `sh -c script` in `dir` without waiting.
@@ -313,14 +319,26 @@ impl Bg {
             .process_group(0)
             .spawn()
             .expect("spawn");
-        Bg { child }
+        Bg { child, lines: Default::default() }
     }
 
     /// Start a program directly (its pid is the program's).
     pub fn exec(dir: &Path, prog: &str, args: &[&str]) -> Bg {
         let child =
             Command::new(prog).args(args).current_dir(dir).stdin(Stdio::null()).process_group(0).spawn().expect("spawn");
-        Bg { child }
+        Bg { child, lines: Default::default() }
+    }
+
+    /// Lines printed after `ready`, once the output is drained (after exit).
+    pub fn output(&self) -> Vec<String> {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let n = self.lines.lock().unwrap().len();
+            std::thread::sleep(Duration::from_millis(20));
+            if n == self.lines.lock().unwrap().len() || Instant::now() > deadline {
+                return self.lines.lock().unwrap().clone();
+            }
+        }
     }
 
     pub fn pid(&self) -> i32 {

@@ -1,0 +1,162 @@
+//! What each process last observed of each lease, for compare-and-swap
+//! renames and unlinks (SPEC 6).
+//!
+//! Pure bookkeeping: the caller resolves who a process is ([`Proc`]: its
+//! thread-group id and start time, so a reused pid is a different process)
+//! and which lease versions exist.
+//!
+//! Invariants:
+//! - **Bounded.** At most [`MAX_PROCS`] processes with at most
+//!   [`MAX_PER_PROC`] observed inodes each; past that the least recently
+//!   active process (or observation) is forgotten. Forgetting only ever makes
+//!   a process "never observed", which falls back to POSIX behaviour.
+//! - **No inheritance.** Observations are keyed by `(tgid, start time)`; a
+//!   process that reuses a pid starts empty, and [`Observations::forget_dead`]
+//!   drops processes that exited.
+
+use std::collections::HashMap;
+
+use crate::namespace::Ino;
+
+/// Most processes tracked at once.
+pub const MAX_PROCS: usize = 4096;
+/// Most inodes tracked per process.
+pub const MAX_PER_PROC: usize = 1024;
+
+/// A process identity that survives pid reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Proc {
+    /// Thread-group id (the process id).
+    pub tgid: u32,
+    /// Start time in clock ticks since boot (`/proc/PID/stat` field 22).
+    pub start: u64,
+}
+
+/// Whether a namespace change by a process may go ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The process saw the current version (or never looked): go ahead.
+    Current,
+    /// The process never observed this lease: POSIX behaviour.
+    Unobserved,
+    /// The process acts on an old version: refuse with `ESTALE`.
+    Stale { seen: u64, current: u64 },
+}
+
+#[derive(Debug, Default)]
+struct Seen {
+    versions: HashMap<Ino, (u64, u64)>,
+    last: u64,
+}
+
+/// Observations of all processes.
+#[derive(Debug, Default)]
+pub struct Observations {
+    procs: HashMap<Proc, Seen>,
+    clock: u64,
+}
+
+impl Observations {
+    /// An empty table.
+    pub fn new() -> Observations {
+        Observations::default()
+    }
+
+    /// Number of (process, inode) observations held.
+    pub fn len(&self) -> usize {
+        self.procs.values().map(|s| s.versions.len()).sum()
+    }
+
+    /// True when nothing is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.procs.is_empty()
+    }
+
+    /// `p` observed `ino` at `version`.
+    pub fn record(&mut self, p: Proc, ino: Ino, version: u64) {
+        self.clock += 1;
+        let now = self.clock;
+        if !self.procs.contains_key(&p) && self.procs.len() >= MAX_PROCS {
+            if let Some(oldest) = self.procs.iter().min_by_key(|(_, s)| s.last).map(|(k, _)| *k) {
+                self.procs.remove(&oldest);
+            }
+        }
+        let seen = self.procs.entry(p).or_default();
+        seen.last = now;
+        if !seen.versions.contains_key(&ino) && seen.versions.len() >= MAX_PER_PROC {
+            if let Some(oldest) = seen.versions.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) {
+                seen.versions.remove(&oldest);
+            }
+        }
+        seen.versions.insert(ino, (version, now));
+    }
+
+    /// May `p` replace or remove the lease now at `ino` (version `current`),
+    /// whose name earlier pointed at the inodes in `predecessors`?
+    pub fn check(&self, p: Proc, ino: Ino, current: u64, predecessors: &[(Ino, u64)]) -> Verdict {
+        let Some(seen) = self.procs.get(&p) else { return Verdict::Unobserved };
+        if let Some(&(v, _)) = seen.versions.get(&ino) {
+            return if v == current { Verdict::Current } else { Verdict::Stale { seen: v, current } };
+        }
+        // The process looked at an inode the name pointed at before: its view
+        // of the lease is older than the current target.
+        match predecessors.iter().find_map(|(i, _)| seen.versions.get(i)) {
+            Some(&(v, _)) => Verdict::Stale { seen: v, current },
+            None => Verdict::Unobserved,
+        }
+    }
+
+    /// Drop every process for which `alive` says no (exited, or its pid now
+    /// names another process).
+    pub fn forget_dead(&mut self, alive: impl Fn(&Proc) -> bool) {
+        self.procs.retain(|p, _| alive(p));
+    }
+
+    /// Drop one process's observations.
+    pub fn forget(&mut self, p: Proc) {
+        self.procs.remove(&p);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: Proc = Proc { tgid: 10, start: 1 };
+    const A_REUSED: Proc = Proc { tgid: 10, start: 2 };
+
+    #[test]
+    fn stale_current_and_unobserved() {
+        let mut o = Observations::new();
+        assert_eq!(o.check(A, Ino(5), 3, &[]), Verdict::Unobserved);
+        o.record(A, Ino(5), 3);
+        assert_eq!(o.check(A, Ino(5), 3, &[]), Verdict::Current);
+        assert_eq!(o.check(A, Ino(5), 4, &[]), Verdict::Stale { seen: 3, current: 4 });
+        // The name now points at inode 6, which replaced 5.
+        assert_eq!(o.check(A, Ino(6), 7, &[(Ino(5), 4)]), Verdict::Stale { seen: 3, current: 7 });
+        o.record(A, Ino(6), 7);
+        assert_eq!(o.check(A, Ino(6), 7, &[(Ino(5), 4)]), Verdict::Current);
+    }
+
+    #[test]
+    fn a_reused_pid_inherits_nothing() {
+        let mut o = Observations::new();
+        o.record(A, Ino(5), 3);
+        assert_eq!(o.check(A_REUSED, Ino(5), 4, &[]), Verdict::Unobserved);
+        o.forget_dead(|p| p.start == 2);
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn memory_is_bounded() {
+        let mut o = Observations::new();
+        for i in 0..(MAX_PER_PROC as u64 + 10) {
+            o.record(A, Ino(i), 1);
+        }
+        assert_eq!(o.len(), MAX_PER_PROC);
+        for t in 0..(MAX_PROCS as u32 + 10) {
+            o.record(Proc { tgid: 1000 + t, start: 0 }, Ino(1), 1);
+        }
+        assert!(o.procs.len() <= MAX_PROCS);
+    }
+}
