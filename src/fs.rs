@@ -39,6 +39,51 @@ pub fn proc_of_tid(tid: u32) -> Option<Proc> {
 pub const XATTR_PREFIX: &str = "user.leasefs.";
 /// The lease's epoch (fencing token), decimal text, read-only.
 pub const XATTR_EPOCH: &str = "user.leasefs.epoch";
+/// The lease version (SPEC 6), decimal text, read-only.
+pub const XATTR_VERSION: &str = "user.leasefs.version";
+/// The holders, JSON, read-only.
+pub const XATTR_HOLDER: &str = "user.leasefs.holder";
+/// The file's own TTL (`500ms`, `30s`, `2m`, plain seconds; `0`/`off` removes it).
+pub const XATTR_TTL: &str = "user.leasefs.ttl";
+/// Setting it renews the caller's hold on the lease.
+pub const XATTR_RENEW: &str = "user.leasefs.renew";
+/// The mount-relative path of the lease that fences writes to this file.
+pub const XATTR_GUARD: &str = "user.leasefs.guard";
+
+/// Parse a TTL: `500ms`, `30s`, `2m`, `1h`, or plain (possibly fractional)
+/// seconds; `0` and `off` mean none. Anything else is `EINVAL`.
+pub fn parse_ttl(v: &str) -> Result<Option<u64>> {
+    let v = v.trim();
+    if v == "off" || v == "0" {
+        return Ok(None);
+    }
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60_000.0)
+    } else if let Some(n) = v.strip_suffix('h') {
+        (n, 3_600_000.0)
+    } else {
+        (v, 1000.0)
+    };
+    let n: f64 = num.parse().map_err(|_| Error::Invalid)?;
+    if !n.is_finite() || n < 0.0 || n * scale > 1e15 {
+        return Err(Error::Invalid);
+    }
+    let ms = (n * scale).round() as u64;
+    Ok(if ms == 0 { None } else { Some(ms) })
+}
+
+/// Format a TTL the way `parse_ttl` reads it.
+pub fn format_ttl(ms: u64) -> String {
+    if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
 
 /// Who is asking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +159,9 @@ const TOTAL_FILES: u64 = 1 << 32;
 struct OpenFile {
     ino: Ino,
     flags: i32,
+    /// For a guarded file opened for writing: the lease, the epoch it had
+    /// at open, and the process that held it.
+    guard: Option<(Ino, Epoch, u32)>,
 }
 
 #[derive(Debug)]
@@ -141,6 +189,10 @@ struct State {
     tids: HashMap<u32, Proc>,
     recorded: u64,
     resolve: fn(u32) -> Option<Proc>,
+    /// Guarded files and the mount-relative path of their lease.
+    guards: HashMap<Ino, PathBuf>,
+    /// The clock leases run on.
+    start: std::time::Instant,
 }
 
 impl State {
@@ -215,6 +267,40 @@ impl State {
         }
     }
 
+    /// Milliseconds on the lease clock; also advances the lease table's clock.
+    fn clock(&mut self) -> u64 {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.locks.advance(now);
+        now
+    }
+
+    fn tgid(&mut self, tid: u32) -> Option<u32> {
+        self.proc(tid, false).map(|p| p.tgid)
+    }
+
+    /// Refuse with `ESTALE` when the process was fenced off this lease.
+    fn check_fenced_pid(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
+        let Some(pid) = self.tgid(tid) else { return Ok(()) };
+        if let Some(f) = self.locks.fenced_pid(ino, pid) {
+            debug!(pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
+            return Err(Error::Stale);
+        }
+        Ok(())
+    }
+
+    /// The inode at a mount-relative path.
+    fn resolve_path(&self, path: &std::path::Path) -> Option<Ino> {
+        let mut ino = Ino::ROOT;
+        for c in path.components() {
+            match c {
+                std::path::Component::Normal(n) => ino = self.ns.child(ino, n).ok()?,
+                std::path::Component::CurDir => {}
+                _ => return None,
+            }
+        }
+        Some(ino)
+    }
+
     fn path_of(&self, parent: Ino, name: &OsStr) -> Option<PathBuf> {
         let mut p: PathBuf = self.ns.dir_path(parent)?.into_iter().collect();
         p.push(name);
@@ -279,6 +365,30 @@ fn resolve(t: SetTime, now: SystemTime) -> SystemTime {
 
 impl Fs {
     /// A filesystem with an empty root owned by `uid:gid` (mode 0755).
+    /// A filesystem whose leases carry `ttl_ms` unless a file sets its own.
+    pub fn with_lease_ttl(uid: u32, gid: u32, ttl_ms: Option<u64>) -> Fs {
+        let fs = Fs::new(uid, gid);
+        fs.state.lock().locks = Locks::with_default_ttl(ttl_ms);
+        fs
+    }
+
+    /// Run lease timers: break leases whose TTL ran out while someone
+    /// waits. Returns what to answer and when to call again.
+    pub fn tick(&self) -> (Vec<Effect>, Option<std::time::Duration>) {
+        let mut st = self.state.lock();
+        let now = st.start.elapsed().as_millis() as u64;
+        let effects = st.locks.tick(now);
+        let next = st.locks.next_deadline().map(|d| std::time::Duration::from_millis(d.saturating_sub(now)));
+        (effects, next)
+    }
+
+    /// Break a lease at once (administrator).
+    pub fn break_lease(&self, ino: Ino) -> Vec<Effect> {
+        let mut st = self.state.lock();
+        st.clock();
+        st.locks.break_now(ino)
+    }
+
     pub fn new(uid: u32, gid: u32) -> Fs {
         Fs {
             state: Mutex::new(State {
@@ -295,6 +405,8 @@ impl Fs {
                 tids: HashMap::new(),
                 recorded: 0,
                 resolve: proc_of_tid,
+                guards: HashMap::new(),
+                start: std::time::Instant::now(),
             }),
         }
     }
@@ -337,6 +449,18 @@ impl Fs {
     /// Change attributes (chmod, chown, truncate, utimensat).
     pub fn setattr(&self, ino: Ino, set: &SetAttr, tid: u32) -> Result<Attr> {
         let mut st = self.state.lock();
+        st.clock();
+        if set.size.is_some() {
+            match set.handle {
+                Some(h) => Self::check_handle(&mut st, ino, h, "truncate")?,
+                None => st.check_fenced_pid(tid, ino, "truncate")?,
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            // touch/utimensat by the holder renews its lease.
+            let pid = st.tgid(tid);
+            st.locks.renew(ino, set.handle.map(|h| h.0), pid);
+        }
         let now = now();
         let i = st.ns.get_mut(ino)?;
         if let Some(size) = set.size {
@@ -486,7 +610,7 @@ impl Fs {
             }
             Err(e) => return Err(e),
         };
-        let h = Self::open_locked(&mut st, attr.ino, flags)?;
+        let h = Self::open_locked(&mut st, attr.ino, flags, caller.pid)?;
         st.observe(caller.pid, attr.ino);
         Ok((attr, h))
     }
@@ -498,6 +622,7 @@ impl Fs {
         if st.ns.get(ino)?.kind == Kind::Dir {
             return Err(Error::IsDir);
         }
+        st.check_fenced_pid(tid, ino, "unlink")?;
         st.check_current(tid, ino, "unlink")?;
         let now = now();
         let path = st.path_of(parent, name);
@@ -658,7 +783,9 @@ impl Fs {
         if st.holds_live_lease(src) {
             return Err(Error::Busy);
         }
+        st.check_fenced_pid(tid, src, "rename")?;
         if let Some(dst) = dst {
+            st.check_fenced_pid(tid, dst, "rename over")?;
             st.check_current(tid, dst, "rename over")?;
         }
         let old_path = st.path_of(parent, name);
@@ -720,19 +847,50 @@ impl Fs {
         Ok(())
     }
 
-    fn open_locked(st: &mut State, ino: Ino, flags: i32) -> Result<Handle> {
+    /// Writes through a fenced descriptor, or through a guarded file's
+    /// descriptor whose lease moved on since open, fail with `ESTALE`.
+    fn check_handle(st: &mut State, ino: Ino, h: Handle, what: &str) -> Result<()> {
+        if let Some(f) = st.locks.fenced_handle(ino, h.0) {
+            debug!(ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.locks.epoch(ino).0, op = what, "fenced");
+            return Err(Error::Stale);
+        }
+        if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
+            let now = st.locks.epoch(lease);
+            if now != epoch || !st.locks.held_by(lease, pid) {
+                debug!(ino = ino.0, lease = lease.0, pid, held = epoch.0, current = now.0, op = what, "guard fenced");
+                return Err(Error::Stale);
+            }
+        }
+        Ok(())
+    }
+
+    fn open_locked(st: &mut State, ino: Ino, flags: i32, tid: u32) -> Result<Handle> {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let mut guard = None;
+        if writes {
+            if let Some(path) = st.guards.get(&ino).cloned() {
+                // A guarded file opens for writing only under its lease.
+                let pid = st.tgid(tid).ok_or(Error::NoLock)?;
+                let lease = st.resolve_path(&path).ok_or(Error::NoLock)?;
+                if !st.locks.held_by(lease, pid) {
+                    debug!(ino = ino.0, pid, lease = %path.display(), "guarded open refused: lease not held");
+                    return Err(Error::NoLock);
+                }
+                guard = Some((lease, st.locks.epoch(lease), pid));
+            }
+        }
         let i = st.ns.get_mut(ino)?;
         i.opens += 1;
         let h = Handle(st.next_handle);
         st.next_handle += 1;
-        st.handles.insert(h, OpenFile { ino, flags });
+        st.handles.insert(h, OpenFile { ino, flags, guard });
         Ok(h)
     }
 
     /// `open` / `opendir` by thread `tid` (an observation).
     pub fn open(&self, ino: Ino, flags: i32, tid: u32) -> Result<Handle> {
         let mut st = self.state.lock();
-        let h = Self::open_locked(&mut st, ino, flags)?;
+        let h = Self::open_locked(&mut st, ino, flags, tid)?;
         st.observe(tid, ino);
         Ok(h)
     }
@@ -763,9 +921,12 @@ impl Fs {
     pub fn setlk(&self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
         let mut st = self.state.lock();
         st.ns.get(ino)?;
-        let r = st.locks.set(ino, req, wait);
+        let now = st.start.elapsed().as_millis() as u64;
+        let mut effects = st.locks.tick(now);
+        let (outcome, more) = st.locks.set(ino, req, wait);
+        effects.extend(more);
         st.collect(ino);
-        Ok(r)
+        Ok((outcome, effects))
     }
 
     /// The lock that would block `req` (`F_GETLK`).
@@ -801,6 +962,10 @@ impl Fs {
     /// `write`; returns the number of bytes written.
     pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8], tid: u32) -> Result<u32> {
         let mut st = self.state.lock();
+        st.clock();
+        Self::check_handle(&mut st, ino, h, "write")?;
+        // A write through the holder's descriptor renews its lease.
+        st.locks.renew(ino, Some(h.0), None);
         let append = st.handles.get(&h).is_some_and(|f| f.flags & libc::O_APPEND != 0);
         let i = st.ns.get_mut(ino)?;
         let d = i.data_mut()?;
@@ -868,16 +1033,42 @@ impl Fs {
         }
     }
 
-    /// `setxattr`.
-    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32) -> Result<()> {
+    /// `setxattr` by thread `tid`.
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32, tid: u32) -> Result<()> {
         check_xattr_name(name)?;
-        if is_leasefs_xattr(name) {
-            return Err(Error::NotPermitted);
-        }
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::TooBig);
         }
         let mut st = self.state.lock();
+        st.clock();
+        st.ns.get(ino)?;
+        st.check_fenced_pid(tid, ino, "setxattr")?;
+        if is_leasefs_xattr(name) {
+            let text = std::str::from_utf8(value).map_err(|_| Error::Invalid)?.trim_end_matches('\0');
+            return match name.to_str() {
+                Some(XATTR_TTL) => {
+                    let ttl = parse_ttl(text)?;
+                    st.locks.set_ttl(ino, ttl);
+                    Ok(())
+                }
+                Some(XATTR_RENEW) => {
+                    let pid = st.tgid(tid);
+                    if st.locks.renew(ino, None, pid) { Ok(()) } else { Err(Error::NoLock) }
+                }
+                Some(XATTR_GUARD) => {
+                    let path = PathBuf::from(text);
+                    let ok = !text.is_empty()
+                        && text.len() < 4096
+                        && path.components().all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+                    if !ok {
+                        return Err(Error::Invalid);
+                    }
+                    st.guards.insert(ino, path);
+                    Ok(())
+                }
+                _ => Err(Error::NotPermitted),
+            };
+        }
         let i = st.ns.get_mut(ino)?;
         let exists = i.xattrs.contains_key(name);
         if flags & XATTR_CREATE != 0 && exists {
@@ -895,9 +1086,21 @@ impl Fs {
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         let st = self.state.lock();
-        if name == XATTR_EPOCH {
-            st.ns.get(ino)?;
-            return Ok(st.locks.epoch(ino).0.to_string().into_bytes());
+        let i = st.ns.get(ino)?;
+        match name.to_str() {
+            Some(XATTR_EPOCH) => return Ok(st.locks.epoch(ino).0.to_string().into_bytes()),
+            Some(XATTR_VERSION) => return Ok(i.version.to_string().into_bytes()),
+            Some(XATTR_HOLDER) => return Ok(holder_json(&st.locks, ino).into_bytes()),
+            Some(XATTR_TTL) => {
+                let ttl = st.locks.lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
+                return Ok(format_ttl(ttl).into_bytes());
+            }
+            Some(XATTR_GUARD) => {
+                let g = st.guards.get(&ino).ok_or(Error::NoAttr)?;
+                return Ok(g.to_string_lossy().into_owned().into_bytes());
+            }
+            Some(XATTR_RENEW) => return Err(Error::NoAttr),
+            _ => {}
         }
         st.ns.get(ino)?.xattrs.get(name).cloned().ok_or(Error::NoAttr)
     }
@@ -914,18 +1117,50 @@ impl Fs {
         Ok(out)
     }
 
-    /// `removexattr`.
-    pub fn removexattr(&self, ino: Ino, name: &OsStr) -> Result<()> {
+    /// `removexattr` by thread `tid`.
+    pub fn removexattr(&self, ino: Ino, name: &OsStr, tid: u32) -> Result<()> {
         check_xattr_name(name)?;
-        if is_leasefs_xattr(name) {
-            return Err(Error::NotPermitted);
-        }
         let mut st = self.state.lock();
+        st.ns.get(ino)?;
+        st.check_fenced_pid(tid, ino, "removexattr")?;
+        if is_leasefs_xattr(name) {
+            return match name.to_str() {
+                Some(XATTR_TTL) => {
+                    st.clock();
+                    st.locks.set_ttl(ino, None);
+                    Ok(())
+                }
+                Some(XATTR_GUARD) => st.guards.remove(&ino).map(|_| ()).ok_or(Error::NoAttr),
+                _ => Err(Error::NotPermitted),
+            };
+        }
         let i = st.ns.get_mut(ino)?;
         i.xattrs.remove(name).ok_or(Error::NoAttr)?;
         i.ctime = now();
         Ok(())
     }
+}
+
+/// `user.leasefs.holder`: the holders as JSON.
+fn holder_json(locks: &Locks, ino: Ino) -> String {
+    let holders: Vec<serde_json::Value> = locks
+        .lease(ino)
+        .map(|l| {
+            l.locks()
+                .iter()
+                .map(|k| {
+                    serde_json::json!({
+                        "pid": k.pid,
+                        "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
+                        "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
+                        "start": k.range.start,
+                        "end": k.range.end,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
 }
 
 fn is_leasefs_xattr(name: &OsStr) -> bool {
@@ -1011,14 +1246,14 @@ mod tests {
         let fs = fs();
         let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
         let n = OsStr::new("user.k");
-        assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_REPLACE), Err(Error::NoAttr));
-        fs.setxattr(f.ino, n, b"v", XATTR_CREATE).unwrap();
-        assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_CREATE), Err(Error::Exists));
+        assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_REPLACE, 0), Err(Error::NoAttr));
+        fs.setxattr(f.ino, n, b"v", XATTR_CREATE, 0).unwrap();
+        assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_CREATE, 0), Err(Error::Exists));
         assert_eq!(fs.getxattr(f.ino, n).unwrap(), b"v");
         assert_eq!(fs.listxattr(f.ino).unwrap(), b"user.k\0");
-        fs.removexattr(f.ino, n).unwrap();
+        fs.removexattr(f.ino, n, 0).unwrap();
         assert_eq!(fs.getxattr(f.ino, n), Err(Error::NoAttr));
-        assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k"), b"v", 0), Err(Error::NotSupported));
+        assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k", 0), b"v", 0), Err(Error::NotSupported));
     }
 
     #[test]

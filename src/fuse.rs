@@ -29,6 +29,8 @@ use crate::session::{Intercept, Notices};
 
 /// `fuse_lk_in.lk_flags` bit marking a `flock(2)` request.
 const FUSE_LK_FLOCK: u32 = 1;
+/// How often the lease timer looks when no deadline is near.
+const TIMER_IDLE: Duration = Duration::from_millis(50);
 /// How many interrupts for not-yet-parked requests are remembered.
 const EARLY_INTERRUPTS: usize = 256;
 
@@ -70,6 +72,12 @@ impl Waits {
                     }
                 }
                 Effect::Epoch(ino, epoch) => debug!(ino = ino.0, epoch = epoch.0, "lease acquired: new epoch"),
+                Effect::Broken(ino, f) => debug!(
+                    ino = ino.0,
+                    pid = f.pid,
+                    epoch = f.epoch.0,
+                    "lease broken: holder fenced"
+                ),
             }
         }
     }
@@ -116,6 +124,25 @@ impl Intercept for Interceptor {
 
     fn attach(&self, notices: Notices) {
         self.waits.lock().notices = Some(notices);
+        // Lease timers: a waiter on a lease whose TTL runs out is granted
+        // without any other request arriving. The thread ends with the
+        // filesystem.
+        let (fs, waits) = (Arc::downgrade(&self.fs), Arc::downgrade(&self.waits));
+        let spawned = std::thread::Builder::new().name("lease-timer".into()).spawn(move || loop {
+            let (Some(fs), Some(waits)) = (fs.upgrade(), waits.upgrade()) else { return };
+            let next = {
+                let mut w = waits.lock();
+                let (effects, next) = fs.tick();
+                w.deliver(effects);
+                next
+            };
+            drop((fs, waits));
+            let nap = next.unwrap_or(TIMER_IDLE).clamp(Duration::from_millis(1), TIMER_IDLE);
+            std::thread::sleep(nap);
+        });
+        if let Err(e) = spawned {
+            error!("cannot start the lease timer: {e}");
+        }
     }
 }
 
@@ -503,7 +530,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn setxattr(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -511,7 +538,7 @@ impl fuser::Filesystem for LeaseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        guarded("setxattr", || match self.fs.setxattr(Ino(ino.0), name, value, flags) {
+        guarded("setxattr", || match self.fs.setxattr(Ino(ino.0), name, value, flags, req.pid()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });
@@ -525,8 +552,8 @@ impl fuser::Filesystem for LeaseFs {
         guarded("listxattr", || reply_xattr(self.fs.listxattr(Ino(ino.0)), size, reply));
     }
 
-    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("removexattr", || match self.fs.removexattr(Ino(ino.0), name) {
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("removexattr", || match self.fs.removexattr(Ino(ino.0), name, req.pid()) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });

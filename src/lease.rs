@@ -87,9 +87,19 @@ pub struct Lock {
     pub pid: u32,
     /// The open file handle the lock was taken through.
     pub handle: u64,
+    /// When it was granted (caller's clock, milliseconds).
+    pub since: u64,
 }
 
-/// A lock or unlock request.
+/// A holder whose lease was broken: its descriptor and process are fenced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fenced {
+    pub owner: Owner,
+    pub handle: u64,
+    pub pid: u32,
+    /// The epoch it held.
+    pub epoch: Epoch,
+}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Request {
     pub owner: Owner,
@@ -135,6 +145,9 @@ pub enum Effect {
     /// A lease reached a new epoch; make it durable before any process can
     /// see the grant.
     Epoch(Ino, Epoch),
+    /// A holder's lease was broken (TTL passed with a contender waiting, or
+    /// an administrator broke it); it is fenced from now on.
+    Broken(Ino, Fenced),
 }
 
 /// Outcome of a lock request.
@@ -165,6 +178,12 @@ pub struct Lease {
     /// Used as a lease: acquired by a lock or an `O_EXCL` create. Rename
     /// over such a file keeps its identity (SPEC 4).
     in_use: bool,
+    /// Per-file TTL in milliseconds (the mount default applies without one).
+    ttl: Option<u64>,
+    /// When the holders' TTL runs out (caller's clock, milliseconds).
+    expires: Option<u64>,
+    /// Holders whose lease was broken.
+    fenced: Vec<Fenced>,
 }
 
 impl Lease {
@@ -188,6 +207,21 @@ impl Lease {
         self.waiters.len()
     }
 
+    /// Per-file TTL in milliseconds.
+    pub fn ttl(&self) -> Option<u64> {
+        self.ttl
+    }
+
+    /// When the current holders' TTL runs out.
+    pub fn expires(&self) -> Option<u64> {
+        self.expires
+    }
+
+    /// Holders that were broken and are fenced.
+    pub fn fenced(&self) -> &[Fenced] {
+        &self.fenced
+    }
+
     fn holds_any(&self, owner: Owner) -> bool {
         self.locks.iter().any(|l| l.owner == owner)
     }
@@ -207,7 +241,13 @@ impl Lease {
     }
 
     /// Apply a grantable request; returns the new epoch if it advanced.
-    fn apply(&mut self, req: &Request) -> Option<Epoch> {
+    fn apply(&mut self, req: &Request, now: u64, ttl: Option<u64>) -> Option<Epoch> {
+        if req.mode.is_some() {
+            // (Re-)locking renews; a fenced holder that acquires again is
+            // fenced no more.
+            self.expires = ttl.map(|t| now.saturating_add(t));
+            self.fenced.retain(|f| f.owner != req.owner && f.handle != req.handle);
+        }
         let held_exclusively = self.epoch_owner == Some(req.owner);
         match req.kind {
             LockKind::Flock => self.locks.retain(|l| !(l.owner == req.owner && l.kind == LockKind::Flock)),
@@ -221,6 +261,7 @@ impl Lease {
                 range: req.range,
                 pid: req.pid,
                 handle: req.handle,
+                since: now,
             });
             if req.kind == LockKind::Posix {
                 self.merge(req.owner);
@@ -295,12 +336,137 @@ pub struct Locks {
     leases: HashMap<Ino, Lease>,
     /// Where each parked owner waits (for deadlock detection).
     waiting: HashMap<Owner, (Ino, WaitId)>,
+    /// The caller's clock as of the last [`Locks::tick`], in milliseconds.
+    now: u64,
+    /// The mount's default TTL in milliseconds.
+    default_ttl: Option<u64>,
 }
 
 impl Locks {
     /// An empty table.
     pub fn new() -> Locks {
         Locks::default()
+    }
+
+    /// An empty table whose leases carry `ttl` milliseconds unless a file
+    /// sets its own.
+    pub fn with_default_ttl(ttl: Option<u64>) -> Locks {
+        Locks { default_ttl: ttl, ..Locks::default() }
+    }
+
+    /// Advance the clock without acting on it (the next [`Locks::tick`] or
+    /// lock request does).
+    pub fn advance(&mut self, now: u64) {
+        self.now = self.now.max(now);
+    }
+
+    /// Advance the clock; leases whose TTL ran out while someone waits are
+    /// broken and the first waiters granted.
+    pub fn tick(&mut self, now: u64) -> Vec<Effect> {
+        self.now = self.now.max(now);
+        let due: Vec<Ino> = self
+            .leases
+            .iter()
+            .filter(|(_, l)| !l.waiters.is_empty() && !l.locks.is_empty() && l.expires.is_some_and(|e| e <= self.now))
+            .map(|(i, _)| *i)
+            .collect();
+        let mut effects = Vec::new();
+        for ino in due {
+            self.break_holders(ino, None, &mut effects);
+            self.drain(ino, &mut effects);
+        }
+        effects
+    }
+
+    /// The earliest moment [`Locks::tick`] has work to do.
+    pub fn next_deadline(&self) -> Option<u64> {
+        self.leases.values().filter(|l| !l.waiters.is_empty() && !l.locks.is_empty()).filter_map(|l| l.expires).min()
+    }
+
+    /// Set (or with `None` remove) a file's own TTL; current holders get
+    /// the full new TTL from now.
+    pub fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
+        let now = self.now;
+        let default = self.default_ttl;
+        let l = self.leases.entry(ino).or_default();
+        l.ttl = ttl;
+        let eff = ttl.or(default);
+        l.expires = if l.locks.is_empty() { None } else { eff.map(|t| now.saturating_add(t)) };
+        // A shorter TTL may already have run out for a waiter.
+        self.tick(now)
+    }
+
+    /// The TTL that applies to a lease (its own or the mount's).
+    pub fn effective_ttl(&self, ino: Ino) -> Option<u64> {
+        self.leases.get(&ino).and_then(|l| l.ttl).or(self.default_ttl)
+    }
+
+    /// A holder renewed (write through its descriptor, touch, setfattr
+    /// renew): its lease runs for another TTL. Returns false when `pid` or
+    /// `handle` holds nothing.
+    pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pid: Option<u32>) -> bool {
+        let now = self.now;
+        let Some(ttl) = self.effective_ttl(ino) else { return false };
+        let Some(l) = self.leases.get_mut(&ino) else { return false };
+        let holds = l.locks.iter().any(|k| Some(k.handle) == handle || Some(k.pid) == pid);
+        if holds {
+            l.expires = Some(now.saturating_add(ttl));
+        }
+        holds
+    }
+
+    /// Is this descriptor fenced off the lease?
+    pub fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced> {
+        self.leases.get(&ino)?.fenced.iter().find(|f| f.handle == handle).copied()
+    }
+
+    /// Is this process fenced off the lease (and holds nothing there now)?
+    pub fn fenced_pid(&self, ino: Ino, pid: u32) -> Option<Fenced> {
+        let l = self.leases.get(&ino)?;
+        if l.locks.iter().any(|k| k.pid == pid) {
+            return None;
+        }
+        l.fenced.iter().find(|f| f.pid == pid).copied()
+    }
+
+    /// Does process `pid` hold the lease exclusively (whole file)?
+    pub fn held_by(&self, ino: Ino, pid: u32) -> bool {
+        self.leases.get(&ino).is_some_and(|l| {
+            l.locks.iter().any(|k| {
+                k.pid == pid && k.mode == Mode::Exclusive && (k.kind == LockKind::Flock || k.range.is_whole())
+            })
+        })
+    }
+
+    /// Break the lease at once (administrator): every holder is fenced and
+    /// the first waiters are granted.
+    pub fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if self.leases.get(&ino).is_some_and(|l| !l.locks.is_empty()) {
+            self.break_holders(ino, None, &mut effects);
+            self.drain(ino, &mut effects);
+        }
+        effects
+    }
+
+    /// Fence and remove every holder except `keep`.
+    fn break_holders(&mut self, ino: Ino, keep: Option<Owner>, effects: &mut Vec<Effect>) {
+        let Some(l) = self.leases.get_mut(&ino) else { return };
+        let epoch = l.epoch;
+        let (gone, kept): (Vec<Lock>, Vec<Lock>) = l.locks.drain(..).partition(|k| Some(k.owner) != keep);
+        l.locks = kept;
+        for k in gone {
+            let f = Fenced { owner: k.owner, handle: k.handle, pid: k.pid, epoch };
+            if !l.fenced.contains(&f) {
+                l.fenced.push(f);
+                if l.fenced.len() > 64 {
+                    l.fenced.remove(0);
+                }
+                effects.push(Effect::Broken(ino, f));
+            }
+        }
+        l.expires = None;
+        l.settle_epoch_owner();
     }
 
     /// The lease of an inode, if it has state.
@@ -333,7 +499,7 @@ impl Locks {
     pub fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
         let l = self.leases.entry(ino).or_default();
         l.in_use = true;
-        Self::advance(ino, l)
+        Self::next_epoch(ino, l)
     }
 
     /// A new holder took the lease by creating its name with `link()` (the
@@ -354,7 +520,7 @@ impl Locks {
         vec![Effect::Epoch(ino, next)]
     }
 
-    fn advance(ino: Ino, l: &mut Lease) -> Vec<Effect> {
+    fn next_epoch(ino: Ino, l: &mut Lease) -> Vec<Effect> {
         l.epoch = Epoch(l.epoch.0 + 1);
         l.epoch_owner = None;
         vec![Effect::Epoch(ino, l.epoch)]
@@ -396,10 +562,19 @@ impl Locks {
     /// granted; without it the request is refused with `EWOULDBLOCK`.
     pub fn set(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> (Outcome, Vec<Effect>) {
         let mut effects = Vec::new();
+        let now = self.now;
+        let lease = self.leases.entry(ino).or_default();
+        // Past its TTL the lease is breakable by the next contender.
+        let expired = lease.expires.is_some_and(|e| e <= now);
+        if expired && req.mode.is_some() && lease.locks.iter().any(|l| req.conflicts_with_lock(l)) {
+            self.break_holders(ino, Some(req.owner), &mut effects);
+            self.drain(ino, &mut effects);
+        }
+        let ttl = self.leases.get(&ino).and_then(|l| l.ttl).or(self.default_ttl);
         let lease = self.leases.entry(ino).or_default();
         let ahead = lease.waiters.len();
         if req.mode.is_none() || lease.grantable(&req, ahead) {
-            if let Some(e) = lease.apply(&req) {
+            if let Some(e) = lease.apply(&req, now, ttl) {
                 effects.push(Effect::Epoch(ino, e));
             }
             self.drain(ino, &mut effects);
@@ -448,6 +623,9 @@ impl Locks {
         let Some(lease) = self.leases.get_mut(&ino) else { return effects };
         let before = lease.locks.len();
         lease.locks.retain(|l| !gone(l));
+        if lease.locks.is_empty() {
+            lease.expires = None;
+        }
         if lease.locks.len() != before {
             lease.settle_epoch_owner();
             self.drain(ino, &mut effects);
@@ -457,6 +635,8 @@ impl Locks {
 
     /// Grant every waiter that can go now, in arrival order.
     fn drain(&mut self, ino: Ino, effects: &mut Vec<Effect>) {
+        let now = self.now;
+        let ttl = self.leases.get(&ino).and_then(|l| l.ttl).or(self.default_ttl);
         let Some(lease) = self.leases.get_mut(&ino) else { return };
         loop {
             let mut granted = None;
@@ -468,7 +648,7 @@ impl Locks {
             }
             let Some(i) = granted else { break };
             let w = lease.waiters.remove(i).expect("index in range");
-            if let Some(e) = lease.apply(&w.req) {
+            if let Some(e) = lease.apply(&w.req, now, ttl) {
                 effects.push(Effect::Epoch(ino, e));
             }
             self.waiting.remove(&w.req.owner);
@@ -613,6 +793,43 @@ mod tests {
         // Downgrade keeps the holder; the exclusive waiter still waits.
         assert_eq!(t.set(I, flock(1, Some(Mode::Shared)), None).1, vec![]);
         assert_eq!(t.lease(I).unwrap().waiters(), 1);
+    }
+
+    #[test]
+    fn ttl_breaks_for_a_contender_and_fences_the_holder() {
+        let mut t = Locks::with_default_ttl(Some(1000));
+        t.tick(0);
+        t.set(I, flock(1, Some(Mode::Exclusive)), None);
+        t.tick(500);
+        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
+        assert!(t.renew(I, Some(1), None), "a write through the holder's descriptor renews");
+        t.tick(1400);
+        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
+        t.tick(1600);
+        // Past the TTL: the contender breaks the lease and gets epoch + 1.
+        let (o, e) = t.set(I, flock(2, Some(Mode::Exclusive)), None);
+        assert_eq!(o, Outcome::Granted);
+        assert!(e.contains(&Effect::Epoch(I, Epoch(2))), "{e:?}");
+        assert!(t.fenced_handle(I, 1).is_some(), "the broken holder is fenced");
+        // Its unlock is a no-op; it may contend again like anyone.
+        assert_eq!(t.set(I, flock(1, None), None).0, Outcome::Granted);
+        assert_eq!(t.epoch(I), Epoch(2));
+    }
+
+    #[test]
+    fn ttl_without_contention_keeps_the_incumbent_and_waiters_are_granted_at_expiry() {
+        let mut t = Locks::with_default_ttl(Some(1000));
+        t.tick(0);
+        t.set(I, flock(1, Some(Mode::Exclusive)), None);
+        t.tick(5000);
+        assert!(t.tick(5000).is_empty(), "no contender: nothing happens");
+        assert!(t.renew(I, Some(1), None), "a late renewal keeps the incumbent");
+        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(9))).0, Outcome::Parked);
+        assert_eq!(t.next_deadline(), Some(6000));
+        assert!(t.tick(5999).is_empty());
+        let e = t.tick(6000);
+        assert!(e.contains(&Effect::Grant(WaitId(9))), "{e:?}");
+        assert_eq!(t.epoch(I), Epoch(2));
     }
 
     /// Model test: random operations from several owners; after every step

@@ -56,6 +56,10 @@ struct MountArgs {
     /// Let users other than the one who mounted use the mount (needed for multi-user setups).
     #[arg(long)]
     allow_other: bool,
+    /// Default lease TTL (`500ms`, `30s`, `2m`, plain seconds; `0`/`off` for none).
+    /// Past it, a lease whose holder did not renew goes to the next contender.
+    #[arg(long, value_name = "DUR", value_parser = parse_ttl_arg)]
+    lease_ttl: Option<TtlArg>,
     /// Append daemon logs to FILE (a detached daemon otherwise discards them).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
@@ -68,6 +72,13 @@ struct UnmountArgs {
     /// Seconds to wait for the daemon to exit.
     #[arg(long, default_value_t = 10)]
     timeout: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TtlArg(Option<u64>);
+
+fn parse_ttl_arg(v: &str) -> Result<TtlArg, String> {
+    leasefs::fs::parse_ttl(v).map(TtlArg).map_err(|_| format!("not a duration: {v:?} (try 500ms, 30s, 2m)"))
 }
 
 fn init_logging(log_file: Option<&Path>) {
@@ -138,7 +149,7 @@ fn serve(args: &MountArgs) -> ExitCode {
     let opts = MountOptions { nonempty: args.nonempty, allow_other: args.allow_other };
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let fs = Arc::new(Fs::new(uid, gid));
+    let fs = Arc::new(Fs::with_lease_ttl(uid, gid, args.lease_ttl.and_then(|t| t.0)));
     let mountpoint = match session::absolute(&args.mountpoint) {
         Ok(p) => p,
         Err(e) => {
@@ -193,6 +204,9 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
     }
     if let Some(l) = &args.log_file {
         cmd.arg("--log-file").arg(l);
+    }
+    if let Some(TtlArg(ttl)) = args.lease_ttl {
+        cmd.arg("--lease-ttl").arg(ttl.map_or_else(|| "off".to_string(), |ms| format!("{ms}ms")));
     }
     cmd.env(READY_FD_ENV, wr.to_string()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     // SAFETY: setsid is async-signal-safe; it detaches the daemon from our session.
