@@ -25,6 +25,12 @@ const MAX_REMOVED_NAMES: usize = 65_536;
 /// Observations recorded between sweeps for exited processes.
 const SWEEP_EVERY: u64 = 4096;
 
+/// The parent of a process, from `/proc`.
+fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
 /// Resolve a request's thread id to the process identity (thread-group id
 /// and start time) from `/proc`.
 pub fn proc_of_tid(tid: u32) -> Option<Proc> {
@@ -274,15 +280,31 @@ impl State {
         now
     }
 
-    fn tgid(&mut self, tid: u32) -> Option<u32> {
-        self.proc(tid, false).map(|p| p.tgid)
+    /// The calling process and its ancestors: a holder's shell running
+    /// `touch`, `setfattr` or `echo >> file` acts for the holder.
+    fn lineage(&mut self, tid: u32) -> Vec<u32> {
+        let Some(p) = self.proc(tid, false) else { return Vec::new() };
+        let mut out = vec![p.tgid];
+        let mut pid = p.tgid;
+        for _ in 0..32 {
+            let Some(ppid) = parent_pid(pid) else { break };
+            if ppid <= 1 {
+                break;
+            }
+            out.push(ppid);
+            pid = ppid;
+        }
+        out
     }
 
     /// Refuse with `ESTALE` when the process was fenced off this lease.
     fn check_fenced_pid(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
-        let Some(pid) = self.tgid(tid) else { return Ok(()) };
-        if let Some(f) = self.locks.fenced_pid(ino, pid) {
-            debug!(pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
+        if !self.locks.has_fenced(ino) {
+            return Ok(());
+        }
+        let pids = self.lineage(tid);
+        if let Some(f) = self.locks.fenced_pid(ino, &pids) {
+            debug!(pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
             return Err(Error::Stale);
         }
         Ok(())
@@ -458,8 +480,8 @@ impl Fs {
         }
         if set.atime.is_some() || set.mtime.is_some() {
             // touch/utimensat by the holder renews its lease.
-            let pid = st.tgid(tid);
-            st.locks.renew(ino, set.handle.map(|h| h.0), pid);
+            let pids = st.lineage(tid);
+            st.locks.renew(ino, set.handle.map(|h| h.0), &pids);
         }
         let now = now();
         let i = st.ns.get_mut(ino)?;
@@ -780,10 +802,10 @@ impl Fs {
         if st.ns.get(newparent)?.nlink == 0 {
             return Err(Error::NotFound);
         }
+        st.check_fenced_pid(tid, src, "rename")?;
         if st.holds_live_lease(src) {
             return Err(Error::Busy);
         }
-        st.check_fenced_pid(tid, src, "rename")?;
         if let Some(dst) = dst {
             st.check_fenced_pid(tid, dst, "rename over")?;
             st.check_current(tid, dst, "rename over")?;
@@ -856,7 +878,7 @@ impl Fs {
         }
         if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
             let now = st.locks.epoch(lease);
-            if now != epoch || !st.locks.held_by(lease, pid) {
+            if now != epoch || st.locks.held_by(lease, &[pid]).is_none() {
                 debug!(ino = ino.0, lease = lease.0, pid, held = epoch.0, current = now.0, op = what, "guard fenced");
                 return Err(Error::Stale);
             }
@@ -870,13 +892,13 @@ impl Fs {
         if writes {
             if let Some(path) = st.guards.get(&ino).cloned() {
                 // A guarded file opens for writing only under its lease.
-                let pid = st.tgid(tid).ok_or(Error::NoLock)?;
+                let pids = st.lineage(tid);
                 let lease = st.resolve_path(&path).ok_or(Error::NoLock)?;
-                if !st.locks.held_by(lease, pid) {
-                    debug!(ino = ino.0, pid, lease = %path.display(), "guarded open refused: lease not held");
+                let Some(holder) = st.locks.held_by(lease, &pids) else {
+                    debug!(ino = ino.0, pids = ?pids, lease = %path.display(), "guarded open refused: lease not held");
                     return Err(Error::NoLock);
-                }
-                guard = Some((lease, st.locks.epoch(lease), pid));
+                };
+                guard = Some((lease, st.locks.epoch(lease), holder));
             }
         }
         let i = st.ns.get_mut(ino)?;
@@ -965,7 +987,7 @@ impl Fs {
         st.clock();
         Self::check_handle(&mut st, ino, h, "write")?;
         // A write through the holder's descriptor renews its lease.
-        st.locks.renew(ino, Some(h.0), None);
+        st.locks.renew(ino, Some(h.0), &[]);
         let append = st.handles.get(&h).is_some_and(|f| f.flags & libc::O_APPEND != 0);
         let i = st.ns.get_mut(ino)?;
         let d = i.data_mut()?;
@@ -1052,8 +1074,8 @@ impl Fs {
                     Ok(())
                 }
                 Some(XATTR_RENEW) => {
-                    let pid = st.tgid(tid);
-                    if st.locks.renew(ino, None, pid) { Ok(()) } else { Err(Error::NoLock) }
+                    let pids = st.lineage(tid);
+                    if st.locks.renew(ino, None, &pids) { Ok(()) } else { Err(Error::NoLock) }
                 }
                 Some(XATTR_GUARD) => {
                     let path = PathBuf::from(text);
@@ -1253,7 +1275,7 @@ mod tests {
         assert_eq!(fs.listxattr(f.ino).unwrap(), b"user.k\0");
         fs.removexattr(f.ino, n, 0).unwrap();
         assert_eq!(fs.getxattr(f.ino, n), Err(Error::NoAttr));
-        assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k", 0), b"v", 0), Err(Error::NotSupported));
+        assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k"), b"v", 0, 0), Err(Error::NotSupported));
     }
 
     #[test]

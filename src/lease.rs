@@ -404,13 +404,15 @@ impl Locks {
     /// A holder renewed (write through its descriptor, touch, setfattr
     /// renew): its lease runs for another TTL. Returns false when `pid` or
     /// `handle` holds nothing.
-    pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pid: Option<u32>) -> bool {
+    pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
         let now = self.now;
-        let Some(ttl) = self.effective_ttl(ino) else { return false };
+        let ttl = self.effective_ttl(ino);
         let Some(l) = self.leases.get_mut(&ino) else { return false };
-        let holds = l.locks.iter().any(|k| Some(k.handle) == handle || Some(k.pid) == pid);
+        let holds = l.locks.iter().any(|k| Some(k.handle) == handle || pids.contains(&k.pid));
         if holds {
-            l.expires = Some(now.saturating_add(ttl));
+            if let Some(ttl) = ttl {
+                l.expires = Some(now.saturating_add(ttl));
+            }
         }
         holds
     }
@@ -420,21 +422,33 @@ impl Locks {
         self.leases.get(&ino)?.fenced.iter().find(|f| f.handle == handle).copied()
     }
 
-    /// Is this process fenced off the lease (and holds nothing there now)?
-    pub fn fenced_pid(&self, ino: Ino, pid: u32) -> Option<Fenced> {
+    /// Is one of these processes (a process and its ancestors) fenced off
+    /// the lease while holding nothing there now?
+    pub fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced> {
         let l = self.leases.get(&ino)?;
-        if l.locks.iter().any(|k| k.pid == pid) {
+        if l.locks.iter().any(|k| pids.contains(&k.pid)) {
             return None;
         }
-        l.fenced.iter().find(|f| f.pid == pid).copied()
+        l.fenced.iter().find(|f| pids.contains(&f.pid)).copied()
     }
 
-    /// Does process `pid` hold the lease exclusively (whole file)?
-    pub fn held_by(&self, ino: Ino, pid: u32) -> bool {
-        self.leases.get(&ino).is_some_and(|l| {
-            l.locks.iter().any(|k| {
-                k.pid == pid && k.mode == Mode::Exclusive && (k.kind == LockKind::Flock || k.range.is_whole())
-            })
+    /// True when the lease has fenced holders at all (a cheap pre-check).
+    pub fn has_fenced(&self, ino: Ino) -> bool {
+        self.leases.get(&ino).is_some_and(|l| !l.fenced.is_empty())
+    }
+
+    /// Does one of these processes hold the lease exclusively (whole
+    /// file)? Returns the holder's pid.
+    pub fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32> {
+        self.leases.get(&ino).and_then(|l| {
+            l.locks
+                .iter()
+                .find(|k| {
+                    pids.contains(&k.pid)
+                        && k.mode == Mode::Exclusive
+                        && (k.kind == LockKind::Flock || k.range.is_whole())
+                })
+                .map(|k| k.pid)
         })
     }
 
@@ -802,7 +816,7 @@ mod tests {
         t.set(I, flock(1, Some(Mode::Exclusive)), None);
         t.tick(500);
         assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
-        assert!(t.renew(I, Some(1), None), "a write through the holder's descriptor renews");
+        assert!(t.renew(I, Some(1), &[]), "a write through the holder's descriptor renews");
         t.tick(1400);
         assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
         t.tick(1600);
@@ -823,7 +837,7 @@ mod tests {
         t.set(I, flock(1, Some(Mode::Exclusive)), None);
         t.tick(5000);
         assert!(t.tick(5000).is_empty(), "no contender: nothing happens");
-        assert!(t.renew(I, Some(1), None), "a late renewal keeps the incumbent");
+        assert!(t.renew(I, Some(1), &[]), "a late renewal keeps the incumbent");
         assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(9))).0, Outcome::Parked);
         assert_eq!(t.next_deadline(), Some(6000));
         assert!(t.tick(5999).is_empty());

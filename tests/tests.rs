@@ -11,5 +11,6 @@ mod cli;
 mod clients;
 mod conformance;
 mod differential;
+mod fencing;
 mod locks;
 mod posix;
