@@ -12,6 +12,7 @@ use std::time::SystemTime;
 
 use parking_lot::Mutex;
 
+use crate::control::{self, ControlFile, Metrics};
 use crate::error::{Error, Result};
 use crate::lease::{Effect, Epoch, Lock, Locks, Outcome, Owner, Request, WaitId};
 use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
@@ -168,6 +169,8 @@ struct OpenFile {
     /// For a guarded file opened for writing: the lease, the epoch it had
     /// at open, and the process that held it.
     guard: Option<(Ino, Epoch, u32)>,
+    /// A control file's content, rendered at open.
+    control: Option<Vec<u8>>,
 }
 
 #[derive(Debug)]
@@ -199,6 +202,11 @@ struct State {
     guards: HashMap<Ino, PathBuf>,
     /// The clock leases run on.
     start: std::time::Instant,
+    metrics: Metrics,
+    /// When each parked lock request started waiting (lease clock, ms).
+    parked_at: HashMap<WaitId, u64>,
+    /// Mount point and daemon pid, for `.leasefs/status`.
+    mount_point: PathBuf,
 }
 
 impl State {
@@ -253,6 +261,7 @@ impl State {
             Verdict::Current | Verdict::Unobserved => Ok(()),
             Verdict::Stale { seen, current } => {
                 debug!(pid = p.tgid, ino = ino.0, seen, current, op = what, "compare-and-swap rejected: stale view");
+                self.metrics.cas_rejections += 1;
                 Err(Error::Stale)
             }
         }
@@ -270,6 +279,26 @@ impl State {
         if entry.len() > MAX_PREDECESSORS {
             let cut = entry.len() - MAX_PREDECESSORS;
             entry.drain(..cut);
+        }
+    }
+
+    /// Count what the lease core decided (grants, waits, breaks).
+    fn account(&mut self, effects: &[Effect]) {
+        let now = self.start.elapsed().as_millis() as u64;
+        for e in effects {
+            match e {
+                Effect::Grant(id) => {
+                    self.metrics.acquisitions += 1;
+                    if let Some(t) = self.parked_at.remove(id) {
+                        self.metrics.waited(now.saturating_sub(t) as f64 / 1000.0);
+                    }
+                }
+                Effect::Refuse(id, _) => {
+                    self.parked_at.remove(id);
+                }
+                Effect::Broken(..) => self.metrics.breaks += 1,
+                Effect::Epoch(..) => {}
+            }
         }
     }
 
@@ -305,6 +334,7 @@ impl State {
         let pids = self.lineage(tid);
         if let Some(f) = self.locks.fenced_pid(ino, &pids) {
             debug!(pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
+            self.metrics.fenced_operations += 1;
             return Err(Error::Stale);
         }
         Ok(())
@@ -400,6 +430,7 @@ impl Fs {
         let mut st = self.state.lock();
         let now = st.start.elapsed().as_millis() as u64;
         let effects = st.locks.tick(now);
+        st.account(&effects);
         let next = st.locks.next_deadline().map(|d| std::time::Duration::from_millis(d.saturating_sub(now)));
         (effects, next)
     }
@@ -408,7 +439,9 @@ impl Fs {
     pub fn break_lease(&self, ino: Ino) -> Vec<Effect> {
         let mut st = self.state.lock();
         st.clock();
-        st.locks.break_now(ino)
+        let effects = st.locks.break_now(ino);
+        st.account(&effects);
+        effects
     }
 
     pub fn new(uid: u32, gid: u32) -> Fs {
@@ -429,7 +462,185 @@ impl Fs {
                 resolve: proc_of_tid,
                 guards: HashMap::new(),
                 start: std::time::Instant::now(),
+                metrics: Metrics::default(),
+                parked_at: HashMap::new(),
+                mount_point: PathBuf::new(),
             }),
+        }
+    }
+
+    /// Record where the filesystem is mounted (for `.leasefs/status`).
+    pub fn set_mount_point(&self, p: PathBuf) {
+        self.state.lock().mount_point = p;
+    }
+
+    fn control_lookup(&self, parent: Ino, name: &OsStr) -> Result<Option<Attr>> {
+        if parent == Ino::ROOT && name == control::DIR_NAME {
+            return Ok(Some(self.control_attr(control::DIR_INO)));
+        }
+        if parent == control::DIR_INO {
+            let c = name.to_str().and_then(ControlFile::by_name).ok_or(Error::NotFound)?;
+            return Ok(Some(self.control_attr(c.ino())));
+        }
+        Ok(None)
+    }
+
+    fn control_attr(&self, ino: Ino) -> Attr {
+        let st = self.state.lock();
+        let root = st.ns.get(Ino::ROOT).map(|r| r.attr()).ok();
+        let t = root.map_or_else(now, |r| r.ctime);
+        let (kind, perm, nlink) = match ControlFile::by_ino(ino) {
+            Some(c) => (Kind::File, c.perm(), 1),
+            None => (Kind::Dir, 0o555, 2),
+        };
+        Attr {
+            ino,
+            kind,
+            perm,
+            nlink,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            rdev: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+        }
+    }
+
+    fn control_open(&self, ino: Ino, flags: i32) -> Result<Handle> {
+        let content = match ControlFile::by_ino(ino) {
+            None => None,
+            Some(ControlFile::Break) => {
+                if flags & libc::O_ACCMODE == libc::O_RDONLY {
+                    return Err(Error::Access);
+                }
+                Some(Vec::new())
+            }
+            Some(c) => {
+                if flags & libc::O_ACCMODE != libc::O_RDONLY {
+                    return Err(Error::Access);
+                }
+                Some(self.render(c).into_bytes())
+            }
+        };
+        let mut st = self.state.lock();
+        let h = Handle(st.next_handle);
+        st.next_handle += 1;
+        st.handles.insert(h, OpenFile { ino, flags, guard: None, control: content });
+        Ok(h)
+    }
+
+    /// A write to `.leasefs/break`: the mount-relative path of the lease to
+    /// break at once. Root only.
+    pub fn control_write(&self, ino: Ino, data: &[u8], caller: Caller) -> Result<(u32, Vec<Effect>)> {
+        if ControlFile::by_ino(ino) != Some(ControlFile::Break) {
+            return Err(Error::NotPermitted);
+        }
+        if caller.uid != 0 {
+            return Err(Error::NotPermitted);
+        }
+        let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?.trim();
+        let rel = text.trim_start_matches('/');
+        let mut st = self.state.lock();
+        let target = if rel.is_empty() { None } else { st.resolve_path(std::path::Path::new(rel)) };
+        let lease = target.or_else(|| st.detached.get(std::path::Path::new(rel)).copied()).ok_or(Error::NotFound)?;
+        st.clock();
+        let effects = st.locks.break_now(lease);
+        st.account(&effects);
+        tracing::info!(path = rel, ino = lease.0, epoch = st.locks.epoch(lease).0, "lease broken by administrator");
+        Ok((data.len() as u32, effects))
+    }
+
+    /// Every file's paths that currently lead to `ino`s of interest.
+    fn paths_of(st: &State, wanted: &std::collections::HashSet<Ino>) -> HashMap<Ino, PathBuf> {
+        let mut out = HashMap::new();
+        let mut stack = vec![(Ino::ROOT, PathBuf::new())];
+        while let Some((dir, path)) = stack.pop() {
+            let Ok(d) = st.ns.get(dir).and_then(|i| i.dir()) else { continue };
+            for (name, child) in d.iter() {
+                let p = path.join(name);
+                if wanted.contains(&child) {
+                    out.entry(child).or_insert_with(|| p.clone());
+                }
+                if st.ns.get(child).is_ok_and(|c| c.kind == Kind::Dir) {
+                    stack.push((child, p));
+                }
+            }
+        }
+        for (p, ino) in &st.detached {
+            out.entry(*ino).or_insert_with(|| p.clone());
+        }
+        out
+    }
+
+    /// Render a read-only control file.
+    fn render(&self, c: ControlFile) -> String {
+        let st = self.state.lock();
+        let now = st.start.elapsed().as_millis() as u64;
+        let leases = st.locks.leases();
+        match c {
+            ControlFile::Status => {
+                let held = leases.iter().filter(|(_, l)| !l.locks().is_empty()).count();
+                let awaited = leases.iter().filter(|(_, l)| l.waiters() > 0).count();
+                let ttl = leases.iter().filter(|(i, _)| st.locks.effective_ttl(*i).is_some()).count();
+                let status = serde_json::json!({
+                    "version": crate::VERSION,
+                    "backend": "memory",
+                    "pid": std::process::id(),
+                    "mount_point": st.mount_point.to_string_lossy(),
+                    "uptime_secs": st.start.elapsed().as_secs_f64(),
+                    "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
+                    "inodes": st.ns.len(),
+                    "observations": st.obs.len(),
+                });
+                format!("{status}
+")
+            }
+            ControlFile::Leases => {
+                let wanted: std::collections::HashSet<Ino> = leases
+                    .iter()
+                    .filter(|(i, l)| l.is_live() || l.ttl().is_some() || st.locks.effective_ttl(*i).is_some() && !l.locks().is_empty())
+                    .map(|(i, _)| *i)
+                    .collect();
+                let paths = Self::paths_of(&st, &wanted);
+                let mut rows: Vec<(String, String)> = Vec::new();
+                for (ino, l) in leases.iter().filter(|(i, _)| wanted.contains(i)) {
+                    let path = paths.get(ino).map(|p| format!("/{}", p.display())).unwrap_or_default();
+                    let holders: Vec<serde_json::Value> = l
+                        .locks()
+                        .iter()
+                        .map(|k| {
+                            serde_json::json!({
+                                "pid": k.pid,
+                                "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
+                                "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
+                                "since_ms_ago": now.saturating_sub(k.since),
+                            })
+                        })
+                        .collect();
+                    let row = serde_json::json!({
+                        "path": path,
+                        "inode": ino.0,
+                        "epoch": l.epoch().0,
+                        "version": st.ns.get(*ino).map(|i| i.version).unwrap_or(0),
+                        "holders": holders,
+                        "waiters": l.waiters(),
+                        "ttl_ms": st.locks.effective_ttl(*ino),
+                        "expires_in_ms": l.expires().map(|e| e as i64 - now as i64),
+                    });
+                    rows.push((path, row.to_string()));
+                }
+                rows.sort();
+                rows.into_iter().map(|(_, r)| r + "\n").collect()
+            }
+            ControlFile::Metrics => {
+                let live = leases.iter().filter(|(_, l)| l.is_live()).count();
+                st.metrics.render(live)
+            }
+            ControlFile::Break => String::new(),
         }
     }
 
@@ -447,6 +658,9 @@ impl Fs {
 
     /// Resolve `name` in `parent` and take a kernel reference on it.
     pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
+        if let Some(a) = self.control_lookup(parent, name)? {
+            return Ok(a);
+        }
         let mut st = self.state.lock();
         let ino = st.ns.child(parent, name)?;
         st.ns.add_lookup(ino);
@@ -462,6 +676,9 @@ impl Fs {
 
     /// Attributes of an inode (`stat`: an observation by `tid`).
     pub fn getattr(&self, ino: Ino, tid: u32) -> Result<Attr> {
+        if control::is_control(ino) {
+            return Ok(self.control_attr(ino));
+        }
         let mut st = self.state.lock();
         let a = st.ns.get(ino)?.attr();
         st.observe(tid, ino);
@@ -470,6 +687,15 @@ impl Fs {
 
     /// Change attributes (chmod, chown, truncate, utimensat).
     pub fn setattr(&self, ino: Ino, set: &SetAttr, tid: u32) -> Result<Attr> {
+        if control::is_control(ino) {
+            // `echo PATH > .leasefs/break` opens with O_TRUNC: let that be.
+            let only_truncate = set.size == Some(0) && set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
+            return if ControlFile::by_ino(ino) == Some(ControlFile::Break) && only_truncate {
+                Ok(self.control_attr(ino))
+            } else {
+                Err(Error::NotPermitted)
+            };
+        }
         let mut st = self.state.lock();
         st.clock();
         if set.size.is_some() {
@@ -531,6 +757,7 @@ impl Fs {
         symlink: Option<OsString>,
     ) -> Result<Attr> {
         check_name(name)?;
+        refuse_control_name(parent, name)?;
         let now = now();
         let p = st.ns.get(parent)?;
         if p.nlink == 0 {
@@ -639,6 +866,7 @@ impl Fs {
 
     /// `unlink` by thread `tid`; `ESTALE` when it acts on an old view.
     pub fn unlink(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<()> {
+        refuse_control_name(parent, name)?;
         let mut st = self.state.lock();
         let ino = st.ns.child(parent, name)?;
         if st.ns.get(ino)?.kind == Kind::Dir {
@@ -670,6 +898,7 @@ impl Fs {
 
     /// `rmdir`.
     pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        refuse_control_name(parent, name)?;
         let mut st = self.state.lock();
         if name == "." {
             return Err(Error::Invalid);
@@ -692,6 +921,10 @@ impl Fs {
     /// `link`: a new name for an existing non-directory.
     pub fn link(&self, ino: Ino, parent: Ino, name: &OsStr) -> Result<Attr> {
         check_name(name)?;
+        refuse_control_name(parent, name)?;
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
+        }
         let mut st = self.state.lock();
         let i = st.ns.get(ino)?;
         if i.kind == Kind::Dir {
@@ -732,6 +965,8 @@ impl Fs {
     ) -> Result<()> {
         check_name(name)?;
         check_name(newname)?;
+        refuse_control_name(parent, name)?;
+        refuse_control_name(newparent, newname)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
             || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
         {
@@ -874,12 +1109,14 @@ impl Fs {
     fn check_handle(st: &mut State, ino: Ino, h: Handle, what: &str) -> Result<()> {
         if let Some(f) = st.locks.fenced_handle(ino, h.0) {
             debug!(ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.locks.epoch(ino).0, op = what, "fenced");
+            st.metrics.fenced_operations += 1;
             return Err(Error::Stale);
         }
         if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
             let now = st.locks.epoch(lease);
             if now != epoch || st.locks.held_by(lease, &[pid]).is_none() {
                 debug!(ino = ino.0, lease = lease.0, pid, held = epoch.0, current = now.0, op = what, "guard fenced");
+                st.metrics.fenced_operations += 1;
                 return Err(Error::Stale);
             }
         }
@@ -905,12 +1142,15 @@ impl Fs {
         i.opens += 1;
         let h = Handle(st.next_handle);
         st.next_handle += 1;
-        st.handles.insert(h, OpenFile { ino, flags, guard });
+        st.handles.insert(h, OpenFile { ino, flags, guard, control: None });
         Ok(h)
     }
 
     /// `open` / `opendir` by thread `tid` (an observation).
     pub fn open(&self, ino: Ino, flags: i32, tid: u32) -> Result<Handle> {
+        if control::is_control(ino) {
+            return self.control_open(ino, flags);
+        }
         let mut st = self.state.lock();
         let h = Self::open_locked(&mut st, ino, flags, tid)?;
         st.observe(tid, ino);
@@ -923,6 +1163,7 @@ impl Fs {
         let mut st = self.state.lock();
         let f = st.handles.remove(&h).ok_or(Error::BadHandle)?;
         let effects = st.locks.release_handle(f.ino, h.0, flock_owner);
+        st.account(&effects);
         if let Ok(i) = st.ns.get_mut(f.ino) {
             i.opens = i.opens.saturating_sub(1);
         }
@@ -935,6 +1176,7 @@ impl Fs {
     pub fn flush(&self, ino: Ino, owner: Owner) -> Vec<Effect> {
         let mut st = self.state.lock();
         let effects = st.locks.release_owner(ino, owner);
+        st.account(&effects);
         st.collect(ino);
         effects
     }
@@ -947,6 +1189,18 @@ impl Fs {
         let mut effects = st.locks.tick(now);
         let (outcome, more) = st.locks.set(ino, req, wait);
         effects.extend(more);
+        match outcome {
+            Outcome::Granted if req.mode.is_some() => st.metrics.acquisitions += 1,
+            Outcome::Parked => {
+                st.metrics.contention += 1;
+                if let Some(id) = wait {
+                    st.parked_at.insert(id, now);
+                }
+            }
+            Outcome::Refused(_) => st.metrics.contention += 1,
+            Outcome::Granted => {}
+        }
+        st.account(&effects);
         st.collect(ino);
         Ok((outcome, effects))
     }
@@ -960,7 +1214,10 @@ impl Fs {
 
     /// A signal interrupted a parked lock request.
     pub fn interrupt(&self, id: WaitId) -> Option<Vec<Effect>> {
-        self.state.lock().locks.interrupt(id)
+        let mut st = self.state.lock();
+        let effects = st.locks.interrupt(id)?;
+        st.account(&effects);
+        Some(effects)
     }
 
     /// The epoch of the lease at `ino`.
@@ -974,8 +1231,14 @@ impl Fs {
     }
 
     /// `read` by thread `tid` (an observation).
-    pub fn read(&self, ino: Ino, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
+    pub fn read(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
         let mut st = self.state.lock();
+        if control::is_control(ino) {
+            let c = st.handles.get(&h).and_then(|f| f.control.as_ref()).ok_or(Error::BadHandle)?;
+            let from = (offset as usize).min(c.len());
+            let to = from.saturating_add(size as usize).min(c.len());
+            return Ok(c[from..to].to_vec());
+        }
         let d = st.ns.get(ino)?.data()?.read(offset, size as usize);
         st.observe(tid, ino);
         Ok(d)
@@ -983,6 +1246,9 @@ impl Fs {
 
     /// `write`; returns the number of bytes written.
     pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8], tid: u32) -> Result<u32> {
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
+        }
         let mut st = self.state.lock();
         st.clock();
         Self::check_handle(&mut st, ino, h, "write")?;
@@ -1024,6 +1290,17 @@ impl Fs {
 
     /// `readdir`: entries after `offset` (0 starts over), including `.` and `..`.
     pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        if ino == control::DIR_INO {
+            let mut out = vec![
+                DirEntry { cookie: 1, ino, kind: Kind::Dir, name: ".".into() },
+                DirEntry { cookie: 2, ino: Ino::ROOT, kind: Kind::Dir, name: "..".into() },
+            ];
+            for (i, c) in ControlFile::ALL.into_iter().enumerate() {
+                out.push(DirEntry { cookie: 3 + i as u64, ino: c.ino(), kind: Kind::File, name: c.name().into() });
+            }
+            out.retain(|e| e.cookie > offset);
+            return Ok(out);
+        }
         let st = self.state.lock();
         let i = st.ns.get(ino)?;
         let d = i.dir()?;
@@ -1060,6 +1337,9 @@ impl Fs {
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::TooBig);
+        }
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
         }
         let mut st = self.state.lock();
         st.clock();
@@ -1107,6 +1387,9 @@ impl Fs {
     /// `getxattr`.
     pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
+        if control::is_control(ino) {
+            return Err(Error::NoAttr);
+        }
         let st = self.state.lock();
         let i = st.ns.get(ino)?;
         match name.to_str() {
@@ -1130,6 +1413,9 @@ impl Fs {
     /// `listxattr`: NUL-terminated names.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
         use std::os::unix::ffi::OsStrExt;
+        if control::is_control(ino) {
+            return Ok(Vec::new());
+        }
         let st = self.state.lock();
         let mut out = Vec::new();
         for name in st.ns.get(ino)?.xattrs.keys() {
@@ -1142,6 +1428,9 @@ impl Fs {
     /// `removexattr` by thread `tid`.
     pub fn removexattr(&self, ino: Ino, name: &OsStr, tid: u32) -> Result<()> {
         check_xattr_name(name)?;
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
+        }
         let mut st = self.state.lock();
         st.ns.get(ino)?;
         st.check_fenced_pid(tid, ino, "removexattr")?;
@@ -1161,6 +1450,18 @@ impl Fs {
         i.ctime = now();
         Ok(())
     }
+}
+
+/// Names inside `.leasefs/`, and `.leasefs` itself in the root, are not
+/// part of the namespace: creating, removing or moving them is refused.
+fn refuse_control_name(parent: Ino, name: &OsStr) -> Result<()> {
+    if parent == control::DIR_INO {
+        return Err(Error::NotPermitted);
+    }
+    if parent == Ino::ROOT && name == control::DIR_NAME {
+        return Err(Error::Exists);
+    }
+    Ok(())
 }
 
 /// `user.leasefs.holder`: the holders as JSON.
@@ -1223,7 +1524,7 @@ mod tests {
         assert_eq!(b.nlink, 2);
         fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
         assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("b")).unwrap().nlink, 1);
-        assert_eq!(fs.read(a.ino, 0, 10, 0).unwrap(), b"hello");
+        assert_eq!(fs.read(a.ino, h, 0, 10, 0).unwrap(), b"hello");
         assert_eq!(fs.link(a.ino, Ino::ROOT, OsStr::new("b")), Err(Error::Exists));
     }
 

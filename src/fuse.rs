@@ -414,6 +414,8 @@ impl fuser::Filesystem for LeaseFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         guarded("open", || match self.fs.open(Ino(ino.0), flags.0, req.pid()) {
+            // Control files have no size: their reads must reach the daemon.
+            Ok(h) if crate::control::is_control(Ino(ino.0)) => reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO),
             Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         });
@@ -423,14 +425,14 @@ impl fuser::Filesystem for LeaseFs {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         offset: u64,
         size: u32,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        guarded("read", || match self.fs.read(Ino(ino.0), offset, size, req.pid()) {
+        guarded("read", || match self.fs.read(Ino(ino.0), Handle(fh.0), offset, size, req.pid()) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
         });
@@ -448,6 +450,18 @@ impl fuser::Filesystem for LeaseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if crate::control::is_control(Ino(ino.0)) {
+            return guarded("control write", || {
+                let mut w = self.waits.lock();
+                match self.fs.control_write(Ino(ino.0), data, caller(req)) {
+                    Ok((n, effects)) => {
+                        reply.written(n);
+                        w.deliver(effects);
+                    }
+                    Err(e) => reply.error(errno(e)),
+                }
+            });
+        }
         guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data, req.pid()) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),

@@ -483,6 +483,11 @@ impl Locks {
         l.settle_epoch_owner();
     }
 
+    /// Every lease with state.
+    pub fn leases(&self) -> Vec<(Ino, &Lease)> {
+        self.leases.iter().map(|(i, l)| (*i, l)).collect()
+    }
+
     /// The lease of an inode, if it has state.
     pub fn lease(&self, ino: Ino) -> Option<&Lease> {
         self.leases.get(&ino)

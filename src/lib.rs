@@ -6,6 +6,7 @@
 //! (inode table and tree). Errors map to errno in exactly one place,
 //! [`error::Error::errno`].
 
+pub mod control;
 pub mod error;
 pub mod fs;
 pub mod fuse;

@@ -8,6 +8,7 @@ mod util;
 
 mod cas;
 mod cli;
+mod control;
 mod clients;
 mod conformance;
 mod differential;

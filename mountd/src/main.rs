@@ -38,6 +38,29 @@ enum Cmd {
     Mount(MountArgs),
     /// Unmount a lease directory and wait for its daemon to exit.
     Unmount(UnmountArgs),
+    /// Show the daemon's status (version, pid, uptime, lease counts).
+    Status(ShowArgs),
+    /// List leases that are held, awaited or have a TTL.
+    Leases(ShowArgs),
+    /// Break a lease at once: its holder is fenced, the next grant gets epoch + 1 (root only).
+    Break(BreakArgs),
+}
+
+#[derive(Args, Debug)]
+struct ShowArgs {
+    /// Mount point of a leasefs mount.
+    mountpoint: PathBuf,
+    /// Print the daemon's JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct BreakArgs {
+    /// Mount point of a leasefs mount.
+    mountpoint: PathBuf,
+    /// Path of the lease, relative to the mount point (or absolute inside it).
+    path: PathBuf,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -102,6 +125,113 @@ fn main() -> ExitCode {
         Cmd::Mount(args) if args.foreground => serve(&args),
         Cmd::Mount(args) => spawn_daemon(&args),
         Cmd::Unmount(args) => unmount(&args),
+        Cmd::Status(args) => status(&args),
+        Cmd::Leases(args) => leases(&args),
+        Cmd::Break(args) => break_lease(&args),
+    }
+}
+
+/// Read a control file of the leasefs mount at `mountpoint`, with a clear
+/// message when it is not one or its daemon is dead.
+fn control_file(mountpoint: &Path, name: &str) -> Result<PathBuf, String> {
+    let path = session::absolute(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let show = path.display();
+    if session::find_mount(&path).is_none() {
+        return Err(format!("{show}: not a leasefs mount"));
+    }
+    if let Err(e) = std::fs::metadata(&path) {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            return Err(format!(
+                "{show}: the daemon is gone (Transport endpoint is not connected); run `leasefs unmount {show}`"
+            ));
+        }
+        return Err(format!("{show}: {e}"));
+    }
+    Ok(path.join(".leasefs").join(name))
+}
+
+fn read_control(mountpoint: &Path, name: &str) -> Result<String, String> {
+    let p = control_file(mountpoint, name)?;
+    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
+}
+
+fn status(args: &ShowArgs) -> ExitCode {
+    let text = match read_control(&args.mountpoint, "status") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("leasefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        print!("{text}");
+        return ExitCode::SUCCESS;
+    }
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let l = &v["leases"];
+    println!("mount point  {}", v["mount_point"].as_str().unwrap_or("?"));
+    println!("version      {}", v["version"].as_str().unwrap_or("?"));
+    println!("backend      {}", v["backend"].as_str().unwrap_or("?"));
+    println!("daemon pid   {}", v["pid"]);
+    println!("uptime       {:.1}s", v["uptime_secs"].as_f64().unwrap_or(0.0));
+    println!("leases       {} held, {} awaited, {} with a TTL", l["held"], l["awaited"], l["with_ttl"]);
+    ExitCode::SUCCESS
+}
+
+fn leases(args: &ShowArgs) -> ExitCode {
+    let text = match read_control(&args.mountpoint, "leases") {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("leasefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        print!("{text}");
+        return ExitCode::SUCCESS;
+    }
+    println!("{:<32} {:>8} {:>8} {:>8}  {:<28} {:>7} {:>10}", "PATH", "INODE", "EPOCH", "VERSION", "HOLDERS", "WAITERS", "TTL");
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        let holders: Vec<String> = v["holders"]
+            .as_array()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| format!("{}:{}/{}", h["pid"], h["kind"].as_str().unwrap_or("?"), h["mode"].as_str().unwrap_or("?")))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let ttl = v["ttl_ms"].as_u64().map_or("-".to_string(), |t| format!("{t}ms"));
+        println!(
+            "{:<32} {:>8} {:>8} {:>8}  {:<28} {:>7} {:>10}",
+            v["path"].as_str().unwrap_or("?"),
+            v["inode"],
+            v["epoch"],
+            v["version"],
+            if holders.is_empty() { "-".to_string() } else { holders.join(",") },
+            v["waiters"],
+            ttl
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+fn break_lease(args: &BreakArgs) -> ExitCode {
+    let p = match control_file(&args.mountpoint, "break") {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("leasefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mount = session::absolute(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone());
+    let rel = args.path.strip_prefix(&mount).unwrap_or(&args.path);
+    match std::fs::write(&p, rel.as_os_str().as_encoded_bytes()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasefs: break {}: {e}", rel.display());
+            ExitCode::FAILURE
+        }
     }
 }
 
@@ -159,7 +289,8 @@ fn serve(args: &MountArgs) -> ExitCode {
         }
     };
     handle_signals(mountpoint.clone());
-    let (lease_fs, interceptor) = LeaseFs::new(fs);
+    fs.set_mount_point(mountpoint.clone());
+    let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
     let served = match Served::start(lease_fs, &mountpoint, &opts, interceptor) {
         Ok(s) => s,
         Err(e) => {

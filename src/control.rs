@@ -1,0 +1,156 @@
+//! The hidden `.leasefs/` control directory at the mount root (SPEC 8).
+//!
+//! Reachable by name, left out of `readdir` (like ZFS's `.zfs`). Read-only
+//! `status` (JSON), `leases` (JSON lines), `metrics` (Prometheus text), and
+//! `break` (root only: write a mount-relative path to break that lease).
+//! Contents are rendered when the file is opened, so every read of one
+//! descriptor sees one consistent snapshot.
+
+use crate::namespace::Ino;
+
+/// Name of the control directory in the mount root.
+pub const DIR_NAME: &str = ".leasefs";
+/// Inode of the control directory (outside the range the counter reaches).
+pub const DIR_INO: Ino = Ino(u64::MAX - 16);
+
+/// A file in the control directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlFile {
+    Status,
+    Leases,
+    Metrics,
+    Break,
+}
+
+impl ControlFile {
+    /// All control files.
+    pub const ALL: [ControlFile; 4] = [ControlFile::Status, ControlFile::Leases, ControlFile::Metrics, ControlFile::Break];
+
+    /// Its name in `.leasefs/`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ControlFile::Status => "status",
+            ControlFile::Leases => "leases",
+            ControlFile::Metrics => "metrics",
+            ControlFile::Break => "break",
+        }
+    }
+
+    /// Its inode number.
+    pub fn ino(self) -> Ino {
+        Ino(DIR_INO.0 + 1 + self as u64)
+    }
+
+    /// The control file with this name.
+    pub fn by_name(name: &str) -> Option<ControlFile> {
+        Self::ALL.into_iter().find(|c| c.name() == name)
+    }
+
+    /// The control file with this inode number.
+    pub fn by_ino(ino: Ino) -> Option<ControlFile> {
+        Self::ALL.into_iter().find(|c| c.ino() == ino)
+    }
+
+    /// Permission bits: read-only files for everyone, `break` for root.
+    pub fn perm(self) -> u16 {
+        match self {
+            ControlFile::Break => 0o200,
+            _ => 0o444,
+        }
+    }
+}
+
+/// True for the control directory and its files.
+pub fn is_control(ino: Ino) -> bool {
+    ino == DIR_INO || ControlFile::by_ino(ino).is_some()
+}
+
+/// Wait-time histogram bucket bounds in seconds.
+pub const WAIT_BUCKETS: [f64; 10] = [0.0001, 0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+
+/// Counters behind `metrics`.
+#[derive(Debug, Default, Clone)]
+pub struct Metrics {
+    /// Lock requests granted (at once or after waiting).
+    pub acquisitions: u64,
+    /// Lock requests that found the lease taken (parked or refused).
+    pub contention: u64,
+    /// Waits, by bucket of [`WAIT_BUCKETS`] (last slot: +Inf).
+    pub wait_buckets: [u64; 11],
+    pub wait_sum_secs: f64,
+    pub wait_count: u64,
+    /// Leases broken (TTL or administrator).
+    pub breaks: u64,
+    /// Operations refused because the caller was fenced.
+    pub fenced_operations: u64,
+    /// Renames and unlinks refused by compare-and-swap.
+    pub cas_rejections: u64,
+}
+
+impl Metrics {
+    /// Account a completed wait.
+    pub fn waited(&mut self, secs: f64) {
+        let slot = WAIT_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(WAIT_BUCKETS.len());
+        self.wait_buckets[slot] += 1;
+        self.wait_sum_secs += secs;
+        self.wait_count += 1;
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self, live_leases: usize) -> String {
+        let mut out = String::new();
+        let mut counter = |name: &str, help: &str, v: u64| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+        };
+        counter("leasefs_acquisitions_total", "Lock requests granted.", self.acquisitions);
+        counter("leasefs_contention_total", "Lock requests that found the lease taken.", self.contention);
+        counter("leasefs_breaks_total", "Leases broken by TTL expiry or by an administrator.", self.breaks);
+        counter("leasefs_fenced_operations_total", "Operations refused because the caller was fenced.", self.fenced_operations);
+        counter("leasefs_cas_rejections_total", "Renames and unlinks refused by compare-and-swap.", self.cas_rejections);
+        counter("leasefs_journal_commits_total", "Durable journal commits (0: state is in memory).", 0);
+        out.push_str("# HELP leasefs_wait_seconds Time lock requests waited before being granted.\n");
+        out.push_str("# TYPE leasefs_wait_seconds histogram\n");
+        let mut cumulative = 0;
+        for (i, b) in WAIT_BUCKETS.iter().enumerate() {
+            cumulative += self.wait_buckets[i];
+            out.push_str(&format!("leasefs_wait_seconds_bucket{{le=\"{b}\"}} {cumulative}\n"));
+        }
+        cumulative += self.wait_buckets[WAIT_BUCKETS.len()];
+        out.push_str(&format!("leasefs_wait_seconds_bucket{{le=\"+Inf\"}} {cumulative}\n"));
+        out.push_str(&format!("leasefs_wait_seconds_sum {}\n", self.wait_sum_secs));
+        out.push_str(&format!("leasefs_wait_seconds_count {}\n", self.wait_count));
+        out.push_str(&format!(
+            "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases {live_leases}\n"
+        ));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_inodes_are_distinct_and_named() {
+        for c in ControlFile::ALL {
+            assert_eq!(ControlFile::by_name(c.name()), Some(c));
+            assert_eq!(ControlFile::by_ino(c.ino()), Some(c));
+            assert!(is_control(c.ino()));
+        }
+        assert!(is_control(DIR_INO));
+        assert!(!is_control(Ino(2)));
+    }
+
+    #[test]
+    fn metrics_render_prometheus_text() {
+        let mut m = Metrics::default();
+        m.acquisitions = 3;
+        m.waited(0.02);
+        m.waited(7.0);
+        let text = m.render(1);
+        assert!(text.contains("leasefs_acquisitions_total 3\n"));
+        assert!(text.contains("leasefs_wait_seconds_bucket{le=\"0.05\"} 1\n"));
+        assert!(text.contains("leasefs_wait_seconds_bucket{le=\"+Inf\"} 2\n"));
+        assert!(text.contains("leasefs_wait_seconds_count 2\n"));
+    }
+}

@@ -1,0 +1,143 @@
+//! The `.leasefs/` control directory and the `status`, `leases` and `break`
+//! commands (SPEC 8).
+
+use std::process::Command;
+
+use crate::util::{epoch, leasefs_bin, py_ok, run_timeout, sh, sh_ok, wait_timeout, Bg, Mount, STEP};
+
+fn leasefs(args: &[&str]) -> (bool, String, String) {
+    let o = run_timeout(Command::new(leasefs_bin()).args(args), STEP);
+    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn control_directory_is_hidden_and_reports_status_leases_and_metrics() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L && setfattr -n user.leasefs.ttl -v 30s L");
+    let listing = sh_ok(&m.path, "ls -A");
+    assert_eq!(listing, "L\n", ".leasefs is not listed by readdir");
+    assert_eq!(sh_ok(&m.path, "ls .leasefs"), "break\nleases\nmetrics\nstatus\n");
+    let h = Bg::ready(&m.path, "exec flock L sh -c 'echo ready; exec sleep 60'");
+    let _w = Bg::spawn(&m.path, "exec flock L true");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let out = py_ok(
+        &m.path,
+        r#"
+import json
+s = json.load(open(".leasefs/status"))
+rows = [json.loads(l) for l in open(".leasefs/leases")]
+print(json.dumps({"status": s, "rows": rows}))
+"#,
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let s = &v["status"];
+    assert_eq!(s["pid"].as_i64().unwrap(), m.pid() as i64);
+    assert_eq!(s["mount_point"].as_str().unwrap(), m.path.to_str().unwrap());
+    assert!(s["version"].is_string() && s["uptime_secs"].as_f64().unwrap() >= 0.0);
+    assert_eq!(s["leases"]["held"], 1);
+    assert_eq!(s["leases"]["awaited"], 1);
+    let row = &v["rows"][0];
+    assert_eq!(row["path"], "/L");
+    assert_eq!(row["epoch"], 1);
+    assert_eq!(row["waiters"], 1);
+    assert_eq!(row["ttl_ms"], 30000);
+    assert!(row["expires_in_ms"].as_i64().unwrap() > 0);
+    let holder = &row["holders"][0];
+    assert_eq!(holder["kind"], "flock");
+    assert!(holder["since_ms_ago"].is_u64());
+    let flock_pid = sh_ok(&m.path, &format!("echo {}", h.pid())).trim().parse::<i64>().unwrap();
+    assert_eq!(holder["pid"].as_i64().unwrap(), flock_pid, "the holder is the flock process");
+    let metrics = sh_ok(&m.path, "cat .leasefs/metrics");
+    for name in [
+        "leasefs_acquisitions_total 1",
+        "leasefs_contention_total 1",
+        "leasefs_wait_seconds_bucket",
+        "leasefs_breaks_total 0",
+        "leasefs_fenced_operations_total 0",
+        "leasefs_cas_rejections_total 0",
+    ] {
+        assert!(metrics.contains(name), "metrics lack {name}:\n{metrics}");
+    }
+}
+
+#[test]
+fn control_files_refuse_changes() {
+    let m = Mount::new();
+    for (cmd, want) in [
+        ("echo x > .leasefs/status", "Permission denied"),
+        ("touch .leasefs/new", "Operation not permitted"),
+        ("rm .leasefs/status", "Operation not permitted"),
+        ("mkdir .leasefs", "File exists"),
+        ("setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo L > .leasefs/break'", "Permission denied"),
+    ] {
+        let o = sh(&m.path, cmd);
+        assert!(!o.status.success(), "`{cmd}` succeeded");
+        assert!(String::from_utf8_lossy(&o.stderr).contains(want), "`{cmd}`: {o:?}");
+    }
+}
+
+#[test]
+fn break_fences_the_holder_and_the_next_grant_gets_epoch_plus_one() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L");
+    let h = Bg::ready(
+        &m.path,
+        "exec 9<>L; flock 9; echo ready; while [ ! -e go ]; do sleep 0.02; done; \
+         if echo more >&9 2>/dev/null; then echo wrote; else echo refused; fi; exec sleep 60",
+    );
+    let before = epoch(&m.path, "L");
+    let (ok, _, err) = leasefs(&["break", m.path.to_str().unwrap(), "L"]);
+    assert!(ok, "{err}");
+    assert_eq!(sh(&m.path, "flock -n L true").status.code(), Some(0), "broken: the next contender gets it");
+    assert_eq!(epoch(&m.path, "L"), before + 1);
+    sh_ok(&m.path, "touch go");
+    let deadline = std::time::Instant::now() + STEP;
+    while h.lines.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "holder said nothing");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(h.lines.lock().unwrap()[0], "refused", "the broken holder's write must be fenced");
+    assert_eq!(sh_ok(&m.path, "cat L"), "", "nothing landed");
+    let metrics = sh_ok(&m.path, "cat .leasefs/metrics");
+    assert!(metrics.contains("leasefs_breaks_total 1") && metrics.contains("leasefs_fenced_operations_total 1"), "{metrics}");
+}
+
+#[test]
+fn status_leases_and_break_commands() {
+    let m = Mount::new();
+    let mp = m.path.to_str().unwrap();
+    sh_ok(&m.path, "mkdir d && touch d/L");
+    let _h = Bg::ready(&m.path, "exec flock d/L sh -c 'echo ready; exec sleep 60'");
+    let (ok, out, err) = leasefs(&["status", mp]);
+    assert!(ok, "{err}");
+    assert!(out.contains("daemon pid") && out.contains("1 held"), "{out}");
+    let (ok, out, _) = leasefs(&["status", mp, "--json"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["leases"]["held"], 1);
+    let (ok, out, _) = leasefs(&["leases", mp]);
+    assert!(ok && out.contains("/d/L") && out.contains("flock/exclusive"), "{out}");
+    let (ok, out, _) = leasefs(&["leases", mp, "--json"]);
+    assert!(ok && serde_json::from_str::<serde_json::Value>(out.lines().next().unwrap()).is_ok(), "{out}");
+    let abs = m.p("d/L");
+    let (ok, _, err) = leasefs(&["break", mp, abs.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = leasefs(&["break", mp, "d/missing"]);
+    assert!(!ok && err.contains("No such file"), "{err}");
+    let plain = tempfile::tempdir().unwrap();
+    let (ok, _, err) = leasefs(&["status", plain.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("not a leasefs mount"), "{err}");
+}
+
+#[test]
+fn commands_explain_a_dead_daemon() {
+    let mut m = Mount::new();
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(m.pid(), libc::SIGKILL) };
+    let mut child = m.child.take().unwrap();
+    wait_timeout(&mut child, STEP, "killed daemon");
+    let (ok, _, err) = leasefs(&["leases", m.path.to_str().unwrap()]);
+    assert!(!ok && err.contains("Transport endpoint is not connected"), "{err}");
+    let (ok, _, _) = leasefs(&["unmount", m.path.to_str().unwrap()]);
+    assert!(ok);
+}
