@@ -609,18 +609,7 @@ impl Fs {
                 let mut rows: Vec<(String, String)> = Vec::new();
                 for (ino, l) in leases.iter().filter(|(i, _)| wanted.contains(i)) {
                     let path = paths.get(ino).map(|p| format!("/{}", p.display())).unwrap_or_default();
-                    let holders: Vec<serde_json::Value> = l
-                        .locks()
-                        .iter()
-                        .map(|k| {
-                            serde_json::json!({
-                                "pid": k.pid,
-                                "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
-                                "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
-                                "since_ms_ago": now.saturating_sub(k.since),
-                            })
-                        })
-                        .collect();
+                    let holders: Vec<serde_json::Value> = l.locks().iter().map(|k| holder_value(k, now)).collect();
                     let row = serde_json::json!({
                         "path": path,
                         "inode": ino.0,
@@ -1395,7 +1384,10 @@ impl Fs {
         match name.to_str() {
             Some(XATTR_EPOCH) => return Ok(st.locks.epoch(ino).0.to_string().into_bytes()),
             Some(XATTR_VERSION) => return Ok(i.version.to_string().into_bytes()),
-            Some(XATTR_HOLDER) => return Ok(holder_json(&st.locks, ino).into_bytes()),
+            Some(XATTR_HOLDER) => {
+                let now = st.start.elapsed().as_millis() as u64;
+                return Ok(holder_json(&st.locks, ino, now).into_bytes());
+            }
             Some(XATTR_TTL) => {
                 let ttl = st.locks.lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
                 return Ok(format_ttl(ttl).into_bytes());
@@ -1464,25 +1456,22 @@ fn refuse_control_name(parent: Ino, name: &OsStr) -> Result<()> {
     Ok(())
 }
 
+/// One holder as JSON (for `user.leasefs.holder` and `.leasefs/leases`).
+fn holder_value(k: &Lock, now: u64) -> serde_json::Value {
+    serde_json::json!({
+        "pid": k.pid,
+        "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
+        "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
+        "start": k.range.start,
+        "end": k.range.end,
+        "since_ms_ago": now.saturating_sub(k.since),
+    })
+}
+
 /// `user.leasefs.holder`: the holders as JSON.
-fn holder_json(locks: &Locks, ino: Ino) -> String {
-    let holders: Vec<serde_json::Value> = locks
-        .lease(ino)
-        .map(|l| {
-            l.locks()
-                .iter()
-                .map(|k| {
-                    serde_json::json!({
-                        "pid": k.pid,
-                        "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
-                        "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
-                        "start": k.range.start,
-                        "end": k.range.end,
-                    })
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+fn holder_json(locks: &Locks, ino: Ino, now: u64) -> String {
+    let holders: Vec<serde_json::Value> =
+        locks.lease(ino).map(|l| l.locks().iter().map(|k| holder_value(k, now)).collect()).unwrap_or_default();
     serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
 }
 

@@ -155,18 +155,27 @@ fn read_control(mountpoint: &Path, name: &str) -> Result<String, String> {
     std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))
 }
 
-fn status(args: &ShowArgs) -> ExitCode {
-    let text = match read_control(&args.mountpoint, "status") {
-        Ok(t) => t,
+/// The control file's text for a table, or `Err(exit code)` once it was
+/// printed (`--json`) or its error reported.
+fn show(args: &ShowArgs, name: &str) -> Result<String, ExitCode> {
+    match read_control(&args.mountpoint, name) {
+        Ok(text) if args.json => {
+            print!("{text}");
+            Err(ExitCode::SUCCESS)
+        }
+        Ok(text) => Ok(text),
         Err(e) => {
             eprintln!("leasefs: {e}");
-            return ExitCode::FAILURE;
+            Err(ExitCode::FAILURE)
         }
-    };
-    if args.json {
-        print!("{text}");
-        return ExitCode::SUCCESS;
     }
+}
+
+fn status(args: &ShowArgs) -> ExitCode {
+    let text = match show(args, "status") {
+        Ok(t) => t,
+        Err(code) => return code,
+    };
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     let l = &v["leases"];
     println!("mount point  {}", v["mount_point"].as_str().unwrap_or("?"));
@@ -179,17 +188,10 @@ fn status(args: &ShowArgs) -> ExitCode {
 }
 
 fn leases(args: &ShowArgs) -> ExitCode {
-    let text = match read_control(&args.mountpoint, "leases") {
+    let text = match show(args, "leases") {
         Ok(t) => t,
-        Err(e) => {
-            eprintln!("leasefs: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
-    if args.json {
-        print!("{text}");
-        return ExitCode::SUCCESS;
-    }
     println!("{:<32} {:>8} {:>8} {:>8}  {:<28} {:>7} {:>10}", "PATH", "INODE", "EPOCH", "VERSION", "HOLDERS", "WAITERS", "TTL");
     for line in text.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
