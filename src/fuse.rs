@@ -150,6 +150,8 @@ impl Intercept for Interceptor {
 pub struct LeaseFs {
     fs: Arc<Fs>,
     waits: Arc<Mutex<Waits>>,
+    /// Open regular files with direct I/O (kernel supports mmap with it).
+    direct_io: bool,
 }
 
 impl std::fmt::Debug for LeaseFs {
@@ -163,7 +165,7 @@ impl LeaseFs {
     pub fn new(fs: Arc<Fs>) -> (LeaseFs, Arc<Interceptor>) {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
-        (LeaseFs { fs, waits }, icpt)
+        (LeaseFs { fs, waits, direct_io: false }, icpt)
     }
 
     fn lock_request(
@@ -278,6 +280,13 @@ impl fuser::Filesystem for LeaseFs {
         // never see a holder.
         if let Err(missing) = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS) {
             error!("kernel lacks lock forwarding ({missing:?}); locks stay kernel-local");
+        }
+        // Regular files are opened with direct I/O so every read and write
+        // reaches the daemon (observations, fencing, rename-over content);
+        // this flag keeps shared mmap working (SQLite WAL's -shm).
+        self.direct_io = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_ok();
+        if !self.direct_io {
+            warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
         }
         Ok(())
     }
@@ -415,7 +424,9 @@ impl fuser::Filesystem for LeaseFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         guarded("open", || match self.fs.open(Ino(ino.0), flags.0, req.pid()) {
             // Control files have no size: their reads must reach the daemon.
-            Ok(h) if crate::control::is_control(Ino(ino.0)) => reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO),
+            Ok(h) if crate::control::is_control(Ino(ino.0)) || self.direct_io => {
+                reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO)
+            }
             Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         });
@@ -584,7 +595,10 @@ impl fuser::Filesystem for LeaseFs {
         reply: ReplyCreate,
     ) {
         guarded("create", || match self.fs.create(caller(req), Ino(parent.0), name, mode, umask, flags) {
-            Ok((a, h)) => reply.created(&TTL, &attr(&a), Generation(0), FileHandle(h.0), FopenFlags::empty()),
+            Ok((a, h)) => {
+                let flags = if self.direct_io { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() };
+                reply.created(&TTL, &attr(&a), Generation(0), FileHandle(h.0), flags)
+            }
             Err(e) => reply.error(errno(e)),
         });
     }
