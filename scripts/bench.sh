@@ -5,6 +5,7 @@
 # repeated runs, with ratios against tmpfs.
 #   scripts/bench.sh [REPEATS] [N]      (defaults: 7 repeats, 5000 ops each)
 #   PIN=1 scripts/bench.sh              (daemons and client on CPU 0)
+#   BASELINE=/path/to/older/leasefs scripts/bench.sh   (adds that build as a column)
 # Needs root (mounts tmpfs and leasefs) and gcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,8 +21,15 @@ mkdir -p "$work/tmpfs" "$work/leasefs" "$work/noproxy"
 mount -t tmpfs tmpfs "$work/tmpfs"
 "${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state"
 LEASEFS_NO_PROXY=1 "${pin[@]}" ./target/release/leasefs mount "$work/noproxy" --state-dir "$work/state2"
+cols="tmpfs leasefs noproxy"
+if [ -n "${BASELINE:-}" ]; then
+    mkdir -p "$work/baseline"
+    "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state3"
+    cols="$cols baseline"
+fi
 cleanup() {
-    for m in leasefs noproxy; do
+    for m in leasefs noproxy baseline; do
+        [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done
     umount "$work/tmpfs" 2>/dev/null || umount -l "$work/tmpfs" 2>/dev/null || true
@@ -30,23 +38,24 @@ cleanup() {
 trap cleanup EXIT
 
 for r in $(seq "$repeats"); do
-    for fs in tmpfs leasefs noproxy; do
+    for fs in $cols; do
         mkdir "$work/$fs/run$r"
         "${pin[@]}" "$work/fsbench" "$work/$fs/run$r" "$n" | sed "s/^/$fs /"
         rmdir "$work/$fs/run$r"
     done
 done > "$work/results"
 
-python3 - "$work/results" "$repeats" "$n" <<'PY'
+python3 - "$work/results" "$repeats" "$n" $cols <<'PY'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 data = {}
 for fs, op, ns in rows:
     data.setdefault(op, {}).setdefault(fs, []).append(float(ns))
 print(f"# medians of {sys.argv[2]} runs, {sys.argv[3]} operations each (readdir: 10 000 entries)")
-print(f"{'operation':<12} {'tmpfs':>10} {'leasefs':>10} {'ratio':>7} {'no-proxy':>10} {'ratio':>7}")
+cols = sys.argv[4:]
+print(f"{'operation':<12}" + "".join(f"{c:>11} {'ratio':>7}" for c in cols))
 unit = lambda v: f"{v/1000:.2f} µs" if v < 1e6 else f"{v/1e6:.2f} ms"
 for op, by in data.items():
-    t, l, n = (statistics.median(by[k]) for k in ("tmpfs", "leasefs", "noproxy"))
-    print(f"{op:<12} {unit(t):>10} {unit(l):>10} {l/t:>6.1f}x {unit(n):>10} {n/t:>6.1f}x")
+    t = statistics.median(by["tmpfs"])
+    print(f"{op:<12}" + "".join(f"{unit(statistics.median(by[c])):>11} {statistics.median(by[c])/t:>6.1f}x" for c in cols))
 PY

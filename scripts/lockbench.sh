@@ -5,6 +5,7 @@
 # (scripts/minimalfs.rs). Medians over repeated runs.
 #   scripts/lockbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 5000, 2)
 #   PIN=1 scripts/lockbench.sh                     (everything on CPU 0)
+#   BASELINE=/path/to/older/leasefs scripts/lockbench.sh   (adds that build as a column)
 # Needs root and gcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +23,17 @@ mkdir -p "$work/tmpfs" "$work/leasefs" "$work/noproxy" "$work/minimal"
 mount -t tmpfs tmpfs "$work/tmpfs"
 "${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state"
 LEASEFS_NO_PROXY=1 "${pin[@]}" ./target/release/leasefs mount "$work/noproxy" --state-dir "$work/state2"
+cols="tmpfs leasefs noproxy minimal"
+if [ -n "${BASELINE:-}" ]; then
+    mkdir -p "$work/baseline"
+    "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state3"
+    cols="$cols baseline"
+fi
 "${pin[@]}" ./target/release/examples/minimalfs "$work/minimal" &
 minimal_pid=$!
 cleanup() {
-    for m in leasefs noproxy; do
+    for m in leasefs noproxy baseline; do
+        [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done
     umount "$work/minimal" 2>/dev/null || umount -l "$work/minimal" 2>/dev/null || true
@@ -39,20 +47,20 @@ for _ in $(seq 100); do mountpoint -q "$work/minimal" && break; sleep 0.05; done
 mountpoint -q "$work/minimal" || { echo "minimalfs did not mount" >&2; exit 1; }
 
 for r in $(seq "$repeats"); do
-    for fs in tmpfs leasefs noproxy minimal; do
+    for fs in $cols; do
         d="$work/$fs"
         [ "$fs" = minimal ] || { d="$work/$fs/run$r"; mkdir "$d"; }
         "${pin[@]}" "$work/lockbench" "$d" "$n" "$secs" | sed "s/^/$fs /"
     done
 done > "$work/results"
 
-python3 - "$work/results" "$repeats" "$n" "$secs" <<'PY'
+python3 - "$work/results" "$repeats" "$n" "$secs" $cols <<'PY'
 import statistics, sys
 data = {}
 for fs, metric, v in (l.split() for l in open(sys.argv[1])):
     data.setdefault(metric, {}).setdefault(fs, []).append(float(v))
 print(f"# medians of {sys.argv[2]} runs; {sys.argv[3]} ops per latency metric; {sys.argv[4]} s per contention run")
-cols = ("tmpfs", "leasefs", "noproxy", "minimal")
+cols = tuple(sys.argv[5:])
 print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min':>9}{'lfs/tmpfs':>11}")
 for metric, by in data.items():
     med = {c: statistics.median(by[c]) for c in cols}
