@@ -260,7 +260,7 @@ impl State {
         match self.obs.check(p, ino, current, &preds) {
             Verdict::Current | Verdict::Unobserved => Ok(()),
             Verdict::Stale { seen, current } => {
-                debug!(pid = p.tgid, ino = ino.0, seen, current, op = what, "compare-and-swap rejected: stale view");
+                debug!(path = %self.path_for_log(ino), pid = p.tgid, ino = ino.0, seen, current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
                 self.metrics.cas_rejections += 1;
                 Err(Error::Stale)
             }
@@ -280,6 +280,15 @@ impl State {
             let cut = entry.len() - MAX_PREDECESSORS;
             entry.drain(..cut);
         }
+    }
+
+    /// A file's path for debug logs (computed only when debug logging is on).
+    fn path_for_log(&self, ino: Ino) -> String {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return String::new();
+        }
+        let wanted = std::iter::once(ino).collect();
+        Fs::paths_of(self, &wanted).get(&ino).map(|p| format!("/{}", p.display())).unwrap_or_default()
     }
 
     /// Count what the lease core decided (grants, waits, breaks).
@@ -333,7 +342,7 @@ impl State {
         }
         let pids = self.lineage(tid);
         if let Some(f) = self.locks.fenced_pid(ino, &pids) {
-            debug!(pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
+            debug!(path = %self.path_for_log(ino), pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
             self.metrics.fenced_operations += 1;
             return Err(Error::Stale);
         }
@@ -469,6 +478,11 @@ impl Fs {
         }
     }
 
+    /// A file's path for debug logs (empty unless debug logging is on).
+    pub fn describe(&self, ino: Ino) -> String {
+        self.state.lock().path_for_log(ino)
+    }
+
     /// Record where the filesystem is mounted (for `.leasefs/status`).
     pub fn set_mount_point(&self, p: PathBuf) {
         self.state.lock().mount_point = p;
@@ -550,7 +564,7 @@ impl Fs {
         st.clock();
         let effects = st.locks.break_now(lease);
         st.account(&effects);
-        tracing::info!(path = rel, ino = lease.0, epoch = st.locks.epoch(lease).0, "lease broken by administrator");
+        tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.locks.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
         Ok((data.len() as u32, effects))
     }
 
@@ -1097,14 +1111,14 @@ impl Fs {
     /// descriptor whose lease moved on since open, fail with `ESTALE`.
     fn check_handle(st: &mut State, ino: Ino, h: Handle, what: &str) -> Result<()> {
         if let Some(f) = st.locks.fenced_handle(ino, h.0) {
-            debug!(ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.locks.epoch(ino).0, op = what, "fenced");
+            debug!(path = %st.path_for_log(ino), ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.locks.epoch(ino).0, op = what, "fenced");
             st.metrics.fenced_operations += 1;
             return Err(Error::Stale);
         }
         if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
             let now = st.locks.epoch(lease);
             if now != epoch || st.locks.held_by(lease, &[pid]).is_none() {
-                debug!(ino = ino.0, lease = lease.0, pid, held = epoch.0, current = now.0, op = what, "guard fenced");
+                debug!(path = %st.path_for_log(ino), lease = %st.path_for_log(lease), pid, held = epoch.0, current = now.0, op = what, "guard fenced");
                 st.metrics.fenced_operations += 1;
                 return Err(Error::Stale);
             }

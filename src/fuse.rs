@@ -59,7 +59,7 @@ struct Waits {
 impl Waits {
     /// Answer parked requests as the lease core decided. Runs with the
     /// `Waits` lock held so a reply cannot be parked after its answer.
-    fn deliver(&mut self, effects: Vec<Effect>) {
+    fn deliver(&mut self, effects: Vec<Effect>, fs: &Fs) {
         for e in effects {
             match e {
                 Effect::Grant(id) => match self.parked.remove(&id) {
@@ -71,8 +71,11 @@ impl Waits {
                         r.error(errno(err));
                     }
                 }
-                Effect::Epoch(ino, epoch) => debug!(ino = ino.0, epoch = epoch.0, "lease acquired: new epoch"),
+                Effect::Epoch(ino, epoch) => {
+                    debug!(path = %fs.describe(ino), ino = ino.0, epoch = epoch.0, "lease acquired: new epoch")
+                }
                 Effect::Broken(ino, f) => debug!(
+                    path = %fs.describe(ino),
                     ino = ino.0,
                     pid = f.pid,
                     epoch = f.epoch.0,
@@ -105,7 +108,7 @@ impl Intercept for Interceptor {
         match self.fs.interrupt(WaitId(unique)) {
             Some(effects) => {
                 debug!(unique, "lock wait interrupted by a signal");
-                w.deliver(effects);
+                w.deliver(effects, &self.fs);
             }
             None => {
                 // Either not a lock wait (ignored: it completes on its own) or
@@ -133,7 +136,7 @@ impl Intercept for Interceptor {
             let next = {
                 let mut w = waits.lock();
                 let (effects, next) = fs.tick();
-                w.deliver(effects);
+                w.deliver(effects, &fs);
                 next
             };
             drop((fs, waits));
@@ -467,7 +470,7 @@ impl fuser::Filesystem for LeaseFs {
                 match self.fs.control_write(Ino(ino.0), data, caller(req)) {
                     Ok((n, effects)) => {
                         reply.written(n);
-                        w.deliver(effects);
+                        w.deliver(effects, &self.fs);
                     }
                     Err(e) => reply.error(errno(e)),
                 }
@@ -484,7 +487,7 @@ impl fuser::Filesystem for LeaseFs {
             let mut w = self.waits.lock();
             let effects = self.fs.flush(Ino(ino.0), Owner(lock_owner.0));
             reply.ok();
-            w.deliver(effects);
+            w.deliver(effects, &self.fs);
         });
     }
 
@@ -503,7 +506,7 @@ impl fuser::Filesystem for LeaseFs {
             match self.fs.release(Handle(fh.0), lock_owner.map(|o| Owner(o.0))) {
                 Ok(effects) => {
                     reply.ok();
-                    w.deliver(effects);
+                    w.deliver(effects, &self.fs);
                 }
                 Err(e) => reply.error(errno(e)),
             }
@@ -704,18 +707,18 @@ impl LeaseFs {
         let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
         match self.fs.setlk(Ino(ino.0), lreq, wait) {
             Ok((Outcome::Granted, effects)) => {
-                debug!(ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, "lock granted");
+                debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = self.fs.epoch(Ino(ino.0)).0, "lock granted");
                 reply.ok();
-                w.deliver(effects);
+                w.deliver(effects, &self.fs);
             }
             Ok((Outcome::Parked, effects)) => {
-                debug!(ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");
+                debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");
                 w.parked.insert(WaitId(unique), reply);
-                w.deliver(effects);
+                w.deliver(effects, &self.fs);
             }
             Ok((Outcome::Refused(e), effects)) => {
                 reply.error(errno(e));
-                w.deliver(effects);
+                w.deliver(effects, &self.fs);
             }
             Err(e) => reply.error(errno(e)),
         }

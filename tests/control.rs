@@ -141,3 +141,47 @@ fn commands_explain_a_dead_daemon() {
     let (ok, _, _) = leasefs(&["unmount", m.path.to_str().unwrap()]);
     assert!(ok);
 }
+
+#[test]
+fn grants_breaks_fences_and_cas_rejections_are_logged_with_path_epoch_and_pid() {
+    let logdir = tempfile::tempdir().unwrap();
+    let log = logdir.path().join("daemon.log");
+    let m = crate::util::Mount::with_args_env(
+        &["--allow-other", "--log-file", log.to_str().unwrap()],
+        &[("RUST_LOG", "debug")],
+    );
+    sh_ok(&m.path, "mkdir d && touch d/L && flock d/L true");
+    let h = Bg::ready(&m.path, "exec 9<>d/L; flock 9; echo ready; while [ ! -e go ]; do sleep 0.02; done; echo x >&9; exec sleep 60");
+    let (ok, _, err) = leasefs(&["break", m.path.to_str().unwrap(), "d/L"]);
+    assert!(ok, "{err}");
+    sh_ok(&m.path, "touch go");
+    let deadline = std::time::Instant::now() + STEP;
+    py_ok(
+        &m.path,
+        r#"
+import os, subprocess, sys
+open("j", "w").write("a"); os.stat("j")
+subprocess.run([sys.executable, "-c", "open('j', 'a').write('b')"], check=True)
+open("t", "w").write("c")
+try:
+    os.rename("t", "j")
+except OSError:
+    pass
+"#,
+    );
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let done = ["lock granted", "lease broken", "fenced", "compare-and-swap rejected"].iter().all(|k| text.contains(k));
+        if done || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    drop(h);
+    for (what, path) in [("lock granted", "/d/L"), ("lease broken", "/d/L"), ("fenced", "/d/L"), ("compare-and-swap rejected", "/j")] {
+        let ok = text.lines().any(|l| {
+            l.contains(what) && l.contains(&format!("path={path}")) && l.contains("pid=") && l.contains("epoch")
+        });
+        assert!(ok, "no {what:?} line with path {path}, pid and epoch in:\n{text}");
+    }
+}

@@ -133,6 +133,11 @@ impl Mount {
 
     /// Mount with extra command-line arguments.
     pub fn with_args(args: &[&str]) -> Mount {
+        Mount::with_args_env(args, &[])
+    }
+
+    /// Mount with extra arguments and environment variables for the daemon.
+    pub fn with_args_env(args: &[&str], envs: &[(&str, &str)]) -> Mount {
         assert!(is_root(), "integration tests mount filesystems and must run as root");
         let dir = tempfile::Builder::new().prefix("leasefs-test").tempdir().expect("tempdir");
         let path = dir.path().join("mnt");
@@ -144,6 +149,7 @@ impl Mount {
         let mut cmd = Command::new(leasefs_bin());
         cmd.arg("mount").arg(&path).arg("--foreground").arg("--state-dir").arg(dir.path().join("state"));
         cmd.args(args).env("LEASEFS_READY_FD", wr.to_string()).stdin(Stdio::null());
+        cmd.envs(envs.iter().copied());
         if std::env::var_os("LEASEFS_TEST_LOG").is_none() {
             cmd.stderr(Stdio::null());
         }
