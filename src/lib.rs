@@ -14,6 +14,7 @@ pub mod lease;
 pub mod namespace;
 pub mod observe;
 pub mod session;
+pub mod store;
 
 /// The version reported by the CLI and the control files.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,250 @@
+//! Durable epochs: a checksummed append-only journal of epoch reservations
+//! in the state directory.
+//!
+//! Safety argument (SPEC 5, "epochs never repeat or go backwards, across
+//! `kill -9`"): before the daemon lets any process see an epoch `e` for a
+//! path, the journal durably holds a reservation `r >= e` for that path
+//! (`write` + `fdatasync` returned). Reservations run ahead by
+//! [`RESERVE_AHEAD`], so only one grant in that many pays for a sync. On
+//! start-up every path's epoch floor is its highest reservation, so the next
+//! grant is strictly above anything handed out before the crash (it may jump
+//! forward by up to `RESERVE_AHEAD`).
+//!
+//! Format: one record per line, `<crc32 hex> <epoch> <path hex>\n`. A torn
+//! or corrupt *last* record (a crash mid-append) is cut off with a warning;
+//! corruption before the tail stops start-up with the file and offset, since
+//! serving wrong epochs is worse than not serving.
+//!
+//! Not durable yet: namespace, contents, xattrs, TTLs and guards.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+/// How far a reservation runs ahead of the epoch that needed it.
+pub const RESERVE_AHEAD: u64 = 1024;
+
+/// Name of the journal in the state directory.
+pub const JOURNAL: &str = "epochs.journal";
+
+/// CRC-32 (IEEE), bitwise; the journal is small and written rarely.
+pub fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+        }
+    }
+    !crc
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+fn record(path: &Path, epoch: u64) -> String {
+    let body = format!("{epoch} {}", hex(path.as_os_str().as_encoded_bytes()));
+    format!("{:08x} {body}\n", crc32(body.as_bytes()))
+}
+
+fn parse(line: &str) -> Option<(PathBuf, u64)> {
+    let (crc, body) = line.split_once(' ')?;
+    if u32::from_str_radix(crc, 16).ok()? != crc32(body.as_bytes()) {
+        return None;
+    }
+    let (epoch, path) = body.split_once(' ')?;
+    let bytes = unhex(path)?;
+    let path = {
+        use std::os::unix::ffi::OsStringExt;
+        PathBuf::from(std::ffi::OsString::from_vec(bytes))
+    };
+    Some((path, epoch.parse().ok()?))
+}
+
+/// What recovery found.
+#[derive(Debug, Default)]
+pub struct Recovered {
+    /// Highest reservation per path.
+    pub floors: HashMap<PathBuf, u64>,
+    /// Bytes of a torn tail that were cut off.
+    pub cut: u64,
+}
+
+/// Read a journal image: every complete, valid record; a bad last record is
+/// a torn tail, a bad earlier record is corruption (`Err(offset)`).
+pub fn recover(image: &[u8]) -> Result<Recovered, u64> {
+    let mut out = Recovered::default();
+    let mut offset = 0usize;
+    while offset < image.len() {
+        let rest = &image[offset..];
+        let (line, next) = match rest.iter().position(|b| *b == b'\n') {
+            Some(n) => (&rest[..n], offset + n + 1),
+            None => {
+                out.cut = rest.len() as u64;
+                break;
+            }
+        };
+        match std::str::from_utf8(line).ok().and_then(parse) {
+            Some((p, e)) => {
+                let slot = out.floors.entry(p).or_insert(0);
+                *slot = (*slot).max(e);
+            }
+            None if next == image.len() => {
+                out.cut = (image.len() - offset) as u64;
+                break;
+            }
+            None => return Err(offset as u64),
+        }
+        offset = next;
+    }
+    Ok(out)
+}
+
+/// The journal file of a state directory, locked against a second daemon.
+#[derive(Debug)]
+pub struct EpochJournal {
+    file: File,
+    path: PathBuf,
+    _lock: File,
+    /// Highest durable reservation per path.
+    reserved: HashMap<PathBuf, u64>,
+    /// Set after the first I/O error: durability is no longer promised.
+    failed: bool,
+    /// Records committed since start.
+    pub commits: u64,
+}
+
+impl EpochJournal {
+    /// Open (creating) the state directory, take its lock, and recover.
+    pub fn open(dir: &Path) -> Result<(EpochJournal, Recovered), String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let lock_path = dir.join("lock");
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("{}: {e}", lock_path.display()))?;
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            return Err(format!("{}: state directory in use by another leasefs daemon", dir.display()));
+        }
+        let path = dir.join(JOURNAL);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut image = Vec::new();
+        file.read_to_end(&mut image).map_err(|e| format!("{}: {e}", path.display()))?;
+        let rec = recover(&image).map_err(|off| {
+            format!("{}: corrupt record at offset {off}; refusing to serve possibly wrong epochs", path.display())
+        })?;
+        if rec.cut > 0 {
+            tracing::warn!(file = %path.display(), bytes = rec.cut, "cutting off a torn journal tail");
+            let keep = image.len() as u64 - rec.cut;
+            file.set_len(keep).map_err(|e| format!("{}: {e}", path.display()))?;
+            file.sync_all().map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+        // Make the directory entry of a new journal durable.
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        let reserved = rec.floors.clone();
+        Ok((EpochJournal { file, path, _lock: lock, reserved, failed: false, commits: 0 }, rec))
+    }
+
+    /// Make `epoch` safe to hand out for `path`: durable before it returns,
+    /// with an fsync only when the reservation is used up.
+    pub fn ensure(&mut self, path: &Path, epoch: u64) -> io::Result<()> {
+        if self.reserved.get(path).is_some_and(|r| *r >= epoch) {
+            return Ok(());
+        }
+        if self.failed {
+            return Err(io::Error::other("state directory failed earlier; durability no longer promised"));
+        }
+        let upto = epoch + RESERVE_AHEAD;
+        let rec = record(path, upto);
+        let r = self.file.write_all(rec.as_bytes()).and_then(|()| self.file.sync_data());
+        if let Err(e) = r {
+            tracing::error!(file = %self.path.display(), "journal write failed: {e}; stopping durable grants");
+            self.failed = true;
+            return Err(e);
+        }
+        self.commits += 1;
+        self.reserved.insert(path.to_path_buf(), upto);
+        Ok(())
+    }
+
+    /// Bytes in the journal.
+    pub fn size(&self) -> u64 {
+        self.file.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// The journal's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crc_matches_the_standard_check_value() {
+        assert_eq!(crc32(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn torn_tail_is_cut_and_earlier_corruption_refused() {
+        let mut image = String::new();
+        image += &record(Path::new("a/L"), 1024);
+        image += &record(Path::new("a/L"), 2048);
+        image += &record(Path::new("b"), 1024);
+        let full = image.clone().into_bytes();
+        let rec = recover(&full).unwrap();
+        assert_eq!(rec.floors[Path::new("a/L")], 2048);
+        assert_eq!(rec.cut, 0);
+        // Every crash point inside the last record: the rest survives.
+        let last = record(Path::new("b"), 1024).len();
+        for cut in 1..last {
+            let rec = recover(&full[..full.len() - cut]).unwrap();
+            assert_eq!(rec.floors[Path::new("a/L")], 2048);
+            assert!(!rec.floors.contains_key(Path::new("b")), "cut {cut}");
+        }
+        // A flipped byte in the first record is corruption, not a tail.
+        let mut bad = full.clone();
+        bad[12] ^= 1;
+        assert_eq!(recover(&bad).unwrap_err(), 0);
+    }
+
+    #[test]
+    fn reservations_are_durable_and_the_directory_is_locked() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut j, rec) = EpochJournal::open(dir.path()).unwrap();
+            assert!(rec.floors.is_empty());
+            assert!(EpochJournal::open(dir.path()).unwrap_err().contains("in use"));
+            j.ensure(Path::new("L"), 1).unwrap();
+            j.ensure(Path::new("L"), 500).unwrap();
+            assert_eq!(j.commits, 1, "one sync per reservation, not per epoch");
+            j.ensure(Path::new("L"), 1026).unwrap();
+            assert_eq!(j.commits, 2);
+        }
+        let (_, rec) = EpochJournal::open(dir.path()).unwrap();
+        assert_eq!(rec.floors[Path::new("L")], 1026 + RESERVE_AHEAD);
+    }
+}
