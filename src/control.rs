@@ -97,7 +97,7 @@ impl Metrics {
     }
 
     /// Prometheus text exposition.
-    pub fn render(&self, live_leases: usize) -> String {
+    pub fn render(&self, live_leases: usize, journal_commits: u64) -> String {
         let mut out = String::new();
         let mut counter = |name: &str, help: &str, v: u64| {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
@@ -107,7 +107,7 @@ impl Metrics {
         counter("leasefs_breaks_total", "Leases broken by TTL expiry or by an administrator.", self.breaks);
         counter("leasefs_fenced_operations_total", "Operations refused because the caller was fenced.", self.fenced_operations);
         counter("leasefs_cas_rejections_total", "Renames and unlinks refused by compare-and-swap.", self.cas_rejections);
-        counter("leasefs_journal_commits_total", "Durable journal commits (0: state is in memory).", 0);
+        counter("leasefs_journal_commits_total", "Epoch reservations made durable in the journal.", journal_commits);
         out.push_str("# HELP leasefs_wait_seconds Time lock requests waited before being granted.\n");
         out.push_str("# TYPE leasefs_wait_seconds histogram\n");
         let mut cumulative = 0;
@@ -147,7 +147,7 @@ mod tests {
         m.acquisitions = 3;
         m.waited(0.02);
         m.waited(7.0);
-        let text = m.render(1);
+        let text = m.render(1, 0);
         assert!(text.contains("leasefs_acquisitions_total 3\n"));
         assert!(text.contains("leasefs_wait_seconds_bucket{le=\"0.05\"} 1\n"));
         assert!(text.contains("leasefs_wait_seconds_bucket{le=\"+Inf\"} 2\n"));

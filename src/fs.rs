@@ -207,6 +207,10 @@ struct State {
     parked_at: HashMap<WaitId, u64>,
     /// Mount point and daemon pid, for `.leasefs/status`.
     mount_point: PathBuf,
+    /// Durable epoch reservations (none: epochs live in memory only).
+    journal: Option<crate::store::EpochJournal>,
+    /// Epoch up to which each inode's path is reserved in the journal.
+    ino_reserved: HashMap<Ino, u64>,
 }
 
 impl State {
@@ -289,6 +293,28 @@ impl State {
         }
         let wanted = std::iter::once(ino).collect();
         Fs::paths_of(self, &wanted).get(&ino).map(|p| format!("/{}", p.display())).unwrap_or_default()
+    }
+
+    /// Make the next epoch of `ino` durable before any operation can hand it
+    /// out (SPEC 5). Costs a journal sync only once per reservation range.
+    fn reserve(&mut self, ino: Ino) -> Result<()> {
+        if self.journal.is_none() {
+            return Ok(());
+        }
+        let need = self.locks.epoch(ino).0 + 1;
+        if self.ino_reserved.get(&ino).is_some_and(|r| *r >= need) {
+            return Ok(());
+        }
+        let wanted = std::iter::once(ino).collect();
+        // A file with no name left cannot be reached after a restart.
+        let Some(path) = Fs::paths_of(self, &wanted).remove(&ino) else { return Ok(()) };
+        let j = self.journal.as_mut().expect("checked above");
+        if let Err(e) = j.ensure(&path, need) {
+            return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io });
+        }
+        let upto = j.reserved(&path);
+        self.ino_reserved.insert(ino, upto);
+        Ok(())
     }
 
     /// Count what the lease core decided (grants, waits, breaks).
@@ -438,6 +464,13 @@ impl Fs {
     pub fn tick(&self) -> (Vec<Effect>, Option<std::time::Duration>) {
         let mut st = self.state.lock();
         let now = st.start.elapsed().as_millis() as u64;
+        let waited: Vec<Ino> = st.locks.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        for ino in waited {
+            if let Err(e) = st.reserve(ino) {
+                tracing::error!(ino = ino.0, "cannot make the next epoch durable ({e}); expired leases stay with their holders");
+                return (Vec::new(), Some(std::time::Duration::from_millis(100)));
+            }
+        }
         let effects = st.locks.tick(now);
         st.account(&effects);
         let next = st.locks.next_deadline().map(|d| std::time::Duration::from_millis(d.saturating_sub(now)));
@@ -448,6 +481,9 @@ impl Fs {
     pub fn break_lease(&self, ino: Ino) -> Vec<Effect> {
         let mut st = self.state.lock();
         st.clock();
+        if st.reserve(ino).is_err() {
+            return Vec::new();
+        }
         let effects = st.locks.break_now(ino);
         st.account(&effects);
         effects
@@ -474,8 +510,20 @@ impl Fs {
                 metrics: Metrics::default(),
                 parked_at: HashMap::new(),
                 mount_point: PathBuf::new(),
+                journal: None,
+                ino_reserved: HashMap::new(),
             }),
         }
+    }
+
+    /// Keep epochs durable in `journal`; `floors` are the recovered
+    /// reservations, which become each path's epoch floor.
+    pub fn set_journal(&self, journal: crate::store::EpochJournal, floors: HashMap<PathBuf, u64>) {
+        let mut st = self.state.lock();
+        for (p, e) in floors {
+            st.path_epochs.insert(p, Epoch(e));
+        }
+        st.journal = Some(journal);
     }
 
     /// A file's path for debug logs (empty unless debug logging is on).
@@ -562,6 +610,7 @@ impl Fs {
         let target = if rel.is_empty() { None } else { st.resolve_path(std::path::Path::new(rel)) };
         let lease = target.or_else(|| st.detached.get(std::path::Path::new(rel)).copied()).ok_or(Error::NotFound)?;
         st.clock();
+        st.reserve(lease)?;
         let effects = st.locks.break_now(lease);
         st.account(&effects);
         tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.locks.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
@@ -609,6 +658,9 @@ impl Fs {
                     "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
                     "inodes": st.ns.len(),
                     "observations": st.obs.len(),
+                    "state_dir": st.journal.as_ref().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
+                    "journal_bytes": st.journal.as_ref().map(|j| j.size()),
+                    "journal_commits": st.journal.as_ref().map(|j| j.commits),
                 });
                 format!("{status}
 ")
@@ -641,7 +693,7 @@ impl Fs {
             }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
-                st.metrics.render(live)
+                st.metrics.render(live, st.journal.as_ref().map_or(0, |j| j.commits))
             }
             ControlFile::Break => String::new(),
         }
@@ -850,6 +902,7 @@ impl Fs {
                 // O_CREAT|O_EXCL that creates the file acquires the lease (the
                 // lockfile idiom). A re-attached live lease keeps its holder.
                 if flags & libc::O_EXCL != 0 && !st.locks.is_live(a.ino) {
+                    st.reserve(a.ino)?;
                     st.locks.acquire_by_create(a.ino);
                 }
                 a
@@ -950,6 +1003,12 @@ impl Fs {
         st.ns.get_mut(parent)?.touch_content(now);
         // link() creating the name acquires the lease (the dotlock idiom).
         let floor = path.as_ref().and_then(|p| st.path_epochs.get(p)).copied().unwrap_or_default();
+        st.locks.raise_epoch(ino, floor);
+        if let Err(e) = st.reserve(ino) {
+            // Undo the name: the acquisition could not be made durable.
+            let _ = st.ns.unlink(parent, name);
+            return Err(e);
+        }
         st.locks.acquire_by_link(ino, floor);
         let i = st.ns.get_mut(ino)?;
         i.ctime = now;
@@ -1088,6 +1147,8 @@ impl Fs {
             Self::reparent(&mut st.ns, src, parent, newparent)?;
         }
         st.floor_epoch(new_path.as_ref(), src);
+        // Reservations are per path: the moved file reserves again at its new one.
+        st.ino_reserved.remove(&src);
         if dst.is_none() {
             if let Some(old) = new_path.as_ref().and_then(|p| st.removed.remove(p)) {
                 st.succeed(old, src);
@@ -1165,6 +1226,9 @@ impl Fs {
     pub fn release(&self, h: Handle, flock_owner: Option<Owner>) -> Result<Vec<Effect>> {
         let mut st = self.state.lock();
         let f = st.handles.remove(&h).ok_or(Error::BadHandle)?;
+        if let Err(e) = st.reserve(f.ino) {
+            tracing::error!(ino = f.ino.0, "cannot make the next epoch durable: {e}");
+        }
         let effects = st.locks.release_handle(f.ino, h.0, flock_owner);
         st.account(&effects);
         if let Ok(i) = st.ns.get_mut(f.ino) {
@@ -1178,6 +1242,9 @@ impl Fs {
     /// A process closed a descriptor (FLUSH): its POSIX locks on the file go.
     pub fn flush(&self, ino: Ino, owner: Owner) -> Vec<Effect> {
         let mut st = self.state.lock();
+        if let Err(e) = st.reserve(ino) {
+            tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
+        }
         let effects = st.locks.release_owner(ino, owner);
         st.account(&effects);
         st.collect(ino);
@@ -1189,9 +1256,16 @@ impl Fs {
         let mut st = self.state.lock();
         st.ns.get(ino)?;
         let now = st.start.elapsed().as_millis() as u64;
-        let mut effects = st.locks.tick(now);
-        let (outcome, more) = st.locks.set(ino, req, wait);
-        effects.extend(more);
+        st.locks.advance(now);
+        // Durable before visible: a request that could advance the epoch
+        // waits for the reservation (refused with ENOSPC/EIO if the state
+        // directory cannot take it).
+        if req.mode.is_some() {
+            st.reserve(ino)?;
+        } else if let Err(e) = st.reserve(ino) {
+            tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
+        }
+        let (outcome, effects) = st.locks.set(ino, req, wait);
         match outcome {
             Outcome::Granted if req.mode.is_some() => st.metrics.acquisitions += 1,
             Outcome::Parked => {
@@ -1218,6 +1292,10 @@ impl Fs {
     /// A signal interrupted a parked lock request.
     pub fn interrupt(&self, id: WaitId) -> Option<Vec<Effect>> {
         let mut st = self.state.lock();
+        let waited: Vec<Ino> = st.locks.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        for ino in waited {
+            let _ = st.reserve(ino);
+        }
         let effects = st.locks.interrupt(id)?;
         st.account(&effects);
         Some(effects)

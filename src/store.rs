@@ -188,6 +188,11 @@ impl EpochJournal {
         Ok(())
     }
 
+    /// The highest durable reservation for a path.
+    pub fn reserved(&self, path: &Path) -> u64 {
+        self.reserved.get(path).copied().unwrap_or(0)
+    }
+
     /// Bytes in the journal.
     pub fn size(&self) -> u64 {
         self.file.metadata().map(|m| m.len()).unwrap_or(0)

@@ -15,20 +15,22 @@ fn leasefs(args: &[&str]) -> (bool, String) {
 fn mount_refuses_with_a_one_line_reason() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing");
-    let (ok, err) = leasefs(&["mount", missing.to_str().unwrap()]);
+    let state = dir.path().join("state");
+    let sd = state.to_str().unwrap();
+    let (ok, err) = leasefs(&["mount", missing.to_str().unwrap(), "--state-dir", sd]);
     assert!(!ok);
     assert!(err.contains("no such directory"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
 
     let file = dir.path().join("file");
     std::fs::write(&file, "x").unwrap();
-    let (ok, err) = leasefs(&["mount", file.to_str().unwrap()]);
+    let (ok, err) = leasefs(&["mount", file.to_str().unwrap(), "--state-dir", sd]);
     assert!(!ok && err.contains("not a directory"), "{err}");
 
     let full = dir.path().join("full");
     std::fs::create_dir(&full).unwrap();
     std::fs::write(full.join("x"), "x").unwrap();
-    let (ok, err) = leasefs(&["mount", full.to_str().unwrap()]);
+    let (ok, err) = leasefs(&["mount", full.to_str().unwrap(), "--state-dir", sd]);
     assert!(!ok && err.contains("not empty"), "{err}");
     assert!(!is_mounted(&full));
 }
@@ -36,14 +38,16 @@ fn mount_refuses_with_a_one_line_reason() {
 #[test]
 fn nonempty_and_already_mounted() {
     let m = Mount::new();
-    let (ok, err) = leasefs(&["mount", m.path.to_str().unwrap(), "--nonempty"]);
+    let other_state = m.dir.path().join("other-state");
+    let (ok, err) = leasefs(&["mount", m.path.to_str().unwrap(), "--nonempty", "--state-dir", other_state.to_str().unwrap()]);
     assert!(!ok && err.contains("already a mount point"), "{err}");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("d");
     std::fs::create_dir(&d).unwrap();
     std::fs::write(d.join("hidden"), "x").unwrap();
     let ds = d.to_str().unwrap();
-    let (ok, err) = leasefs(&["mount", ds, "--nonempty"]);
+    let st = dir.path().join("state");
+    let (ok, err) = leasefs(&["mount", ds, "--nonempty", "--state-dir", st.to_str().unwrap()]);
     assert!(ok, "{err}");
     let listed = std::fs::read_dir(&d).unwrap().count();
     let (ok, err) = leasefs(&["unmount", ds]);
@@ -58,7 +62,8 @@ fn detached_mount_and_unmount_wait_for_the_daemon() {
     let mp = dir.path().join("mnt");
     std::fs::create_dir(&mp).unwrap();
     let mps = mp.to_str().unwrap();
-    let (ok, err) = leasefs(&["mount", mps]);
+    let st = dir.path().join("state");
+    let (ok, err) = leasefs(&["mount", mps, "--state-dir", st.to_str().unwrap()]);
     assert!(ok, "{err}");
     assert!(is_mounted(&mp), "mount must be live when `leasefs mount` returns");
     sh_ok(&mp, "echo hi > f && cat f");
@@ -92,7 +97,8 @@ fn stale_mount_of_a_dead_daemon_is_explained_and_cleaned() {
     wait_timeout(&mut child, STEP, "killed daemon");
     let err = std::fs::metadata(&m.path).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(libc::ENOTCONN));
-    let (ok, err) = leasefs(&["mount", m.path.to_str().unwrap()]);
+    let other_state = m.dir.path().join("other-state");
+    let (ok, err) = leasefs(&["mount", m.path.to_str().unwrap(), "--state-dir", other_state.to_str().unwrap()]);
     assert!(!ok && err.contains("Transport endpoint is not connected"), "{err}");
     let (ok, err) = leasefs(&["unmount", m.path.to_str().unwrap()]);
     assert!(ok, "{err}");

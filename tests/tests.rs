@@ -12,6 +12,7 @@ mod control;
 mod clients;
 mod conformance;
 mod differential;
+mod durability;
 mod fencing;
 mod locks;
 mod posix;

@@ -147,7 +147,10 @@ impl Mount {
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         let (rd, wr) = (fds[0], fds[1]);
         let mut cmd = Command::new(leasefs_bin());
-        cmd.arg("mount").arg(&path).arg("--foreground").arg("--state-dir").arg(dir.path().join("state"));
+        cmd.arg("mount").arg(&path).arg("--foreground");
+        if !args.contains(&"--state-dir") {
+            cmd.arg("--state-dir").arg(dir.path().join("state"));
+        }
         cmd.args(args).env("LEASEFS_READY_FD", wr.to_string()).stdin(Stdio::null());
         cmd.envs(envs.iter().copied());
         if std::env::var_os("LEASEFS_TEST_LOG").is_none() {

@@ -67,7 +67,7 @@ struct BreakArgs {
 struct MountArgs {
     /// Empty directory to mount on.
     mountpoint: PathBuf,
-    /// Directory for durable state (journal and snapshots).
+    /// Directory for durable state: the epoch journal (one daemon per directory).
     #[arg(long, value_name = "DIR", default_value = "/var/lib/leasefs")]
     state_dir: PathBuf,
     /// Stay in the foreground instead of detaching the daemon.
@@ -282,6 +282,19 @@ fn serve(args: &MountArgs) -> ExitCode {
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let fs = Arc::new(Fs::with_lease_ttl(uid, gid, args.lease_ttl.and_then(|t| t.0)));
+    // Epochs are durable in the state directory: refuse to start when it is
+    // locked by another daemon or its journal is corrupt.
+    match leasefs::store::EpochJournal::open(&args.state_dir) {
+        Ok((journal, recovered)) => {
+            info!(state_dir = %args.state_dir.display(), paths = recovered.floors.len(), "epochs recovered");
+            fs.set_journal(journal, recovered.floors);
+        }
+        Err(e) => {
+            report_ready(&format!("ERR {e}\n"));
+            eprintln!("leasefs: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let mountpoint = match session::absolute(&args.mountpoint) {
         Ok(p) => p,
         Err(e) => {
