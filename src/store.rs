@@ -177,8 +177,18 @@ impl EpochJournal {
         }
         let upto = epoch + RESERVE_AHEAD;
         let rec = record(path, upto);
+        let before = self.file.metadata()?.len();
         let r = self.file.write_all(rec.as_bytes()).and_then(|()| self.file.sync_data());
         if let Err(e) = r {
+            // Never leave a partial record in the middle of the journal: a
+            // later append would turn a torn tail into corruption.
+            let undo = self.file.set_len(before).and_then(|()| self.file.sync_data());
+            if e.raw_os_error() == Some(libc::ENOSPC) && undo.is_ok() {
+                // A full disk is refused, not fatal: the next reservation
+                // retries once space returns.
+                tracing::warn!(file = %self.path.display(), "journal full: refusing grants until space returns");
+                return Err(e);
+            }
             tracing::error!(file = %self.path.display(), "journal write failed: {e}; stopping durable grants");
             self.failed = true;
             return Err(e);

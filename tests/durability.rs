@@ -58,3 +58,48 @@ fn a_corrupt_journal_stops_start_up_with_file_and_offset() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("epochs.journal") && err.contains("offset 0"), "{err}");
 }
+
+#[test]
+fn a_full_state_disk_refuses_grants_with_enospc_and_recovers() {
+    let root = tempfile::tempdir().unwrap();
+    let sd = root.path().join("state");
+    std::fs::create_dir(&sd).unwrap();
+    let o = run_timeout(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&sd), STEP);
+    assert!(o.status.success(), "{o:?}");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(sd.clone());
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd.to_str().unwrap()]);
+    sh_ok(&m.path, "echo data > A && touch L && flock L true");
+    let e1 = epoch(&m.path, "L");
+    // Fill the state disk.
+    let _ = Command::new("sh").arg("-c").arg(format!("cat /dev/zero > {}/filler 2>/dev/null", sd.display())).status();
+    // New paths need new reservations; the journal's last page fills up.
+    let o = crate::util::sh(
+        &m.path,
+        "for i in $(seq 400); do touch M$i; flock -n M$i true || { echo M$i; exit 0; }; done; exit 1",
+    );
+    assert!(o.status.success(), "no grant was refused on a full state disk: {o:?}");
+    let refused = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No space left on device"), "{o:?}");
+    assert_eq!(sh_ok(&m.path, "cat A"), "data\n", "reads keep working");
+    let journal = std::fs::read(sd.join("epochs.journal")).unwrap();
+    assert!(journal.ends_with(b"\n"), "a refused reservation left a partial record behind");
+    // Within the reserved range, grants on L need no sync and keep working.
+    sh_ok(&m.path, "flock L true");
+    assert_eq!(epoch(&m.path, "L"), e1 + 1);
+    std::fs::remove_file(sd.join("filler")).unwrap();
+    sh_ok(&m.path, &format!("flock -n {refused} true"));
+    assert_eq!(epoch(&m.path, &refused), 1, "the daemon recovers when space returns");
+    // Nothing durable was lost and the journal is intact: a restart on the
+    // same state dir comes up and keeps the epochs.
+    drop(m);
+    let m2 = Mount::with_args(&["--allow-other", "--state-dir", sd.to_str().unwrap()]);
+    sh_ok(&m2.path, &format!("touch L {refused}"));
+    assert!(epoch(&m2.path, "L") >= e1 + 1);
+    assert!(epoch(&m2.path, &refused) >= 1);
+}
