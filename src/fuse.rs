@@ -618,7 +618,21 @@ impl fuser::Filesystem for LeaseFs {
         pid: u32,
         reply: ReplyLock,
     ) {
-        guarded("getlk", || self.getlk_inner(req, ino, fh, lock_owner, start, end, typ, pid, reply));
+        guarded("getlk", || {
+            let lreq = {
+                let mut w = self.waits.lock();
+                self.lock_request(&mut w, req.unique().0, fh, lock_owner, start, end, typ, pid)
+            };
+            let result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
+            match result {
+                Ok(Some(l)) => {
+                    let typ = if l.mode == Mode::Exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
+                    reply.locked(l.range.start, l.range.end, typ, l.pid);
+                }
+                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn setlk(
@@ -634,7 +648,35 @@ impl fuser::Filesystem for LeaseFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("setlk", || self.setlk_inner(req, ino, fh, lock_owner, start, end, typ, pid, sleep, reply));
+        guarded("setlk", || {
+            let unique = req.unique().0;
+            let mut w = self.waits.lock();
+            let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
+                Ok(r) => r,
+                Err(e) => return reply.error(errno(e)),
+            };
+            if sleep && w.take_early(unique) {
+                return reply.error(errno(Error::Interrupted));
+            }
+            let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
+            match self.fs.setlk(Ino(ino.0), lreq, wait) {
+                Ok((Outcome::Granted, effects)) => {
+                    debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = self.fs.epoch(Ino(ino.0)).0, "lock granted");
+                    reply.ok();
+                    w.deliver(effects, &self.fs);
+                }
+                Ok((Outcome::Parked, effects)) => {
+                    debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");
+                    w.parked.insert(WaitId(unique), reply);
+                    w.deliver(effects, &self.fs);
+                }
+                Ok((Outcome::Refused(e), effects)) => {
+                    reply.error(errno(e));
+                    w.deliver(effects, &self.fs);
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
     }
 
     fn fallocate(
@@ -651,77 +693,6 @@ impl fuser::Filesystem for LeaseFs {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });
-    }
-}
-
-impl LeaseFs {
-    fn getlk_inner(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        lock_owner: LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-        reply: ReplyLock,
-    ) {
-        let lreq = {
-            let mut w = self.waits.lock();
-            self.lock_request(&mut w, req.unique().0, fh, lock_owner, start, end, typ, pid)
-        };
-        let result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
-        match result {
-            Ok(Some(l)) => {
-                let typ = if l.mode == Mode::Exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
-                reply.locked(l.range.start, l.range.end, typ, l.pid);
-            }
-            Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn setlk_inner(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        lock_owner: LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-        sleep: bool,
-        reply: ReplyEmpty,
-    ) {
-        let unique = req.unique().0;
-        let mut w = self.waits.lock();
-        let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
-            Ok(r) => r,
-            Err(e) => return reply.error(errno(e)),
-        };
-        if sleep && w.take_early(unique) {
-            return reply.error(errno(Error::Interrupted));
-        }
-        let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
-        match self.fs.setlk(Ino(ino.0), lreq, wait) {
-            Ok((Outcome::Granted, effects)) => {
-                debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = self.fs.epoch(Ino(ino.0)).0, "lock granted");
-                reply.ok();
-                w.deliver(effects, &self.fs);
-            }
-            Ok((Outcome::Parked, effects)) => {
-                debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");
-                w.parked.insert(WaitId(unique), reply);
-                w.deliver(effects, &self.fs);
-            }
-            Ok((Outcome::Refused(e), effects)) => {
-                reply.error(errno(e));
-                w.deliver(effects, &self.fs);
-            }
-            Err(e) => reply.error(errno(e)),
-        }
     }
 }
 
