@@ -68,6 +68,8 @@ fn control_files_refuse_changes() {
         ("touch .leasefs/new", "Operation not permitted"),
         ("rm .leasefs/status", "Operation not permitted"),
         ("mkdir .leasefs", "File exists"),
+        ("touch A && mv A .leasefs/x", "Operation not permitted"),
+        ("chmod 666 .leasefs/status", "Operation not permitted"),
         ("setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'echo L > .leasefs/break'", "Permission denied"),
     ] {
         let o = sh(&m.path, cmd);

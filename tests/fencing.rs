@@ -28,6 +28,8 @@ fn leasefs_xattrs_parse_ttls_and_refuse_read_only_ones() {
     for ro in ["epoch", "version", "holder"] {
         let o = sh(&m.path, &format!("setfattr -n user.leasefs.{ro} -v 1 L"));
         assert!(errno_of(&o).contains("Operation not permitted"), "{ro}: {o:?}");
+        let o = sh(&m.path, &format!("setfattr -x user.leasefs.{ro} L"));
+        assert!(errno_of(&o).contains("Operation not permitted"), "remove {ro}: {o:?}");
     }
     let o = sh(&m.path, "setfattr -n user.leasefs.guard -v /abs L");
     assert!(errno_of(&o).contains("Invalid argument"), "{o:?}");
