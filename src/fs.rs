@@ -1010,6 +1010,11 @@ impl Fs {
             return Err(e);
         }
         st.locks.acquire_by_link(ino, floor);
+        // The name now leads to `ino`: whoever looked at what it named
+        // before holds a stale view (the dotlock-breaking race).
+        if let Some(old) = path.as_ref().and_then(|p| st.removed.remove(p)) {
+            st.succeed(old, ino);
+        }
         let i = st.ns.get_mut(ino)?;
         i.ctime = now;
         Ok(i.attr())

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use crate::util::{py_ok, sh_ok, Bg, Mount};
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{have, py_ok, run_timeout, sh, sh_ok, Bg, Mount, Tmpfs};
 
 /// The failure leasefs exists for: a frozen incumbent renames its stale JSON
 /// lease over the standby's newer claim. It must get ESTALE, and the
@@ -140,6 +143,77 @@ print(os.waitstatus_to_exitcode(st), open("lock").read())
 "#,
     );
     assert_eq!(out.trim(), "10 fresh A", "B's unlink must fail with ESTALE and A's fresh lock survive");
+}
+
+/// Run `dotlockfile` (A) and `lockfile-create` (B) against a stale,
+/// mtime-aged dotlock `L` in `dir`, with an LD_PRELOAD shim forcing the
+/// losing interleaving: B has judged the lock stale and is about to unlink it
+/// when A unlinks it and links its fresh lock; only then does B's unlink run.
+/// Returns (A's exit code, B's exit code, the shim's log, L's content).
+fn race_two_lock_breakers(dir: &Path, work: &Path) -> (i32, i32, String, String) {
+    let shim = work.join("interleave.so");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/interleave.c");
+    let o = run_timeout(
+        Command::new("gcc").args(["-shared", "-fPIC", "-O2", "-o"]).arg(&shim).arg(&src).arg("-ldl"),
+        Duration::from_secs(60),
+    );
+    assert!(o.status.success(), "gcc: {}", String::from_utf8_lossy(&o.stderr));
+    // A copy without the setgid bit, so the dynamic loader honours LD_PRELOAD.
+    std::fs::copy("/usr/bin/dotlockfile", work.join("dotlockfile")).unwrap();
+    let w = work.display();
+    let script = format!(
+        r#"
+rm -f {w}/A_linked {w}/B_ready {w}/log
+echo stale > L && touch -d '10 min ago' L
+export INTERLEAVE_TARGET=L INTERLEAVE_LOG={w}/log LD_PRELOAD={w}/interleave.so
+( INTERLEAVE_WAIT_AT_UNLINK={w}/B_ready INTERLEAVE_SIGNAL_AFTER_LINK={w}/A_linked \
+    exec {w}/dotlockfile -p -r 2 -l L ) & a=$!
+( INTERLEAVE_SIGNAL_AT_UNLINK={w}/B_ready INTERLEAVE_WAIT_AT_UNLINK={w}/A_linked \
+    exec lockfile-create --use-pid --retry 2 -l L ) 2>/dev/null & b=$!
+wait $a; echo "A $?"; wait $b; echo "B $?"
+"#
+    );
+    let o = sh(dir, &script);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let code = |who: &str| -> i32 {
+        let line = out.lines().find(|l| l.starts_with(who)).unwrap_or_else(|| panic!("no exit of {who}: {out}"));
+        line[2..].trim().parse().unwrap()
+    };
+    let log = std::fs::read_to_string(work.join("log")).unwrap_or_default();
+    let content = std::fs::read_to_string(dir.join("L")).unwrap_or_default();
+    (code("A"), code("B"), log, content)
+}
+
+/// The stale-dotlock race with the real tools: `dotlockfile` and
+/// `lockfile-create` both judge an mtime-aged lock stale; A breaks it and
+/// takes a fresh one, then B's unlink runs. On tmpfs B deletes A's fresh lock
+/// and both believe they hold it; on leasefs B's unlink fails with ESTALE,
+/// B gives up and A's lock survives.
+#[test]
+fn dotlockfile_and_lockfile_create_breaking_a_stale_lock_do_not_both_win() {
+    if !have("dotlockfile") || !have("lockfile-create") || !have("gcc") {
+        return;
+    }
+    // Baseline: the interleaving really produces two holders on tmpfs.
+    let t = Tmpfs::new();
+    let work = tempfile::tempdir().unwrap();
+    let (a, b, log, _) = race_two_lock_breakers(&t.path, work.path());
+    assert_eq!((a, b), (0, 0), "on tmpfs both tools should win the forced race; shim log:\n{log}");
+
+    let m = Mount::new();
+    let work = tempfile::tempdir().unwrap();
+    let (a, b, log, content) = race_two_lock_breakers(&m.path, work.path());
+    let unlinks: Vec<&str> = log.lines().filter(|l| l.contains(" unlink ")).collect();
+    assert_eq!(unlinks.len(), 2, "both tools must have tried to break the lock; shim log:\n{log}");
+    assert!(unlinks[0].ends_with(" 0"), "A's break succeeds; shim log:\n{log}");
+    assert!(unlinks[1].ends_with(&format!(" {}", libc::ESTALE)), "B's late unlink must get ESTALE; shim log:\n{log}");
+    assert_eq!(a, 0, "dotlockfile (A) holds the lock; shim log:\n{log}");
+    assert_ne!(b, 0, "lockfile-create (B) must not also believe it holds the lock; shim log:\n{log}");
+    let b_pid = unlinks[1].split(' ').next().unwrap();
+    let b_linked = log.lines().any(|l| l.starts_with(&format!("{b_pid} link 0")));
+    assert!(!b_linked, "B must never have created the lock name; shim log:\n{log}");
+    assert!(!content.trim().is_empty() && content.trim() != "stale", "A's fresh lock must survive, found {content:?}");
+    assert_eq!(sh_ok(&m.path, "cat L"), content);
 }
 
 #[test]

@@ -7,18 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use crate::util::{epoch, py_ok, run_timeout, sh_code, sh_ok, Mount};
-
-/// True when `cmd` is installed; in CI a missing tool fails the test instead
-/// of skipping it.
-fn have(cmd: &str) -> bool {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {cmd}")).output().is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(std::env::var_os("CI").is_none(), "CI must install {cmd} (see .ci/run)");
-        eprintln!("{cmd} not installed: skipping");
-    }
-    found
-}
+use crate::util::{epoch, have, py_ok, run_timeout, sh_code, sh_ok, Mount};
 
 const SQLITE_WRITER: &str = r#"
 import sqlite3, sys

@@ -421,3 +421,14 @@ pub fn sh_code(dir: &Path, script: &str) -> i32 {
 pub fn epoch(dir: &Path, file: &str) -> u64 {
     sh_ok(dir, &format!("getfattr --only-values -n user.leasefs.epoch {file}")).trim().parse().expect("epoch")
 }
+
+/// True when `cmd` is installed; in CI a missing tool fails the test instead
+/// of skipping it.
+pub fn have(cmd: &str) -> bool {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {cmd}")).output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var_os("CI").is_none(), "CI must install {cmd} (see .ci/run)");
+        eprintln!("{cmd} not installed: skipping");
+    }
+    found
+}
