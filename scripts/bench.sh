@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
-# Side-by-side benchmark: the same operations on tmpfs, on leasefs, and on
-# leasefs serving /dev/fuse without its request proxy (LEASEFS_NO_PROXY=1:
-# what the interruptible-lock route costs), in one run; medians over
-# repeated runs, with ratios against tmpfs.
+# Side-by-side benchmark: the same operations on tmpfs and on leasefs (and an
+# older build with BASELINE=), in one run; medians over repeated runs, with
+# ratios against tmpfs.
 #   scripts/bench.sh [REPEATS] [N]      (defaults: 7 repeats, 5000 ops each)
 #   PIN=1 scripts/bench.sh              (daemons and client on CPU 0)
 #   BASELINE=/path/to/older/leasefs scripts/bench.sh   (adds that build as a column)
@@ -17,18 +16,17 @@ work=$(mktemp -d /tmp/leasefs-bench.XXXXXX)
 gcc -O2 -o "$work/fsbench" scripts/fsbench.c
 pin=()
 [ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
-mkdir -p "$work/tmpfs" "$work/leasefs" "$work/noproxy"
+mkdir -p "$work/tmpfs" "$work/leasefs"
 mount -t tmpfs tmpfs "$work/tmpfs"
 "${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state"
-LEASEFS_NO_PROXY=1 "${pin[@]}" ./target/release/leasefs mount "$work/noproxy" --state-dir "$work/state2"
-cols="tmpfs leasefs noproxy"
+cols="tmpfs leasefs"
 if [ -n "${BASELINE:-}" ]; then
     mkdir -p "$work/baseline"
     "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state3"
     cols="$cols baseline"
 fi
 cleanup() {
-    for m in leasefs noproxy baseline; do
+    for m in leasefs baseline; do
         [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done

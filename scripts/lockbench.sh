@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Lock-path benchmark, side by side in one run on tmpfs, leasefs, leasefs
-# without its request proxy (LEASEFS_NO_PROXY=1), and a minimal fuser
-# filesystem with in-memory locks and none of leasefs's logic
+# Lock-path benchmark, side by side in one run on tmpfs, leasefs, and a
+# minimal fuser filesystem with in-memory locks and none of leasefs's logic
 # (scripts/minimalfs.rs). Medians over repeated runs.
 #   scripts/lockbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 5000, 2)
 #   PIN=1 scripts/lockbench.sh                     (everything on CPU 0)
@@ -19,11 +18,10 @@ work=$(mktemp -d /tmp/leasefs-lockbench.XXXXXX)
 gcc -O2 -o "$work/lockbench" scripts/lockbench.c
 pin=()
 [ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
-mkdir -p "$work/tmpfs" "$work/leasefs" "$work/noproxy" "$work/minimal"
+mkdir -p "$work/tmpfs" "$work/leasefs" "$work/minimal"
 mount -t tmpfs tmpfs "$work/tmpfs"
 "${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state"
-LEASEFS_NO_PROXY=1 "${pin[@]}" ./target/release/leasefs mount "$work/noproxy" --state-dir "$work/state2"
-cols="tmpfs leasefs noproxy minimal"
+cols="tmpfs leasefs minimal"
 if [ -n "${BASELINE:-}" ]; then
     mkdir -p "$work/baseline"
     "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state3"
@@ -32,7 +30,7 @@ fi
 "${pin[@]}" ./target/release/examples/minimalfs "$work/minimal" &
 minimal_pid=$!
 cleanup() {
-    for m in leasefs noproxy baseline; do
+    for m in leasefs baseline; do
         [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done

@@ -39,11 +39,11 @@ const EARLY_INTERRUPTS: usize = 256;
 /// cached entry would let a process reach a stale inode.
 const TTL: Duration = Duration::ZERO;
 
-/// Largest write the kernel may send; every message must fit one datagram of
-/// the request proxy.
-pub const MAX_WRITE: u32 = 128 * 1024;
+/// Largest write the kernel may send in one request (the kernel's default
+/// page limit per request, 256 pages).
+pub const MAX_WRITE: u32 = 1024 * 1024;
 
-/// Parked lock requests and what the proxy saw of requests in flight.
+/// Parked lock requests and what the request hook saw of requests in flight.
 #[derive(Default)]
 struct Waits {
     /// Replies of lock requests parked in the lease core.
@@ -96,7 +96,7 @@ impl Waits {
     }
 }
 
-/// The part of the filesystem the request proxy calls into.
+/// The part of the filesystem the request hook calls into.
 pub struct Interceptor {
     fs: Arc<Fs>,
     waits: Arc<Mutex<Waits>>,
@@ -164,7 +164,7 @@ impl std::fmt::Debug for LeaseFs {
 }
 
 impl LeaseFs {
-    /// Serve `fs`; the interceptor goes to the request proxy.
+    /// Serve `fs`; the interceptor goes to the request hook.
     pub fn new(fs: Arc<Fs>) -> (LeaseFs, Arc<Interceptor>) {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });

@@ -1,7 +1,7 @@
 //! leasefs: a FUSE filesystem that turns a mounted directory into a lock
 //! service with fenced leases.
 //!
-//! Data flows one way: kernel → [`session`] (mount and request proxy) →
+//! Data flows one way: kernel → [`session`] (mount and request hook) →
 //! [`fuse`] (thin adapter) → [`fs`] (filesystem operations) → [`namespace`]
 //! (inode table and tree). Errors map to errno in exactly one place,
 //! [`error::Error::errno`].

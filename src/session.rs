@@ -1,12 +1,12 @@
-//! Mounting, the request proxy, and the session loop.
+//! Mounting, the request hook, and the session loop.
 //!
 //! The daemon opens `/dev/fuse` and mounts it itself, then runs fuser's
-//! session on one end of a `SOCK_SEQPACKET` socketpair. Two proxy threads
-//! forward kernel requests to the session and replies back, one message per
-//! datagram. Every request passes the proxy first, which lets the daemon see
-//! what fuser hides: FUSE_INTERRUPT (fuser answers it with ENOSYS, after which
-//! the kernel never interrupts again and a process blocked in a lock wait
-//! cannot be killed) and the raw lock flags of lock requests.
+//! session on the device. A request hook (a small patch to fuser, see
+//! `vendor/fuser/LEASEFS-PATCH.md`) sees every raw request first, which lets
+//! the daemon see what stock fuser hides: FUSE_INTERRUPT (fuser answers it
+//! with ENOSYS, after which the kernel never interrupts again and a process
+//! blocked in a lock wait cannot be killed) and the raw lock flags of lock
+//! requests (a `flock` and a whole-file POSIX lock otherwise look alike).
 //!
 //! All `unsafe` of the daemon lives here and in `sys`, each block with a
 //! `SAFETY:` line.
@@ -26,9 +26,6 @@ use tracing::{debug, info, warn};
 const FUSE_INTERRUPT: u32 = 36;
 /// Size of `fuse_in_header`.
 const IN_HEADER: usize = 40;
-/// Room for the largest message either way: a 128 KiB write plus headers, or
-/// a read reply of up to 1 MiB (the kernel's max_pages default is 256).
-const MSG_BUF: usize = (1 << 20) + 4096;
 
 /// What a mount needs from the command line.
 #[derive(Debug, Clone, Default)]
@@ -59,11 +56,11 @@ const LK_FLAGS_AT: usize = IN_HEADER + 40;
 /// `FUSE_NOTIFY_INVAL_INODE`.
 const NOTIFY_INVAL_INODE: i32 = 2;
 
-/// What the proxy reports to the filesystem.
+/// What the request hook reports to the filesystem.
 pub trait Intercept: Send + Sync {
     /// FUSE_INTERRUPT for the request with this unique id.
     fn interrupt(&self, unique: u64);
-    /// A lock request is about to be forwarded, with its raw `lk_flags`.
+    /// A lock request is about to be dispatched, with its raw `lk_flags`.
     fn lock_request(&self, unique: u64, lk_flags: u32);
     /// The channel for kernel notifications is ready.
     fn attach(&self, notices: Notices);
@@ -281,22 +278,6 @@ pub fn unmount(path: &Path, lazy: bool) -> io::Result<()> {
     Ok(())
 }
 
-fn read_retry(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
-    loop {
-        // SAFETY: buf is a valid writable buffer of buf.len() bytes.
-        let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = errno();
-        match e.raw_os_error() {
-            // ENOENT: the request was aborted before we read it.
-            Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
-            _ => return Err(e),
-        }
-    }
-}
-
 fn write_all(fd: RawFd, buf: &[u8]) -> io::Result<()> {
     loop {
         // SAFETY: buf is a valid readable buffer of buf.len() bytes.
@@ -311,101 +292,38 @@ fn write_all(fd: RawFd, buf: &[u8]) -> io::Result<()> {
     }
 }
 
-/// Start the proxy between `/dev/fuse` and a socketpair; returns the session
-/// end of the pair.
-fn start_proxy(
-    dev: Arc<OwnedFd>,
-    hook: Arc<dyn Intercept>,
-) -> io::Result<(OwnedFd, Vec<thread::JoinHandle<()>>)> {
-    let mut sv = [0 as RawFd; 2];
-    // SAFETY: sv is a valid array of two fds for socketpair to fill.
-    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, sv.as_mut_ptr()) } != 0 {
-        return Err(errno());
-    }
-    // SAFETY: socketpair returned two fresh fds that nothing else owns.
-    let (ours, theirs) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
-    for fd in [&ours, &theirs] {
-        let size: libc::c_int = 8 << 20;
-        for opt in [libc::SO_SNDBUFFORCE, libc::SO_RCVBUFFORCE, libc::SO_SNDBUF, libc::SO_RCVBUF] {
-            // SAFETY: size is a valid c_int option value for the duration of the call.
-            unsafe {
-                libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    (&size as *const libc::c_int).cast(),
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
+/// The raw-request hook: FUSE_INTERRUPT goes to the filesystem (and is
+/// consumed), lock requests report their raw `lk_flags` before dispatch.
+fn request_hook(hook: Arc<dyn Intercept>) -> fuser::RequestHook {
+    Arc::new(move |msg: &[u8]| {
+        if msg.len() < IN_HEADER {
+            return false;
         }
-    }
-    let ours = Arc::new(ours);
-    let (dev_in, sock_out) = (dev.clone(), ours.clone());
-    let to_session = thread::Builder::new().name("fuse-in".into()).spawn(move || {
-        let mut buf = vec![0u8; MSG_BUF];
-        loop {
-            let n = match read_retry(dev_in.as_raw_fd(), &mut buf) {
-                Ok(n) => n,
-                Err(e) => {
-                    if e.raw_os_error() != Some(libc::ENODEV) {
-                        warn!("reading /dev/fuse: {e}");
-                    }
-                    break;
-                }
-            };
-            if n >= IN_HEADER {
-                let opcode = u32::from_ne_bytes(buf[4..8].try_into().expect("4 bytes"));
-                if opcode == FUSE_INTERRUPT && n >= IN_HEADER + 8 {
-                    let target = u64::from_ne_bytes(buf[IN_HEADER..IN_HEADER + 8].try_into().expect("8 bytes"));
-                    hook.interrupt(target);
-                    continue;
-                }
-                if (FUSE_GETLK..=FUSE_SETLKW).contains(&opcode) && n >= LK_FLAGS_AT + 4 {
-                    let unique = u64::from_ne_bytes(buf[8..16].try_into().expect("8 bytes"));
-                    let flags = u32::from_ne_bytes(buf[LK_FLAGS_AT..LK_FLAGS_AT + 4].try_into().expect("4 bytes"));
-                    hook.lock_request(unique, flags);
-                }
-            }
-            if let Err(e) = write_all(sock_out.as_raw_fd(), &buf[..n]) {
-                warn!("forwarding a request: {e}");
-                break;
-            }
+        let opcode = u32::from_ne_bytes(msg[4..8].try_into().expect("4 bytes"));
+        if opcode == FUSE_INTERRUPT && msg.len() >= IN_HEADER + 8 {
+            let target = u64::from_ne_bytes(msg[IN_HEADER..IN_HEADER + 8].try_into().expect("8 bytes"));
+            hook.interrupt(target);
+            return true;
         }
-        // SAFETY: shutting down our own socket; the session sees EOF and ends.
-        unsafe { libc::shutdown(sock_out.as_raw_fd(), libc::SHUT_RDWR) };
-    })?;
-    let (dev_out, sock_in) = (dev, ours);
-    let to_kernel = thread::Builder::new().name("fuse-out".into()).spawn(move || {
-        let mut buf = vec![0u8; MSG_BUF];
-        loop {
-            let n = match read_retry(sock_in.as_raw_fd(), &mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            if let Err(e) = write_all(dev_out.as_raw_fd(), &buf[..n]) {
-                match e.raw_os_error() {
-                    // The requester is gone (killed, or the request was interrupted).
-                    Some(libc::ENOENT) => debug!("reply to a vanished request dropped"),
-                    Some(libc::ENODEV) => break,
-                    _ => warn!("writing a reply to /dev/fuse: {e}"),
-                }
-            }
+        if (FUSE_GETLK..=FUSE_SETLKW).contains(&opcode) && msg.len() >= LK_FLAGS_AT + 4 {
+            let unique = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
+            let flags = u32::from_ne_bytes(msg[LK_FLAGS_AT..LK_FLAGS_AT + 4].try_into().expect("4 bytes"));
+            hook.lock_request(unique, flags);
         }
-    })?;
-    Ok((theirs, vec![to_session, to_kernel]))
+        false
+    })
 }
 
-/// A live mount served by fuser over the proxy.
+/// A live mount served by fuser.
 pub struct Served<FS: fuser::Filesystem> {
     session: fuser::Session<FS>,
-    threads: Vec<thread::JoinHandle<()>>,
     /// The canonical mount point.
     pub path: PathBuf,
 }
 
 impl<FS: fuser::Filesystem> Served<FS> {
-    /// Mount, start the proxy and complete the INIT handshake. When this
-    /// returns the mount is live.
+    /// Mount, install the request hook and complete the INIT handshake.
+    /// When this returns the mount is live.
     pub fn start(fs: FS, mountpoint: &Path, opts: &MountOptions, hook: Arc<dyn Intercept>) -> Result<Self, MountError> {
         let (dev, path) = mount(mountpoint, opts)?;
         let dev = Arc::new(dev);
@@ -413,28 +331,23 @@ impl<FS: fuser::Filesystem> Served<FS> {
             let _ = unmount(&path, true);
             MountError(format!("{}: {what}: {e}", path.display()))
         };
-        // LEASEFS_NO_PROXY=1 serves /dev/fuse directly, for measuring what the
-        // proxy costs; blocked lock waits then cannot be interrupted.
         hook.attach(Notices::start(dev.clone()).map_err(|e| fail("starting the notifier", e))?);
-        let (sock, threads) = if std::env::var_os("LEASEFS_NO_PROXY").is_some() {
-            warn!("LEASEFS_NO_PROXY set: serving /dev/fuse directly; lock waits cannot be interrupted");
-            // SAFETY: dup of our own open fd; the copy is owned by the session.
-            let fd = unsafe { libc::dup(dev.as_raw_fd()) };
-            if fd < 0 {
-                return Err(fail("dup /dev/fuse", errno()));
-            }
-            // SAFETY: fd is a fresh descriptor from dup.
-            (unsafe { OwnedFd::from_raw_fd(fd) }, Vec::new())
-        } else {
-            start_proxy(dev, hook).map_err(|e| fail("starting the request proxy", e))?
-        };
+        // SAFETY: dup of our own open fd; the copy is owned by the session.
+        let fd = unsafe { libc::dup(dev.as_raw_fd()) };
+        if fd < 0 {
+            return Err(fail("dup /dev/fuse", errno()));
+        }
+        // SAFETY: fd is a fresh descriptor from dup.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut config = fuser::Config::default();
         config.acl = fuser::SessionACL::All;
+        // One thread: per-inode lock requests must be handled in arrival order.
         config.n_threads = Some(1);
-        let session = fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config)
+        let mut session = fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config)
             .map_err(|e| fail("FUSE handshake", e))?;
+        session.set_request_hook(request_hook(hook));
         info!(mountpoint = %path.display(), "mounted");
-        Ok(Served { session, threads, path })
+        Ok(Served { session, path })
     }
 
     /// A handle for sending invalidation notices to the kernel.
@@ -444,13 +357,8 @@ impl<FS: fuser::Filesystem> Served<FS> {
 
     /// Serve requests until the mount goes away.
     pub fn run(self) {
-        // The session ends with an error when the proxy closes its end; that
-        // is the normal way out after an unmount.
         if let Err(e) = self.session.run() {
             debug!("session ended: {e}");
-        }
-        for t in self.threads {
-            let _ = t.join();
         }
         info!(mountpoint = %self.path.display(), "unmounted");
     }
