@@ -210,7 +210,11 @@ struct State {
     /// Durable epoch reservations (none: epochs live in memory only).
     journal: Option<crate::store::EpochJournal>,
     /// Epoch up to which each inode's path is reserved in the journal.
-    ino_reserved: HashMap<Ino, u64>,
+    ino_reserved: HashMap<Ino, (u64, PathBuf)>,
+    /// The durable namespace (none: contents live in memory only).
+    store: Option<crate::persist::Store>,
+    /// `--volatile`: the namespace is deliberately not kept.
+    volatile: bool,
 }
 
 impl State {
@@ -302,18 +306,57 @@ impl State {
             return Ok(());
         }
         let need = self.locks.epoch(ino).0 + 1;
-        if self.ino_reserved.get(&ino).is_some_and(|r| *r >= need) {
-            return Ok(());
+        if let Some((upto, path)) = self.ino_reserved.get(&ino) {
+            if *upto >= need {
+                if upto - need < crate::store::RESERVE_AHEAD / 2 {
+                    // Running low: extend in the background, off this path.
+                    let path = path.clone();
+                    self.journal.as_mut().expect("checked above").reserve_ahead(&path, upto + 1);
+                }
+                return Ok(());
+            }
         }
         let wanted = std::iter::once(ino).collect();
         // A file with no name left cannot be reached after a restart.
         let Some(path) = Fs::paths_of(self, &wanted).remove(&ino) else { return Ok(()) };
         let j = self.journal.as_mut().expect("checked above");
-        if let Err(e) = j.ensure(&path, need) {
+        let upto = match j.ensure(&path, need) {
+            Ok(upto) => upto,
+            Err(e) => return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
+        };
+        self.ino_reserved.insert(ino, (upto, path));
+        Ok(())
+    }
+
+    /// Lease settings of `ino` for the durable store.
+    fn extra(&self, ino: Ino) -> crate::persist::Extra {
+        crate::persist::Extra {
+            ttl_ms: self.locks.lease(ino).and_then(|l| l.ttl()),
+            guard: self.guards.get(&ino).cloned(),
+        }
+    }
+
+    /// Write what changed since the last flush to the journal and sync it.
+    fn flush(&mut self) -> Result<()> {
+        let Some(store) = self.store.as_ref() else { return Ok(()) };
+        if store.failed() {
+            return Err(Error::Io);
+        }
+        let (dirty, freed) = self.ns.dirty();
+        if dirty.is_empty() && freed.is_empty() {
+            return Ok(());
+        }
+        let batch = crate::persist::encode_changes(&self.ns, |ino| self.extra(ino));
+        let store = self.store.as_mut().expect("checked above");
+        if let Err(e) = store.commit(&batch) {
             return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io });
         }
-        let upto = j.reserved(&path);
-        self.ino_reserved.insert(ino, upto);
+        self.ns.clear_dirty();
+        if store.wants_snapshot() {
+            let img = crate::persist::encode_all(&self.ns, |ino| self.extra(ino));
+            // Failures are logged by the store; a full disk postpones it.
+            let _ = self.store.as_mut().expect("checked above").snapshot(&img);
+        }
         Ok(())
     }
 
@@ -512,6 +555,8 @@ impl Fs {
                 mount_point: PathBuf::new(),
                 journal: None,
                 ino_reserved: HashMap::new(),
+                store: None,
+                volatile: false,
             }),
         }
     }
@@ -524,6 +569,73 @@ impl Fs {
             st.path_epochs.insert(p, Epoch(e));
         }
         st.journal = Some(journal);
+    }
+
+    /// Keep the namespace durable in `store`, starting from what it
+    /// recovered. Call after [`Fs::set_journal`], so restored leases start
+    /// at their path's epoch floor.
+    pub fn set_store(&self, store: crate::persist::Store, rec: crate::persist::Recovered) {
+        let mut st = self.state.lock();
+        let root = st.ns.get(Ino::ROOT).map(|r| (r.perm, r.uid, r.gid)).unwrap_or((0o755, 0, 0));
+        let fresh = std::mem::replace(&mut st.ns, Namespace::new(root.0, root.1, root.2, now()));
+        st.ns = Namespace::restore(rec.inodes, rec.next_ino, fresh);
+        for (ino, x) in rec.extras {
+            if st.ns.get(ino).is_err() {
+                continue;
+            }
+            if let Some(t) = x.ttl_ms {
+                st.locks.set_ttl(ino, Some(t));
+            }
+            if let Some(g) = x.guard {
+                st.guards.insert(ino, g);
+            }
+        }
+        // Restored files start at their path's epoch floor.
+        let mut stack = vec![(Ino::ROOT, PathBuf::new())];
+        while let Some((dir, path)) = stack.pop() {
+            let Ok(d) = st.ns.get(dir).and_then(|i| i.dir()) else { continue };
+            let children: Vec<(PathBuf, Ino)> = d.iter().map(|(n, i)| (path.join(n), i)).collect();
+            for (p, ino) in children {
+                if st.ns.get(ino).is_ok_and(|i| i.kind == Kind::Dir) {
+                    stack.push((ino, p));
+                } else if let Some(e) = st.path_epochs.get(&p).copied() {
+                    st.locks.raise_epoch(ino, e);
+                }
+            }
+        }
+        st.ns.set_tracking();
+        st.store = Some(store);
+    }
+
+    /// `--volatile`: contents live in memory only (epochs stay durable).
+    pub fn set_volatile(&self) {
+        self.state.lock().volatile = true;
+    }
+
+    /// `fsync`, `fdatasync`, `fsyncdir`: make every change so far durable
+    /// (one flush covers all files). `ENOSPC` on a full state disk, `EIO`
+    /// for good after any other state-disk error.
+    pub fn sync(&self) -> Result<()> {
+        self.state.lock().flush()
+    }
+
+    /// Clean unmount: flush and fold the journal into a snapshot.
+    pub fn shutdown(&self) {
+        let mut st = self.state.lock();
+        if st.store.is_none() {
+            return;
+        }
+        if let Err(e) = st.flush() {
+            tracing::error!("final flush failed: {e:?}");
+            return;
+        }
+        let img = crate::persist::encode_all(&st.ns, |ino| st.extra(ino));
+        if let Some(store) = st.store.as_mut() {
+            match store.snapshot(&img) {
+                Ok(()) => tracing::info!(bytes = img.len(), "snapshot written"),
+                Err(e) => tracing::error!("snapshot at unmount failed: {e}"),
+            }
+        }
     }
 
     /// A file's path for debug logs (empty unless debug logging is on).
@@ -651,7 +763,7 @@ impl Fs {
                 let ttl = leases.iter().filter(|(i, _)| st.locks.effective_ttl(*i).is_some()).count();
                 let status = serde_json::json!({
                     "version": crate::VERSION,
-                    "backend": "memory",
+                    "backend": "local",
                     "pid": std::process::id(),
                     "mount_point": st.mount_point.to_string_lossy(),
                     "uptime_secs": st.start.elapsed().as_secs_f64(),
@@ -660,7 +772,20 @@ impl Fs {
                     "observations": st.obs.len(),
                     "state_dir": st.journal.as_ref().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
                     "journal_bytes": st.journal.as_ref().map(|j| j.size()),
-                    "journal_commits": st.journal.as_ref().map(|j| j.commits),
+                    "journal_commits": st.journal.as_ref().map(|j| j.commits()),
+                    "durability": match &st.store {
+                        Some(s) if s.failed() => "failed",
+                        Some(_) => "durable",
+                        None if st.volatile => "volatile",
+                        None => "memory",
+                    },
+                    "namespace_journal_bytes": st.store.as_ref().map(|s| s.journal_bytes()),
+                    "namespace_flushes": st.store.as_ref().map(|s| s.flushes),
+                    "snapshot": st.store.as_ref().map(|s| serde_json::json!({
+                        "generation": s.generation(),
+                        "bytes": s.snapshot_bytes(),
+                        "written_at": s.last_snapshot.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+                    })),
                 });
                 format!("{status}
 ")
@@ -693,7 +818,7 @@ impl Fs {
             }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
-                st.metrics.render(live, st.journal.as_ref().map_or(0, |j| j.commits))
+                st.metrics.render(live, st.journal.as_ref().map_or(0, |j| j.commits()))
             }
             ControlFile::Break => String::new(),
         }
@@ -1122,7 +1247,7 @@ impl Fs {
                 // its inode, holders, waiters and epoch (SPEC 4).
                 let data = st.ns.get(src)?.data()?.clone();
                 let d = st.ns.get_mut(dst)?;
-                *d.data_mut()? = data;
+                d.data_mut()?.replace_with(data);
                 d.change_content(now);
                 st.remember_epoch(old_path, src);
                 st.ns.get_mut(src)?.ctime = now;
@@ -1437,6 +1562,7 @@ impl Fs {
                 Some(XATTR_TTL) => {
                     let ttl = parse_ttl(text)?;
                     st.locks.set_ttl(ino, ttl);
+                    st.ns.mark_dirty(ino);
                     Ok(())
                 }
                 Some(XATTR_RENEW) => {
@@ -1452,6 +1578,7 @@ impl Fs {
                         return Err(Error::Invalid);
                     }
                     st.guards.insert(ino, path);
+                    st.ns.mark_dirty(ino);
                     Ok(())
                 }
                 _ => Err(Error::NotPermitted),
@@ -1528,9 +1655,13 @@ impl Fs {
                 Some(XATTR_TTL) => {
                     st.clock();
                     st.locks.set_ttl(ino, None);
+                    st.ns.mark_dirty(ino);
                     Ok(())
                 }
-                Some(XATTR_GUARD) => st.guards.remove(&ino).map(|_| ()).ok_or(Error::NoAttr),
+                Some(XATTR_GUARD) => {
+                    st.ns.mark_dirty(ino);
+                    st.guards.remove(&ino).map(|_| ()).ok_or(Error::NoAttr)
+                }
                 _ => Err(Error::NotPermitted),
             };
         }

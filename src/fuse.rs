@@ -514,7 +514,10 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        reply.ok();
+        guarded("fsync", || match self.fs.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -546,7 +549,14 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        reply.ok();
+        guarded("fsyncdir", || match self.fs.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
+    fn destroy(&mut self) {
+        self.fs.shutdown();
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -662,8 +672,10 @@ impl fuser::Filesystem for LeaseFs {
             match self.fs.setlk(Ino(ino.0), lreq, wait) {
                 Ok((Outcome::Granted, effects)) => {
                     debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = self.fs.epoch(Ino(ino.0)).0, "lock granted");
-                    reply.ok();
+                    // Hand the lock on before answering the releaser, as the
+                    // kernel's own lock code wakes waiters inside the unlock.
                     w.deliver(effects, &self.fs);
+                    reply.ok();
                 }
                 Ok((Outcome::Parked, effects)) => {
                     debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");

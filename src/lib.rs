@@ -13,7 +13,9 @@ pub mod fuse;
 pub mod lease;
 pub mod namespace;
 pub mod observe;
+pub mod persist;
 pub mod session;
+pub mod storage;
 pub mod store;
 
 /// The version reported by the CLI and the control files.

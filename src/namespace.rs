@@ -9,7 +9,7 @@
 //!   counter. `readdir` resumes strictly after a cookie, so offsets handed to
 //!   the kernel stay valid while entries are added and removed.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::time::SystemTime;
 
@@ -91,6 +91,8 @@ pub struct Attr {
 pub struct Data {
     size: u64,
     pages: BTreeMap<u64, Box<[u8; PAGE]>>,
+    /// Pages changed since the last flush, when the namespace is durable.
+    dirty: Option<BTreeSet<u64>>,
 }
 
 impl Data {
@@ -138,6 +140,9 @@ impl Data {
             let idx = pos / PAGE as u64;
             let in_page = (pos % PAGE as u64) as usize;
             let n = rest.len().min(PAGE - in_page);
+            if let Some(d) = &mut self.dirty {
+                d.insert(idx);
+            }
             let page = self.pages.entry(idx).or_insert_with(|| Box::new([0u8; PAGE]));
             page[in_page..in_page + n].copy_from_slice(&rest[..n]);
             pos += n as u64;
@@ -155,7 +160,13 @@ impl Data {
         }
         if size < self.size {
             let keep = size.div_ceil(PAGE as u64);
-            self.pages.split_off(&keep);
+            let gone = self.pages.split_off(&keep);
+            if let Some(d) = &mut self.dirty {
+                d.extend(gone.keys());
+                if size % PAGE as u64 != 0 {
+                    d.insert(size / PAGE as u64);
+                }
+            }
             let tail = (size % PAGE as u64) as usize;
             if tail != 0 {
                 if let Some(page) = self.pages.get_mut(&(size / PAGE as u64)) {
@@ -175,6 +186,9 @@ impl Data {
             let idx = pos / PAGE as u64;
             let in_page = (pos % PAGE as u64) as usize;
             let n = ((end - pos) as usize).min(PAGE - in_page);
+            if let Some(d) = &mut self.dirty {
+                d.insert(idx);
+            }
             if in_page == 0 && n == PAGE {
                 self.pages.remove(&idx);
             } else if let Some(page) = self.pages.get_mut(&idx) {
@@ -186,7 +200,48 @@ impl Data {
 
     /// Replace the whole content with `other`'s.
     pub fn replace_with(&mut self, other: Data) {
-        *self = other;
+        let mut dirty = self.dirty.take();
+        if let Some(d) = &mut dirty {
+            d.extend(self.pages.keys());
+            d.extend(other.pages.keys());
+        }
+        self.size = other.size;
+        self.pages = other.pages;
+        self.dirty = dirty;
+    }
+
+    /// The page at `idx`, if stored (for persisting).
+    pub fn page(&self, idx: u64) -> Option<&[u8; PAGE]> {
+        self.pages.get(&idx).map(|p| &**p)
+    }
+
+    /// Stored page indices (for persisting).
+    pub fn page_indices(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pages.keys().copied()
+    }
+
+    /// Put a recovered page back (an empty slice makes a hole).
+    pub fn restore_page(&mut self, idx: u64, bytes: &[u8]) {
+        if bytes.is_empty() {
+            self.pages.remove(&idx);
+        } else {
+            let mut page = Box::new([0u8; PAGE]);
+            let n = bytes.len().min(PAGE);
+            page[..n].copy_from_slice(&bytes[..n]);
+            self.pages.insert(idx, page);
+        }
+    }
+
+    /// Set a recovered size: pages beyond it are dropped.
+    pub fn restore_size(&mut self, size: u64) {
+        let keep = size.div_ceil(PAGE as u64);
+        self.pages.split_off(&keep);
+        self.size = size;
+    }
+
+    /// Pages changed since the last flush.
+    pub fn dirty_pages(&self) -> impl Iterator<Item = u64> + '_ {
+        self.dirty.iter().flatten().copied()
     }
 }
 
@@ -198,14 +253,21 @@ pub struct Dir {
     entries: BTreeMap<u64, (OsString, Ino)>,
     by_name: HashMap<OsString, u64>,
     next_cookie: u64,
+    /// Names changed since the last flush, when the namespace is durable.
+    dirty: Option<HashSet<OsString>>,
 }
 
 /// First cookie handed to a real entry; 1 and 2 are `.` and `..`.
 pub const FIRST_COOKIE: u64 = 3;
 
 impl Dir {
+    /// An empty directory (for recovery).
+    pub fn empty(parent: Ino) -> Dir {
+        Dir::new(parent)
+    }
+
     fn new(parent: Ino) -> Dir {
-        Dir { parent, entries: BTreeMap::new(), by_name: HashMap::new(), next_cookie: FIRST_COOKIE }
+        Dir { parent, entries: BTreeMap::new(), by_name: HashMap::new(), next_cookie: FIRST_COOKIE, dirty: None }
     }
 
     /// The inode a name points at.
@@ -225,6 +287,9 @@ impl Dir {
 
     /// Add or replace a name.
     pub fn insert(&mut self, name: OsString, ino: Ino) {
+        if let Some(d) = &mut self.dirty {
+            d.insert(name.clone());
+        }
         if let Some(&cookie) = self.by_name.get(&name) {
             // Replacing keeps the position: the name was already listed.
             self.entries.insert(cookie, (name, ino));
@@ -238,6 +303,9 @@ impl Dir {
 
     /// Remove a name, returning the inode it pointed at.
     pub fn remove(&mut self, name: &OsStr) -> Option<Ino> {
+        if let Some(d) = &mut self.dirty {
+            d.insert(name.to_os_string());
+        }
         let cookie = self.by_name.remove(name)?;
         self.entries.remove(&cookie).map(|(_, ino)| ino)
     }
@@ -249,6 +317,11 @@ impl Dir {
             .take(max)
             .map(|(&c, (n, i))| (c, n.clone(), *i))
             .collect()
+    }
+
+    /// Names changed since the last flush.
+    pub fn dirty_names(&self) -> impl Iterator<Item = &OsString> {
+        self.dirty.iter().flatten()
     }
 
     /// All entries in cookie order.
@@ -293,6 +366,15 @@ pub struct Inode {
 }
 
 impl Inode {
+    /// Reset change tracking of the content to "nothing changed".
+    fn start_tracking(&mut self) {
+        match &mut self.body {
+            Body::File(d) => d.dirty = Some(BTreeSet::new()),
+            Body::Dir(d) => d.dirty = Some(HashSet::new()),
+            _ => {}
+        }
+    }
+
     /// Attributes for the kernel.
     pub fn attr(&self) -> Attr {
         let (size, pages) = match &self.body {
@@ -381,6 +463,12 @@ pub struct NewInode {
 pub struct Namespace {
     inodes: HashMap<Ino, Inode>,
     next_ino: u64,
+    /// Track changes for the durable store.
+    track: bool,
+    /// Inodes changed since the last flush.
+    dirty: HashSet<Ino>,
+    /// Inodes dropped since the last flush.
+    freed: HashSet<Ino>,
 }
 
 impl Namespace {
@@ -407,7 +495,109 @@ impl Namespace {
         };
         let mut inodes = HashMap::new();
         inodes.insert(Ino::ROOT, root);
-        Namespace { inodes, next_ino: 2 }
+        Namespace { inodes, next_ino: 2, track: false, dirty: HashSet::new(), freed: HashSet::new() }
+    }
+
+    /// A namespace rebuilt from recovered inodes: link counts and directory
+    /// parents are recomputed from the entries, and inodes no name reaches
+    /// (files that were unlinked while open) are dropped.
+    /// `fresh` supplies the root when nothing was recovered.
+    pub fn restore(mut inodes: HashMap<Ino, Inode>, next_ino: u64, mut fresh: Namespace) -> Namespace {
+        if !inodes.contains_key(&Ino::ROOT) {
+            if let Some(root) = fresh.inodes.remove(&Ino::ROOT) {
+                inodes.insert(Ino::ROOT, root);
+            }
+        }
+        let mut reached = HashSet::new();
+        let mut stack = vec![Ino::ROOT];
+        let mut links: HashMap<Ino, u32> = HashMap::new();
+        let mut parents: HashMap<Ino, (Ino, u32)> = HashMap::new();
+        while let Some(dir) = stack.pop() {
+            if !reached.insert(dir) {
+                continue;
+            }
+            let Some(Body::Dir(d)) = inodes.get(&dir).map(|i| &i.body) else { continue };
+            let mut subdirs = 0;
+            for (_, child) in d.iter() {
+                match inodes.get(&child).map(|i| i.kind) {
+                    Some(Kind::Dir) => {
+                        if !reached.contains(&child) {
+                            subdirs += 1;
+                            parents.insert(child, (dir, 0));
+                            stack.push(child);
+                        }
+                    }
+                    Some(_) => {
+                        *links.entry(child).or_default() += 1;
+                        reached.insert(child);
+                    }
+                    None => {}
+                }
+            }
+            parents.entry(dir).or_insert((dir, 0)).1 = subdirs;
+        }
+        inodes.retain(|ino, _| reached.contains(ino));
+        // Entries naming inodes that did not survive go too.
+        let alive: HashSet<Ino> = inodes.keys().copied().collect();
+        for i in inodes.values_mut() {
+            match &mut i.body {
+                Body::Dir(d) => {
+                    let dead: Vec<OsString> =
+                        d.iter().filter(|(_, c)| !alive.contains(c)).map(|(n, _)| n.clone()).collect();
+                    for n in dead {
+                        d.remove(&n);
+                    }
+                    let (parent, subdirs) = parents.get(&i.ino).copied().unwrap_or((i.ino, 0));
+                    d.parent = if i.ino == Ino::ROOT { Ino::ROOT } else { parent };
+                    i.nlink = 2 + subdirs;
+                }
+                _ => i.nlink = links.get(&i.ino).copied().unwrap_or(0),
+            }
+            i.lookups = u64::from(i.ino == Ino::ROOT);
+            i.opens = 0;
+        }
+        let next_ino = next_ino.max(inodes.keys().map(|i| i.0 + 1).max().unwrap_or(2));
+        Namespace { inodes, next_ino, track: false, dirty: HashSet::new(), freed: HashSet::new() }
+    }
+
+    /// Start tracking changes for the durable store.
+    pub fn set_tracking(&mut self) {
+        self.track = true;
+        for i in self.inodes.values_mut() {
+            i.start_tracking();
+        }
+    }
+
+    /// Inodes changed since the last flush, and inodes dropped.
+    pub fn dirty(&self) -> (&HashSet<Ino>, &HashSet<Ino>) {
+        (&self.dirty, &self.freed)
+    }
+
+    /// Mark an inode changed (for settings kept outside the inode).
+    pub fn mark_dirty(&mut self, ino: Ino) {
+        if self.track && self.inodes.contains_key(&ino) {
+            self.dirty.insert(ino);
+        }
+    }
+
+    /// Forget what was flushed.
+    pub fn clear_dirty(&mut self) {
+        for ino in std::mem::take(&mut self.dirty) {
+            if let Some(i) = self.inodes.get_mut(&ino) {
+                i.start_tracking();
+            }
+        }
+        self.freed.clear();
+    }
+
+    /// The next inode number to hand out.
+    pub fn next_ino(&self) -> u64 {
+        self.next_ino
+    }
+
+    /// Every inode (for snapshots).
+    pub fn inodes(&self) -> impl Iterator<Item = &Inode> {
+        self.inodes.values()
     }
 
     /// The inode, or `ENOENT`.
@@ -417,6 +607,9 @@ impl Namespace {
 
     /// The inode, or `ENOENT`.
     pub fn get_mut(&mut self, ino: Ino) -> Result<&mut Inode> {
+        if self.track && self.inodes.contains_key(&ino) {
+            self.dirty.insert(ino);
+        }
         self.inodes.get_mut(&ino).ok_or(Error::NotFound)
     }
 
@@ -476,6 +669,10 @@ impl Namespace {
             body,
         };
         self.inodes.insert(ino, inode);
+        if self.track {
+            self.dirty.insert(ino);
+            self.inodes.get_mut(&ino).expect("just inserted").start_tracking();
+        }
         ino
     }
 
@@ -541,6 +738,10 @@ impl Namespace {
         if let Some(i) = self.inodes.get(&ino) {
             if i.nlink == 0 && i.lookups == 0 && i.opens == 0 {
                 self.inodes.remove(&ino);
+                if self.track {
+                    self.dirty.remove(&ino);
+                    self.freed.insert(ino);
+                }
             }
         }
     }

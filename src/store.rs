@@ -5,10 +5,12 @@
 //! `kill -9`"): before the daemon lets any process see an epoch `e` for a
 //! path, the journal durably holds a reservation `r >= e` for that path
 //! (`write` + `fdatasync` returned). Reservations run ahead by
-//! [`RESERVE_AHEAD`], so only one grant in that many pays for a sync. On
-//! start-up every path's epoch floor is its highest reservation, so the next
-//! grant is strictly above anything handed out before the crash (it may jump
-//! forward by up to `RESERVE_AHEAD`).
+//! [`RESERVE_AHEAD`], so only one grant in that many pays for a sync; a path
+//! that uses up its reservation within a second gets twice the stride next
+//! time (up to [`MAX_STRIDE`]), so a hot lease syncs a few times a second at
+//! most. On start-up every path's epoch floor is its highest reservation, so
+//! the next grant is strictly above anything handed out before the crash (it
+//! may jump forward by up to the stride in use).
 //!
 //! Format: one record per line, `<crc32 hex> <epoch> <path hex>\n`. A torn
 //! or corrupt *last* record (a crash mid-append) is cut off with a warning;
@@ -25,6 +27,9 @@ use std::path::{Path, PathBuf};
 
 /// How far a reservation runs ahead of the epoch that needed it.
 pub const RESERVE_AHEAD: u64 = 1024;
+
+/// The largest stride a hot path's reservation grows to.
+pub const MAX_STRIDE: u64 = 1 << 20;
 
 /// Name of the journal in the state directory.
 pub const JOURNAL: &str = "epochs.journal";
@@ -111,8 +116,36 @@ pub fn recover(image: &[u8]) -> Result<Recovered, u64> {
 }
 
 /// The journal file of a state directory, locked against a second daemon.
-#[derive(Debug)]
+/// Reservations are made on the caller's thread when needed, and ahead of
+/// need by a background thread (so a hot lease rarely waits for a sync).
 pub struct EpochJournal {
+    inner: std::sync::Arc<parking_lot::Mutex<Journal>>,
+    path: PathBuf,
+    /// Reservations asked of the background thread, by path.
+    asked: HashMap<PathBuf, u64>,
+    ahead: Option<std::sync::mpsc::Sender<(PathBuf, u64)>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for EpochJournal {
+    /// Stop the reservation thread, so the directory lock is released when
+    /// the journal is dropped.
+    fn drop(&mut self) {
+        self.ahead.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for EpochJournal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpochJournal").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug)]
+struct Journal {
     file: File,
     path: PathBuf,
     _lock: File,
@@ -121,7 +154,9 @@ pub struct EpochJournal {
     /// Set after the first I/O error: durability is no longer promised.
     failed: bool,
     /// Records committed since start.
-    pub commits: u64,
+    commits: u64,
+    /// When each path last reserved, and with which stride.
+    strides: HashMap<PathBuf, (std::time::Instant, u64)>,
 }
 
 impl EpochJournal {
@@ -163,19 +198,82 @@ impl EpochJournal {
             let _ = d.sync_all();
         }
         let reserved = rec.floors.clone();
-        Ok((EpochJournal { file, path, _lock: lock, reserved, failed: false, commits: 0 }, rec))
+        let journal =
+            Journal { file, path: path.clone(), _lock: lock, reserved, failed: false, commits: 0, strides: HashMap::new() };
+        let inner = std::sync::Arc::new(parking_lot::Mutex::new(journal));
+        let (ahead, rx) = std::sync::mpsc::channel::<(PathBuf, u64)>();
+        let bg = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("epoch-reserve".into())
+            .spawn(move || {
+                for (p, epoch) in rx {
+                    // Errors surface on the next reservation that is needed.
+                    let _ = bg.lock().ensure(&p, epoch);
+                }
+            })
+            .map_err(|e| format!("starting the reservation thread: {e}"))?;
+        Ok((EpochJournal { inner, path, asked: HashMap::new(), ahead: Some(ahead), thread: Some(thread) }, rec))
     }
 
     /// Make `epoch` safe to hand out for `path`: durable before it returns,
-    /// with an fsync only when the reservation is used up.
-    pub fn ensure(&mut self, path: &Path, epoch: u64) -> io::Result<()> {
+    /// with an fsync only when the reservation is used up. Returns the
+    /// highest epoch now reserved for `path`.
+    pub fn ensure(&mut self, path: &Path, epoch: u64) -> io::Result<u64> {
+        let mut j = self.inner.lock();
+        j.ensure(path, epoch)?;
+        Ok(j.reserved(path))
+    }
+
+    /// Ask the background thread to extend `path`'s reservation beyond
+    /// `epoch` before a grant needs it.
+    pub fn reserve_ahead(&mut self, path: &Path, epoch: u64) {
+        if self.asked.get(path).is_some_and(|e| *e >= epoch) {
+            return;
+        }
+        if self.asked.len() > 4096 {
+            self.asked.clear();
+        }
+        self.asked.insert(path.to_path_buf(), epoch);
+        if let Some(tx) = &self.ahead {
+            let _ = tx.send((path.to_path_buf(), epoch));
+        }
+    }
+
+    /// The highest durable reservation for a path.
+    pub fn reserved(&self, path: &Path) -> u64 {
+        self.inner.lock().reserved(path)
+    }
+
+    /// Bytes in the journal.
+    pub fn size(&self) -> u64 {
+        self.inner.lock().file.metadata().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Reservation records committed since start.
+    pub fn commits(&self) -> u64 {
+        self.inner.lock().commits
+    }
+
+    /// The journal's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Journal {
+    fn ensure(&mut self, path: &Path, epoch: u64) -> io::Result<()> {
         if self.reserved.get(path).is_some_and(|r| *r >= epoch) {
             return Ok(());
         }
         if self.failed {
             return Err(io::Error::other("state directory failed earlier; durability no longer promised"));
         }
-        let upto = epoch + RESERVE_AHEAD;
+        let now = std::time::Instant::now();
+        let stride = match self.strides.get(path) {
+            Some((at, stride)) if now.duration_since(*at).as_secs() < 1 => (stride * 2).min(MAX_STRIDE),
+            _ => RESERVE_AHEAD,
+        };
+        let upto = epoch + stride;
         let rec = record(path, upto);
         let before = self.file.metadata()?.len();
         let r = self.file.write_all(rec.as_bytes()).and_then(|()| self.file.sync_data());
@@ -195,22 +293,15 @@ impl EpochJournal {
         }
         self.commits += 1;
         self.reserved.insert(path.to_path_buf(), upto);
+        if self.strides.len() > 4096 {
+            self.strides.clear();
+        }
+        self.strides.insert(path.to_path_buf(), (now, stride));
         Ok(())
     }
 
-    /// The highest durable reservation for a path.
-    pub fn reserved(&self, path: &Path) -> u64 {
+    fn reserved(&self, path: &Path) -> u64 {
         self.reserved.get(path).copied().unwrap_or(0)
-    }
-
-    /// Bytes in the journal.
-    pub fn size(&self) -> u64 {
-        self.file.metadata().map(|m| m.len()).unwrap_or(0)
-    }
-
-    /// The journal's path.
-    pub fn path(&self) -> &Path {
-        &self.path
     }
 }
 
@@ -255,11 +346,15 @@ mod tests {
             assert!(EpochJournal::open(dir.path()).unwrap_err().contains("in use"));
             j.ensure(Path::new("L"), 1).unwrap();
             j.ensure(Path::new("L"), 500).unwrap();
-            assert_eq!(j.commits, 1, "one sync per reservation, not per epoch");
+            assert_eq!(j.commits(), 1, "one sync per reservation, not per epoch");
             j.ensure(Path::new("L"), 1026).unwrap();
-            assert_eq!(j.commits, 2);
+            assert_eq!(j.commits(), 2);
+            // Used up within a second: the next stride is twice as long.
+            assert_eq!(j.reserved(Path::new("L")), 1026 + 2 * RESERVE_AHEAD);
+            j.reserve_ahead(Path::new("L"), 1026 + 2 * RESERVE_AHEAD + 1);
         }
+        // Dropping the journal waited for the background reservation.
         let (_, rec) = EpochJournal::open(dir.path()).unwrap();
-        assert_eq!(rec.floors[Path::new("L")], 1026 + RESERVE_AHEAD);
+        assert!(rec.floors[Path::new("L")] > 1026 + 2 * RESERVE_AHEAD + 1, "{:?}", rec.floors);
     }
 }

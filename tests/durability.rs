@@ -1,9 +1,209 @@
-//! Durable epochs (SPEC 5, 9): epochs never repeat or go backwards across
-//! `kill -9` of the daemon; one daemon per state directory.
+//! Durable state (SPEC 5, 9): epochs never repeat or go backwards across
+//! `kill -9` of the daemon; the namespace, contents, xattrs, TTLs and guards
+//! are durable as of the last `fsync` and at clean unmount; one daemon per
+//! state directory; failures are refused or fail-stop, never pretended.
 
 use std::process::Command;
 
-use crate::util::{epoch, leasefs_bin, run_timeout, sh_ok, wait_timeout, Mount, STEP};
+use crate::util::{epoch, leasefs_bin, py_ok, run_timeout, sh, sh_ok, wait_timeout, Mount, STEP};
+
+/// `kill -9` the daemon and clear its dead mount.
+fn kill_9(m: &mut Mount) {
+    // SAFETY: killing our own child.
+    unsafe { libc::kill(m.pid(), libc::SIGKILL) };
+    let mut child = m.child.take().unwrap();
+    wait_timeout(&mut child, STEP, "killed daemon");
+    clear_dead_mount(m);
+}
+
+fn clear_dead_mount(m: &Mount) {
+    let o = run_timeout(Command::new(leasefs_bin()).arg("unmount").arg(&m.path), STEP);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Populate a tree with every kind of state the store keeps.
+const POPULATE: &str = "mkdir -p a/b && printf hello > a/b/f && ln a/b/f a/hard && ln -s b/f a/sym     && mkfifo a/fifo && setfattr -n user.note -v kept a/b/f && setfattr -n user.leasefs.ttl -v 30s a/hard     && touch lease g && setfattr -n user.leasefs.guard -v lease g && chmod 640 a/b/f     && dd if=/dev/urandom of=big bs=1k count=300 status=none && truncate -s 100000 big && flock lease true";
+
+/// What a restart must bring back of [`POPULATE`].
+fn check_populated(dir: &std::path::Path) {
+    let out = sh_ok(
+        dir,
+        "cat a/b/f; echo; stat -c '%h %a %F' a/b/f a/fifo; readlink a/sym; getfattr --only-values -n user.note a/b/f; echo;          getfattr --only-values -n user.leasefs.ttl a/hard; echo; getfattr --only-values -n user.leasefs.guard g; echo;          stat -c %s big; [ $(stat -c %i a/b/f) = $(stat -c %i a/hard) ] && echo same-inode",
+    );
+    assert_eq!(
+        out,
+        "hello\n2 640 regular file\n1 644 fifo\nb/f\nkept\n30s\nlease\n100000\nsame-inode\n",
+        "restored state differs"
+    );
+}
+
+#[test]
+fn fsynced_state_survives_kill_9_and_everything_survives_a_clean_unmount() {
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap();
+    let mut m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    sh_ok(&m.path, POPULATE);
+    let sum = sh_ok(&m.path, "md5sum big");
+    let e = epoch(&m.path, "lease");
+    // One fsync of any file makes every change so far durable.
+    py_ok(&m.path, "import os; fd = os.open('g', os.O_RDONLY); os.fsync(fd)");
+    sh_ok(&m.path, "echo after-sync > unsynced");
+    kill_9(&mut m);
+    drop(m);
+    let mut m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    check_populated(&m.path);
+    assert_eq!(sh_ok(&m.path, "md5sum big"), sum);
+    assert!(epoch(&m.path, "lease") >= e, "restored lease epoch went back");
+    sh_ok(&m.path, "flock lease true");
+    assert!(epoch(&m.path, "lease") > e);
+    // Guards work after the restart: nobody holds the lease, so opening the
+    // guarded file for writing is refused.
+    let o = sh(&m.path, "echo x >> g");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No locks available"), "{o:?}");
+    // Changes without fsync are kept by a clean unmount (snapshot).
+    sh_ok(&m.path, "rm a/hard && mv a/b/f a/moved && echo more >> a/moved && rmdir a/b 2>/dev/null; mkdir e");
+    m.stop();
+    drop(m);
+    let files: Vec<String> = std::fs::read_dir(state.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(files.contains(&"namespace.snapshot".to_string()), "{files:?}");
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    assert_eq!(sh_ok(&m.path, "cat a/moved; stat -c %h a/moved; ls -d e; ls a"), "hellomore\n1\ne\nfifo\nmoved\nsym\n");
+    let status = sh_ok(&m.path, "cat .leasefs/status");
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["durability"], "durable", "{status}");
+    assert!(v["snapshot"]["generation"].as_u64().unwrap() >= 1, "{status}");
+    assert!(v["snapshot"]["written_at"].as_u64().is_some(), "{status}");
+    assert!(v["namespace_journal_bytes"].as_u64().is_some(), "{status}");
+    assert_eq!(v["state_dir"], sd, "{status}");
+}
+
+#[test]
+fn volatile_keeps_contents_in_memory_but_epochs_stay_durable() {
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap();
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    sh_ok(&m.path, "echo durable > old && touch L && flock L true && flock L true");
+    drop(m);
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd, "--volatile"]);
+    assert_eq!(sh_ok(&m.path, "ls"), "", "--volatile starts empty");
+    sh_ok(&m.path, "touch L && flock L true");
+    let e = epoch(&m.path, "L");
+    assert!(e > 2, "epochs stay durable under --volatile: {e}");
+    py_ok(&m.path, "import os; fd = os.open('L', os.O_RDONLY); os.fsync(fd)");
+    let status = sh_ok(&m.path, "cat .leasefs/status");
+    assert!(status.contains("\"durability\":\"volatile\""), "{status}");
+    drop(m);
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    assert_eq!(sh_ok(&m.path, "ls"), "", "a volatile mount left no namespace behind");
+    sh_ok(&m.path, "touch L && flock L true");
+    assert!(epoch(&m.path, "L") > e);
+}
+
+/// Arm a failpoint (debug builds), run `act`, and check what a restart on
+/// the same state directory brings back.
+fn crash_at(point: &str, act: &str, durable_after: bool) {
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap();
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    sh_ok(&m.path, "echo base > base && mkdir dir");
+    drop(m); // clean: snapshot of generation 1
+    let mut m = Mount::with_args_env(&["--allow-other", "--state-dir", sd], &[("LEASEFS_FAILPOINT", point)]);
+    sh_ok(&m.path, "echo new > dir/new && rm base && echo base2 > base");
+    let mut child = m.child.take().unwrap();
+    let _ = sh(&m.path, act);
+    let st = wait_timeout(&mut child, STEP, "daemon at failpoint");
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "{point} did not fire");
+    clear_dead_mount(&m);
+    drop(m);
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    let got = sh_ok(&m.path, "cat base dir/new 2>/dev/null; true");
+    if durable_after {
+        assert_eq!(got, "base2\nnew\n", "{point}: acknowledged state lost");
+    } else {
+        assert!(got == "base\n" || got == "base2\nnew\n", "{point}: recovered a mix: {got:?}");
+    }
+    sh_ok(&m.path, "echo works > dir/again && cat dir/again");
+}
+
+const FSYNC: &str = "python3 -c \"import os; os.fsync(os.open('base', os.O_RDONLY))\"";
+
+#[test]
+fn crash_between_journal_write_and_sync_recovers_the_old_or_the_new_state() {
+    crash_at("journal-appended", FSYNC, false);
+}
+
+#[test]
+fn crash_after_journal_sync_keeps_the_flush() {
+    crash_at("journal-synced", FSYNC, true);
+}
+
+#[test]
+fn crash_during_compaction_loses_nothing() {
+    // A clean unmount compacts: crash at each step of it.
+    for point in ["snapshot-written", "snapshot-renamed", "journal-replaced"] {
+        let state = tempfile::tempdir().unwrap();
+        let sd = state.path().to_str().unwrap();
+        let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+        sh_ok(&m.path, "echo base > base");
+        drop(m);
+        let mut m = Mount::with_args_env(&["--allow-other", "--state-dir", sd], &[("LEASEFS_FAILPOINT", point)]);
+        sh_ok(&m.path, &format!("echo new > new && {FSYNC} && echo unsynced > later"));
+        let mut child = m.child.take().unwrap();
+        let o = run_timeout(Command::new("umount").arg(&m.path), STEP);
+        assert!(o.status.success(), "{o:?}");
+        let st = wait_timeout(&mut child, STEP, "daemon at failpoint");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "{point} did not fire");
+        drop(m);
+        let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+        let got = sh_ok(&m.path, "cat base new; cat later 2>/dev/null; true");
+        // Unmount flushes the journal before it compacts, so even the file
+        // that was never fsynced is there, whichever step the crash hit.
+        assert_eq!(got, "base\nnew\nunsynced\n", "{point}: recovered state");
+    }
+}
+
+#[test]
+fn an_io_error_on_the_state_disk_is_fail_stop() {
+    let m = Mount::with_args_env(&["--allow-other"], &[("LEASEFS_FAILPOINT", "journal-eio")]);
+    sh_ok(&m.path, "echo data > f");
+    let out = py_ok(
+        &m.path,
+        r#"
+import errno, os
+fd = os.open("f", os.O_RDWR)
+for i in range(2):
+    try:
+        os.fsync(fd); print("ok")
+    except OSError as e:
+        print(errno.errorcode[e.errno])
+os.write(fd, b"more")
+print(open("f").read())
+"#,
+    );
+    assert_eq!(out, "EIO\nEIO\nmore\n\n", "every sync after the first state-disk error fails; reads and writes go on");
+    let status = sh_ok(&m.path, "cat .leasefs/status");
+    assert!(status.contains("\"durability\":\"failed\""), "{status}");
+}
+
+#[test]
+fn a_corrupt_snapshot_stops_start_up_with_file_and_offset() {
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap();
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+    sh_ok(&m.path, "echo one > a && echo two > b");
+    drop(m);
+    let snap = state.path().join("namespace.snapshot");
+    let mut bytes = std::fs::read(&snap).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    std::fs::write(&snap, bytes).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let mp = other.path().join("mnt");
+    std::fs::create_dir(&mp).unwrap();
+    let o = run_timeout(Command::new(leasefs_bin()).arg("mount").arg(&mp).args(["--state-dir", sd]), STEP);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("namespace.snapshot") && err.contains("offset"), "{err}");
+}
 
 #[test]
 fn epochs_survive_kill_9_and_the_next_grant_is_higher() {
@@ -13,12 +213,7 @@ fn epochs_survive_kill_9_and_the_next_grant_is_higher() {
     sh_ok(&m.path, "mkdir d && touch d/L && for i in 1 2 3 4 5; do flock d/L true; done");
     let before = epoch(&m.path, "d/L");
     assert_eq!(before, 5);
-    // SAFETY: killing our own child.
-    unsafe { libc::kill(m.pid(), libc::SIGKILL) };
-    let mut child = m.child.take().unwrap();
-    wait_timeout(&mut child, STEP, "killed daemon");
-    let o = run_timeout(Command::new(leasefs_bin()).arg("unmount").arg(&m.path), STEP);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    kill_9(&mut m);
     drop(m);
     let m2 = Mount::with_args(&["--allow-other", "--state-dir", sd]);
     sh_ok(&m2.path, "mkdir d && touch d/L");

@@ -67,9 +67,14 @@ struct BreakArgs {
 struct MountArgs {
     /// Empty directory to mount on.
     mountpoint: PathBuf,
-    /// Directory for durable state: the epoch journal (one daemon per directory).
+    /// Directory for durable state: the epoch journal, the namespace journal
+    /// and its snapshot (one daemon per directory).
     #[arg(long, value_name = "DIR", default_value = "/var/lib/leasefs")]
     state_dir: PathBuf,
+    /// Keep names, contents, xattrs, TTLs and guards in memory only (epochs
+    /// stay durable). Discards a namespace kept in the state directory.
+    #[arg(long)]
+    volatile: bool,
     /// Stay in the foreground instead of detaching the daemon.
     #[arg(long)]
     foreground: bool,
@@ -237,11 +242,11 @@ fn break_lease(args: &BreakArgs) -> ExitCode {
     }
 }
 
-/// Block the termination signals in every thread and turn them into an
-/// unmount, so the session loop ends and the daemon exits cleanly.
-fn handle_signals(mountpoint: PathBuf) {
+/// Block the termination signals in this thread and every thread started
+/// after it (call before starting any thread).
+fn block_signals() -> libc::sigset_t {
     // SAFETY: sigset manipulation on a local, zero-initialised set.
-    let set = unsafe {
+    unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
         for s in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
@@ -250,7 +255,12 @@ fn handle_signals(mountpoint: PathBuf) {
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
         set
-    };
+    }
+}
+
+/// Turn the blocked termination signals into an unmount, so the session
+/// loop ends and the daemon exits cleanly.
+fn handle_signals(set: libc::sigset_t, mountpoint: PathBuf) {
     std::thread::Builder::new()
         .name("signals".into())
         .spawn(move || loop {
@@ -277,6 +287,7 @@ fn report_ready(msg: &str) {
 }
 
 fn serve(args: &MountArgs) -> ExitCode {
+    let signals = block_signals();
     init_logging(args.log_file.as_deref());
     let opts = MountOptions { nonempty: args.nonempty, allow_other: args.allow_other };
     // SAFETY: geteuid/getegid have no preconditions.
@@ -295,6 +306,35 @@ fn serve(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    // The namespace: recovered from the state directory, or (`--volatile`)
+    // kept in memory, with any earlier durable namespace discarded so a
+    // later durable mount cannot resurrect stale contents.
+    let mut storage = leasefs::storage::DirStorage::new(&args.state_dir);
+    if args.volatile {
+        use leasefs::storage::Storage;
+        for f in [leasefs::persist::JOURNAL, leasefs::persist::SNAPSHOT] {
+            if let Err(e) = storage.remove(f) {
+                eprintln!("leasefs: {}: {e}", args.state_dir.join(f).display());
+                return ExitCode::FAILURE;
+            }
+        }
+        fs.set_volatile();
+    } else {
+        let started = std::time::Instant::now();
+        match leasefs::persist::Store::open(Box::new(storage)) {
+            Ok((store, recovered)) => {
+                let (inodes, batches, cut) = (recovered.inodes.len(), recovered.batches, recovered.cut);
+                fs.set_store(store, recovered);
+                info!(inodes, batches, cut, ms = started.elapsed().as_millis() as u64, "namespace recovered");
+            }
+            Err(e) => {
+                let e = format!("{}/{e}", args.state_dir.display());
+                report_ready(&format!("ERR {e}\n"));
+                eprintln!("leasefs: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let mountpoint = match session::absolute(&args.mountpoint) {
         Ok(p) => p,
         Err(e) => {
@@ -303,7 +343,7 @@ fn serve(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    handle_signals(mountpoint.clone());
+    handle_signals(signals, mountpoint.clone());
     fs.set_mount_point(mountpoint.clone());
     let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
     let served = match Served::start(lease_fs, &mountpoint, &opts, interceptor) {
@@ -344,6 +384,9 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
     cmd.arg("mount").arg(&args.mountpoint).arg("--foreground").arg("--state-dir").arg(&args.state_dir);
     if args.nonempty {
         cmd.arg("--nonempty");
+    }
+    if args.volatile {
+        cmd.arg("--volatile");
     }
     if args.allow_other {
         cmd.arg("--allow-other");

@@ -1,0 +1,331 @@
+//! The state directory behind a small trait, so the namespace store can run
+//! on a real directory ([`DirStorage`]) or in memory ([`MemStorage`]), where
+//! tests take the image a crash would leave at every write and sync.
+//!
+//! The model is the one a careful program must assume of a POSIX disk:
+//! appended bytes are durable only after `sync` of that file (and then only
+//! as a whole prefix), a new name (create, rename, remove) only after
+//! `sync_dir`, and a crash may keep any prefix of what was not synced.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Files of one flat state directory, by name.
+pub trait Storage: Send {
+    /// The whole content of a file, or `None` when it does not exist.
+    fn read(&mut self, name: &str) -> io::Result<Option<Vec<u8>>>;
+    /// Append to a file, creating it when missing.
+    fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
+    /// Cut a file to `len` bytes.
+    fn truncate(&mut self, name: &str, len: u64) -> io::Result<()>;
+    /// Make a file's content durable (`fdatasync`).
+    fn sync(&mut self, name: &str) -> io::Result<()>;
+    /// Create or replace a file with `data` (not durable until `sync`).
+    fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
+    /// Rename within the directory, replacing `to`.
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()>;
+    /// Remove a file; missing files are fine.
+    fn remove(&mut self, name: &str) -> io::Result<()>;
+    /// Make the directory's names durable (`fsync` of the directory).
+    fn sync_dir(&mut self) -> io::Result<()>;
+    /// Size of a file (0 when missing).
+    fn len(&mut self, name: &str) -> u64;
+    /// For tests that look inside a backend.
+    fn as_any(&self) -> &dyn std::any::Any;
+    /// For tests that look inside a backend.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// A real directory.
+pub struct DirStorage {
+    dir: PathBuf,
+    /// Files kept open for appending.
+    open: HashMap<String, File>,
+}
+
+impl DirStorage {
+    pub fn new(dir: &Path) -> DirStorage {
+        DirStorage { dir: dir.to_path_buf(), open: HashMap::new() }
+    }
+
+    fn file(&mut self, name: &str) -> io::Result<&mut File> {
+        if !self.open.contains_key(name) {
+            let f = OpenOptions::new().create(true).truncate(false).read(true).append(true).open(self.dir.join(name))?;
+            self.open.insert(name.to_string(), f);
+        }
+        Ok(self.open.get_mut(name).expect("just inserted"))
+    }
+}
+
+impl Storage for DirStorage {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn read(&mut self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        let mut f = match File::open(self.dir.join(name)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let mut v = Vec::new();
+        f.read_to_end(&mut v)?;
+        Ok(Some(v))
+    }
+
+    fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+        self.file(name)?.write_all(data)
+    }
+
+    fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
+        self.file(name)?.set_len(len)
+    }
+
+    fn sync(&mut self, name: &str) -> io::Result<()> {
+        self.file(name)?.sync_data()
+    }
+
+    fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+        self.open.remove(name);
+        let mut f = OpenOptions::new().create(true).truncate(true).write(true).open(self.dir.join(name))?;
+        f.write_all(data)?;
+        Ok(())
+    }
+
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        self.open.remove(from);
+        self.open.remove(to);
+        std::fs::rename(self.dir.join(from), self.dir.join(to))
+    }
+
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.open.remove(name);
+        match std::fs::remove_file(self.dir.join(name)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    fn sync_dir(&mut self) -> io::Result<()> {
+        File::open(&self.dir)?.sync_all()
+    }
+
+    fn len(&mut self, name: &str) -> u64 {
+        std::fs::metadata(self.dir.join(name)).map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// One file of [`MemStorage`]: what a crash would keep and what it may lose.
+#[derive(Debug, Clone, Default)]
+struct MemFile {
+    data: Vec<u8>,
+    synced: Vec<u8>,
+}
+
+/// An in-memory state directory that records, at every write and sync, the
+/// images a crash at that instant could leave behind.
+#[derive(Debug, Clone, Default)]
+pub struct MemStorage {
+    files: Vec<MemFile>,
+    names: HashMap<String, usize>,
+    durable_names: HashMap<String, usize>,
+    /// Crash images recorded so far (when recording is on).
+    pub images: Vec<MemStorage>,
+    recording: bool,
+    /// Fail the operation with this number (counting every call) with the
+    /// given errno, once.
+    pub fail_at: Option<(u64, i32)>,
+    /// Operations so far.
+    pub ops: u64,
+    /// Syncs so far.
+    pub syncs: u64,
+}
+
+impl MemStorage {
+    /// Storage that records crash images at every operation.
+    pub fn recording() -> MemStorage {
+        MemStorage { recording: true, ..MemStorage::default() }
+    }
+
+    fn step(&mut self) -> io::Result<()> {
+        self.ops += 1;
+        if let Some((at, errno)) = self.fail_at {
+            if at == self.ops {
+                self.fail_at = None;
+                return Err(io::Error::from_raw_os_error(errno));
+            }
+        }
+        if self.recording {
+            let images = self.crash_images();
+            self.images.extend(images);
+        }
+        Ok(())
+    }
+
+    /// What the directory could look like after a crash now: the durable
+    /// names or the current ones, and each file's synced content plus none,
+    /// half, or all of what was written since.
+    pub fn crash_images(&self) -> Vec<MemStorage> {
+        let mut out = Vec::new();
+        for names in [&self.durable_names, &self.names] {
+            for keep in [0usize, 1, 2] {
+                let mut files = Vec::new();
+                let mut map = HashMap::new();
+                for (name, &idx) in names {
+                    let f = &self.files[idx];
+                    let content = if f.data.starts_with(&f.synced) {
+                        let extra = f.data.len() - f.synced.len();
+                        f.data[..f.synced.len() + extra * keep / 2].to_vec()
+                    } else if keep == 2 {
+                        f.data.clone()
+                    } else {
+                        f.synced.clone()
+                    };
+                    map.insert(name.clone(), files.len());
+                    files.push(MemFile { data: content.clone(), synced: content });
+                }
+                out.push(MemStorage { files, names: map.clone(), durable_names: map, ..MemStorage::default() });
+            }
+        }
+        out
+    }
+
+    fn idx(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.names.get(name) {
+            return i;
+        }
+        self.files.push(MemFile::default());
+        self.names.insert(name.to_string(), self.files.len() - 1);
+        self.files.len() - 1
+    }
+}
+
+impl Storage for MemStorage {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
+    fn read(&mut self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        Ok(self.names.get(name).map(|&i| self.files[i].data.clone()))
+    }
+
+    fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+        self.step()?;
+        let i = self.idx(name);
+        self.files[i].data.extend_from_slice(data);
+        Ok(())
+    }
+
+    fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
+        self.step()?;
+        let i = self.idx(name);
+        self.files[i].data.truncate(len as usize);
+        Ok(())
+    }
+
+    fn sync(&mut self, name: &str) -> io::Result<()> {
+        self.step()?;
+        self.syncs += 1;
+        let i = self.idx(name);
+        self.files[i].synced = self.files[i].data.clone();
+        Ok(())
+    }
+
+    fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+        self.step()?;
+        self.files.push(MemFile { data: data.to_vec(), synced: Vec::new() });
+        self.names.insert(name.to_string(), self.files.len() - 1);
+        Ok(())
+    }
+
+    fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        self.step()?;
+        let i = self.names.remove(from).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        self.names.insert(to.to_string(), i);
+        Ok(())
+    }
+
+    fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.step()?;
+        self.names.remove(name);
+        Ok(())
+    }
+
+    fn sync_dir(&mut self) -> io::Result<()> {
+        self.step()?;
+        self.syncs += 1;
+        self.durable_names = self.names.clone();
+        Ok(())
+    }
+
+    fn len(&mut self, name: &str) -> u64 {
+        self.names.get(name).map_or(0, |&i| self.files[i].data.len() as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn crash_images_keep_synced_data_and_durable_names_only() {
+        let mut s = MemStorage::default();
+        s.append("j", b"aaaa").unwrap();
+        s.sync("j").unwrap();
+        s.sync_dir().unwrap();
+        s.append("j", b"bbbb").unwrap();
+        s.write_new("t", b"snap").unwrap();
+        s.rename("t", "snapshot").unwrap();
+        let images = s.crash_images();
+        // Durable names: the journal with its synced prefix (plus some of
+        // the unsynced tail), and no snapshot.
+        let mut seen = Vec::new();
+        for mut img in images {
+            let j = img.read("j").unwrap().unwrap();
+            assert!(j.starts_with(b"aaaa") && b"aaaabbbb".starts_with(&j[..]), "{j:?}");
+            seen.push((j.len(), img.read("snapshot").unwrap()));
+        }
+        assert!(seen.contains(&(4, None)), "a crash may lose everything unsynced");
+        assert!(seen.contains(&(6, Some(b"sn".to_vec()))), "torn tails are possible");
+        assert!(seen.contains(&(8, Some(b"snap".to_vec()))));
+    }
+
+    #[test]
+    fn injected_failures_fire_once_at_the_numbered_operation() {
+        let mut s = MemStorage { fail_at: Some((2, libc::ENOSPC)), ..MemStorage::default() };
+        s.append("j", b"a").unwrap();
+        assert_eq!(s.append("j", b"b").unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        s.append("j", b"c").unwrap();
+        assert_eq!(s.read("j").unwrap().unwrap(), b"ac");
+    }
+
+    #[test]
+    fn dir_storage_round_trip() {
+        let d = tempfile::tempdir().unwrap();
+        let mut s = DirStorage::new(d.path());
+        assert_eq!(s.read("j").unwrap(), None);
+        s.append("j", b"abc").unwrap();
+        s.sync("j").unwrap();
+        s.truncate("j", 2).unwrap();
+        s.write_new("t", b"x").unwrap();
+        s.sync("t").unwrap();
+        s.rename("t", "u").unwrap();
+        s.sync_dir().unwrap();
+        assert_eq!(s.read("j").unwrap().unwrap(), b"ab");
+        assert_eq!(s.read("u").unwrap().unwrap(), b"x");
+        assert_eq!(s.len("u"), 1);
+        s.remove("u").unwrap();
+        s.remove("u").unwrap();
+        assert_eq!(s.read("u").unwrap(), None);
+    }
+}
