@@ -75,6 +75,7 @@ for f in glob.glob(f"{logs}/*.log"):
             acked.setdefault(p[1], set()).add(p[2])
 regressions = losses = 0
 for path, e in sorted(highest.items()):
+    os.makedirs(os.path.dirname(f"{mnt}/{path}"), exist_ok=True)
     fd = os.open(f"{mnt}/{path}", os.O_RDWR | os.O_CREAT, 0o644)
     now = int(os.getxattr(fd, "user.leasefs.epoch"))
     fcntl.flock(fd, fcntl.LOCK_EX)

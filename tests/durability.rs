@@ -298,3 +298,19 @@ fn a_full_state_disk_refuses_grants_with_enospc_and_recovers() {
     assert!(epoch(&m2.path, "L") >= e1 + 1);
     assert!(epoch(&m2.path, &refused) >= 1);
 }
+
+/// The short crash loop: `scripts/crashloop.sh` with 5 iterations of
+/// SIGKILL under lock + append + fsync workers (200 locally, see README).
+#[test]
+fn crash_loop_short_run_has_no_regressions_and_no_losses() {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/crashloop.sh");
+    let o = run_timeout(
+        Command::new("bash").arg(script).args(["5", "3"]).env("LEASEFS_BIN", leasefs_bin()),
+        std::time::Duration::from_secs(300),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
+    assert!(out.contains("iterations 5 ") && out.contains("regressions 0 losses 0"), "{out}");
+    let acked: u64 = out.split("acked ").nth(out.matches("acked ").count()).and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(acked > 0, "the workers acknowledged nothing: {out}");
+}
