@@ -17,7 +17,8 @@
 //! corruption before the tail stops start-up with the file and offset, since
 //! serving wrong epochs is worse than not serving.
 //!
-//! Not durable yet: namespace, contents, xattrs, TTLs and guards.
+//! The namespace, contents, xattrs, TTLs and guards are kept by
+//! [`crate::persist`].
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -34,16 +35,9 @@ pub const MAX_STRIDE: u64 = 1 << 20;
 /// Name of the journal in the state directory.
 pub const JOURNAL: &str = "epochs.journal";
 
-/// CRC-32 (IEEE), bitwise; the journal is small and written rarely.
+/// CRC-32 (IEEE).
 pub fn crc32(data: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in data {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
-        }
-    }
-    !crc
+    crate::persist::crc32(data)
 }
 
 fn hex(b: &[u8]) -> String {

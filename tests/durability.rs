@@ -314,3 +314,38 @@ fn crash_loop_short_run_has_no_regressions_and_no_losses() {
     let acked: u64 = out.split("acked ").nth(out.matches("acked ").count()).and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(acked > 0, "the workers acknowledged nothing: {out}");
 }
+
+#[test]
+fn a_full_state_disk_fails_fsync_with_enospc_until_space_returns() {
+    let root = tempfile::tempdir().unwrap();
+    let sd = root.path().join("state");
+    std::fs::create_dir(&sd).unwrap();
+    let o = run_timeout(Command::new("mount").args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"]).arg(&sd), STEP);
+    assert!(o.status.success(), "{o:?}");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let _guard = Unmount(sd.clone());
+    let sds = sd.to_str().unwrap();
+    let mut m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
+    let sync = |name: &str| format!("python3 -c \"import os; os.fsync(os.open('{name}', os.O_RDONLY))\"");
+    sh_ok(&m.path, &format!("echo durable > kept && {}", sync("kept")));
+    let _ = Command::new("sh").arg("-c").arg(format!("cat /dev/zero > {}/filler 2>/dev/null", sd.display())).status();
+    sh_ok(&m.path, "dd if=/dev/urandom of=big bs=1k count=64 status=none && echo new > fresh");
+    let o = sh(&m.path, &sync("fresh"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No space left on device"), "{o:?}");
+    assert_eq!(sh_ok(&m.path, "cat kept fresh"), "durable\nnew\n", "reads keep working");
+    let status = sh_ok(&m.path, "cat .leasefs/status");
+    assert!(status.contains("\"durability\":\"durable\""), "a full disk is not fail-stop: {status}");
+    std::fs::remove_file(sd.join("filler")).unwrap();
+    sh_ok(&m.path, &sync("fresh"));
+    let sum = sh_ok(&m.path, "md5sum big");
+    kill_9(&mut m);
+    drop(m);
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
+    assert_eq!(sh_ok(&m.path, "cat kept fresh"), "durable\nnew\n", "nothing durable was lost");
+    assert_eq!(sh_ok(&m.path, "md5sum big"), sum, "the retried sync made the pending changes durable");
+}
