@@ -110,9 +110,11 @@ for it in $(seq "$iterations"); do
     sleep "$(python3 -c 'import random; print(round(random.uniform(0.2, 1.5), 3))')"
     pid=$(daemon_pid)
     kill -9 "$pid"
-    # Gone, or a zombie: its descriptors (the FUSE connection, the state-dir
-    # lock) are closed either way, whenever init reaps it.
-    while [ -e "/proc/$pid" ] && [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ]; do sleep 0.01; done
+    # Gone, or a zombie whose other threads have exited too: its descriptors
+    # (the FUSE connection, the state-dir lock) are closed either way,
+    # whenever init reaps it.
+    while [ -e "/proc/$pid" ] && { [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] ||
+        [ "$(ls "/proc/$pid/task" 2>/dev/null | wc -l)" -gt 1 ]; }; do sleep 0.01; done
     for p in "${worker_pids[@]}"; do
         timeout 10 tail --pid="$p" -f /dev/null || { echo "worker $p stuck after the crash" >&2; exit 1; }
     done

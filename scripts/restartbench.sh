@@ -41,8 +41,11 @@ def kill9():
     pid = daemon_pid()
     os.kill(pid, 9)
     def alive():
+        # A zombie leader still has live threads (holding its descriptors)
+        # until every thread has exited.
         try:
-            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+            return state != "Z" or len(os.listdir(f"/proc/{pid}/task")) > 1
         except FileNotFoundError:
             return False
     while alive():

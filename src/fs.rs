@@ -295,6 +295,9 @@ impl State {
         if !tracing::enabled!(tracing::Level::DEBUG) {
             return String::new();
         }
+        if let Some(p) = self.ns.path_hint(ino) {
+            return format!("/{}", p.display());
+        }
         let wanted = std::iter::once(ino).collect();
         Fs::paths_of(self, &wanted).get(&ino).map(|p| format!("/{}", p.display())).unwrap_or_default()
     }
@@ -316,9 +319,15 @@ impl State {
                 return Ok(());
             }
         }
-        let wanted = std::iter::once(ino).collect();
         // A file with no name left cannot be reached after a restart.
-        let Some(path) = Fs::paths_of(self, &wanted).remove(&ino) else { return Ok(()) };
+        let path = match self.ns.path_hint(ino) {
+            Some(p) => p,
+            None => {
+                let wanted = std::iter::once(ino).collect();
+                let Some(p) = Fs::paths_of(self, &wanted).remove(&ino) else { return Ok(()) };
+                p
+            }
+        };
         let j = self.journal.as_mut().expect("checked above");
         let upto = match j.ensure(&path, need) {
             Ok(upto) => upto,
@@ -1191,6 +1200,8 @@ impl Fs {
             }
             st.ns.get_mut(parent)?.dir_mut()?.insert(name.to_os_string(), dst);
             st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+            st.ns.hint(dst, parent, name);
+            st.ns.hint(src, newparent, newname);
             if parent != newparent {
                 if src_dir {
                     Self::reparent(&mut st.ns, src, parent, newparent)?;
@@ -1273,6 +1284,7 @@ impl Fs {
         st.remember_epoch(old_path, src);
         st.ns.get_mut(parent)?.dir_mut()?.remove(name);
         st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+        st.ns.hint(src, newparent, newname);
         if src_dir && parent != newparent {
             Self::reparent(&mut st.ns, src, parent, newparent)?;
         }

@@ -469,6 +469,9 @@ pub struct Namespace {
     dirty: HashSet<Ino>,
     /// Inodes dropped since the last flush.
     freed: HashSet<Ino>,
+    /// Where each non-directory was last given a name: a hint for finding
+    /// a file's path without walking the tree (verified before use).
+    hints: HashMap<Ino, (Ino, OsString)>,
 }
 
 impl Namespace {
@@ -495,7 +498,7 @@ impl Namespace {
         };
         let mut inodes = HashMap::new();
         inodes.insert(Ino::ROOT, root);
-        Namespace { inodes, next_ino: 2, track: false, dirty: HashSet::new(), freed: HashSet::new() }
+        Namespace { inodes, next_ino: 2, track: false, dirty: HashSet::new(), freed: HashSet::new(), hints: HashMap::new() }
     }
 
     /// A namespace rebuilt from recovered inodes: link counts and directory
@@ -512,13 +515,14 @@ impl Namespace {
         let mut stack = vec![Ino::ROOT];
         let mut links: HashMap<Ino, u32> = HashMap::new();
         let mut parents: HashMap<Ino, (Ino, u32)> = HashMap::new();
+        let mut hints = HashMap::new();
         while let Some(dir) = stack.pop() {
             if !reached.insert(dir) {
                 continue;
             }
             let Some(Body::Dir(d)) = inodes.get(&dir).map(|i| &i.body) else { continue };
             let mut subdirs = 0;
-            for (_, child) in d.iter() {
+            for (name, child) in d.iter() {
                 match inodes.get(&child).map(|i| i.kind) {
                     Some(Kind::Dir) => {
                         if !reached.contains(&child) {
@@ -530,6 +534,7 @@ impl Namespace {
                     Some(_) => {
                         *links.entry(child).or_default() += 1;
                         reached.insert(child);
+                        hints.insert(child, (dir, name.clone()));
                     }
                     None => {}
                 }
@@ -557,7 +562,26 @@ impl Namespace {
             i.opens = 0;
         }
         let next_ino = next_ino.max(inodes.keys().map(|i| i.0 + 1).max().unwrap_or(2));
-        Namespace { inodes, next_ino, track: false, dirty: HashSet::new(), freed: HashSet::new() }
+        Namespace { inodes, next_ino, track: false, dirty: HashSet::new(), freed: HashSet::new(), hints }
+    }
+
+    /// Note that `name` in `parent` now leads to the non-directory `ino`.
+    pub fn hint(&mut self, ino: Ino, parent: Ino, name: &OsStr) {
+        if self.inodes.get(&ino).is_some_and(|i| i.kind != Kind::Dir) {
+            self.hints.insert(ino, (parent, name.to_os_string()));
+        }
+    }
+
+    /// The path (relative to the root) of a non-directory, when the name it
+    /// was last given still leads to it.
+    pub fn path_hint(&self, ino: Ino) -> Option<std::path::PathBuf> {
+        let (parent, name) = self.hints.get(&ino)?;
+        if self.get(*parent).ok()?.dir().ok()?.get(name) != Some(ino) {
+            return None;
+        }
+        let mut p: std::path::PathBuf = self.dir_path(*parent)?.into_iter().collect();
+        p.push(name);
+        Some(p)
     }
 
     /// Start tracking changes for the durable store.
@@ -693,6 +717,7 @@ impl Namespace {
             }
         } else {
             i.nlink += 1;
+            self.hints.insert(ino, (parent, name.to_os_string()));
         }
         Ok(())
     }
@@ -738,6 +763,7 @@ impl Namespace {
         if let Some(i) = self.inodes.get(&ino) {
             if i.nlink == 0 && i.lookups == 0 && i.opens == 0 {
                 self.inodes.remove(&ino);
+                self.hints.remove(&ino);
                 if self.track {
                     self.dirty.remove(&ino);
                     self.freed.insert(ino);

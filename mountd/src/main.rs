@@ -476,8 +476,13 @@ fn unmount(args: &UnmountArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// True when the process has exited but is not reaped yet: a zombie leader
+/// whose other threads are gone too (until then they hold its descriptors,
+/// such as the state-directory lock).
 fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')))
-        .unwrap_or(true)
+        .unwrap_or(true);
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
+    zombie && threads <= 1
 }
