@@ -17,14 +17,17 @@
 //! corruption before the tail stops start-up with the file and offset, since
 //! serving wrong epochs is worse than not serving.
 //!
-//! The namespace, contents, xattrs, TTLs and guards are kept by
-//! [`crate::persist`].
+//! The journal lives behind the [`Storage`] trait, so unit tests check the
+//! image a crash would leave at every write and sync. The namespace,
+//! contents, xattrs, TTLs and guards are kept by [`crate::persist`].
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+
+use crate::storage::{DirStorage, Storage};
 
 /// How far a reservation runs ahead of the epoch that needed it.
 pub const RESERVE_AHEAD: u64 = 1024;
@@ -138,11 +141,12 @@ impl std::fmt::Debug for EpochJournal {
     }
 }
 
-#[derive(Debug)]
 struct Journal {
-    file: File,
+    storage: Box<dyn Storage>,
+    /// Bytes of whole records in the journal.
+    len: u64,
     path: PathBuf,
-    _lock: File,
+    _lock: Option<File>,
     /// Highest durable reservation per path.
     reserved: HashMap<PathBuf, u64>,
     /// Set after the first I/O error: durability is no longer promised.
@@ -168,32 +172,45 @@ impl EpochJournal {
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(format!("{}: state directory in use by another leasefs daemon", dir.display()));
         }
-        let path = dir.join(JOURNAL);
-        let mut file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .read(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut image = Vec::new();
-        file.read_to_end(&mut image).map_err(|e| format!("{}: {e}", path.display()))?;
+        EpochJournal::open_on(Box::new(DirStorage::new(dir)), Some(lock), &dir.join(JOURNAL))
+    }
+
+    /// Recover the journal kept in `storage` (named `path` in messages) and
+    /// start the reservation thread. `lock` is held for the journal's life.
+    pub fn open_on(
+        mut storage: Box<dyn Storage>,
+        lock: Option<File>,
+        path: &Path,
+    ) -> Result<(EpochJournal, Recovered), String> {
+        let path = path.to_path_buf();
+        let err = |e: io::Error| format!("{}: {e}", path.display());
+        let image = storage.read(JOURNAL).map_err(err)?;
+        let fresh = image.is_none();
+        let image = image.unwrap_or_default();
         let rec = recover(&image).map_err(|off| {
             format!("{}: corrupt record at offset {off}; refusing to serve possibly wrong epochs", path.display())
         })?;
+        let len = image.len() as u64 - rec.cut;
         if rec.cut > 0 {
             tracing::warn!(file = %path.display(), bytes = rec.cut, "cutting off a torn journal tail");
-            let keep = image.len() as u64 - rec.cut;
-            file.set_len(keep).map_err(|e| format!("{}: {e}", path.display()))?;
-            file.sync_all().map_err(|e| format!("{}: {e}", path.display()))?;
+            storage.truncate(JOURNAL, len).and_then(|()| storage.sync(JOURNAL)).map_err(err)?;
         }
-        // Make the directory entry of a new journal durable.
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
+        if fresh {
+            // Create it, and make its directory entry durable.
+            storage.append(JOURNAL, b"").and_then(|()| storage.sync(JOURNAL)).map_err(err)?;
+            storage.sync_dir().map_err(err)?;
         }
         let reserved = rec.floors.clone();
-        let journal =
-            Journal { file, path: path.clone(), _lock: lock, reserved, failed: false, commits: 0, strides: HashMap::new() };
+        let journal = Journal {
+            storage,
+            len,
+            path: path.clone(),
+            _lock: lock,
+            reserved,
+            failed: false,
+            commits: 0,
+            strides: HashMap::new(),
+        };
         let inner = std::sync::Arc::new(parking_lot::Mutex::new(journal));
         let (ahead, rx) = std::sync::mpsc::channel::<(PathBuf, u64)>();
         let bg = inner.clone();
@@ -207,6 +224,11 @@ impl EpochJournal {
             })
             .map_err(|e| format!("starting the reservation thread: {e}"))?;
         Ok((EpochJournal { inner, path, asked: HashMap::new(), ahead: Some(ahead), thread: Some(thread) }, rec))
+    }
+
+    /// Run `f` on the storage (tests look inside the in-memory backend).
+    pub fn with_storage<R>(&self, f: impl FnOnce(&mut dyn Storage) -> R) -> R {
+        f(&mut *self.inner.lock().storage)
     }
 
     /// Make `epoch` safe to hand out for `path`: durable before it returns,
@@ -240,7 +262,7 @@ impl EpochJournal {
 
     /// Bytes in the journal.
     pub fn size(&self) -> u64 {
-        self.inner.lock().file.metadata().map(|m| m.len()).unwrap_or(0)
+        self.inner.lock().len
     }
 
     /// Reservation records committed since start.
@@ -269,12 +291,12 @@ impl Journal {
         };
         let upto = epoch + stride;
         let rec = record(path, upto);
-        let before = self.file.metadata()?.len();
-        let r = self.file.write_all(rec.as_bytes()).and_then(|()| self.file.sync_data());
+        let before = self.len;
+        let r = self.storage.append(JOURNAL, rec.as_bytes()).and_then(|()| self.storage.sync(JOURNAL));
         if let Err(e) = r {
             // Never leave a partial record in the middle of the journal: a
             // later append would turn a torn tail into corruption.
-            let undo = self.file.set_len(before).and_then(|()| self.file.sync_data());
+            let undo = self.storage.truncate(JOURNAL, before).and_then(|()| self.storage.sync(JOURNAL));
             if e.raw_os_error() == Some(libc::ENOSPC) && undo.is_ok() {
                 // A full disk is refused, not fatal: the next reservation
                 // retries once space returns.
@@ -286,6 +308,7 @@ impl Journal {
             return Err(e);
         }
         self.commits += 1;
+        self.len += rec.len() as u64;
         self.reserved.insert(path.to_path_buf(), upto);
         if self.strides.len() > 4096 {
             self.strides.clear();
@@ -302,6 +325,60 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// At every write and sync of a stream of grants, the image a crash
+    /// would leave recovers a floor at or above every epoch that was made
+    /// visible before it (ensure returned), for every path.
+    #[test]
+    fn every_crash_image_keeps_every_visible_epoch() {
+        use crate::storage::MemStorage;
+        let (mut j, _) =
+            EpochJournal::open_on(Box::new(MemStorage::recording()), None, Path::new("mem/epochs.journal")).unwrap();
+        let images = |j: &EpochJournal| {
+            j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().images.len())
+        };
+        // (path, epoch, images taken before it became visible)
+        let mut visible: Vec<(&str, u64, usize)> = Vec::new();
+        for e in 1..=5000u64 {
+            for p in ["a", "b/c"] {
+                if p == "b/c" && e % 7 != 0 {
+                    continue;
+                }
+                j.ensure(Path::new(p), e).unwrap();
+                visible.push((p, e, images(&j)));
+            }
+        }
+        let all = j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().images.clone());
+        assert!(all.len() > 20, "{} images", all.len());
+        drop(j);
+        for (n, mut img) in all.into_iter().enumerate() {
+            let bytes = img.read(JOURNAL).unwrap().unwrap_or_default();
+            let rec = recover(&bytes).unwrap_or_else(|off| panic!("image {n}: corrupt at {off}"));
+            for (p, e, at) in &visible {
+                if *at <= n {
+                    let floor = rec.floors.get(Path::new(p)).copied().unwrap_or(0);
+                    assert!(floor >= *e, "image {n}: {p} was handed {e}, recovered floor {floor}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_refused_reservation_leaves_no_partial_record() {
+        use crate::storage::MemStorage;
+        let (mut j, _) =
+            EpochJournal::open_on(Box::new(MemStorage::default()), None, Path::new("mem/epochs.journal")).unwrap();
+        j.ensure(Path::new("a"), 1).unwrap();
+        let ops = j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().ops);
+        // The append goes through, its sync fails with ENOSPC.
+        j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().fail_at = Some((ops + 2, libc::ENOSPC)));
+        assert_eq!(j.ensure(Path::new("b"), 1).unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        j.ensure(Path::new("b"), 1).unwrap();
+        let bytes = j.with_storage(|s| s.read(JOURNAL).unwrap().unwrap());
+        let rec = recover(&bytes).unwrap();
+        assert_eq!(rec.cut, 0);
+        assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 2, "one record per successful reservation");
+    }
 
     #[test]
     fn crc_matches_the_standard_check_value() {
