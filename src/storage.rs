@@ -135,6 +135,10 @@ pub struct MemStorage {
     files: Vec<MemFile>,
     names: HashMap<String, usize>,
     durable_names: HashMap<String, usize>,
+    /// Name changes since the last `sync_dir`, in order (`None`: removed).
+    /// A crash may keep any subset of them: nothing orders directory
+    /// updates that were not synced.
+    name_ops: Vec<Vec<(String, Option<usize>)>>,
     /// Crash images recorded so far (when recording is on).
     pub images: Vec<MemStorage>,
     recording: bool,
@@ -169,11 +173,29 @@ impl MemStorage {
     }
 
     /// What the directory could look like after a crash now: the durable
-    /// names or the current ones, and each file's synced content plus none,
-    /// half, or all of what was written since.
+    /// names with any subset of the unsynced name changes applied (in
+    /// order; only none or all of them beyond 4), and each file's synced
+    /// content plus none, half, or all of what was written since.
     pub fn crash_images(&self) -> Vec<MemStorage> {
+        let n = self.name_ops.len();
+        let masks: Vec<u32> = if n <= 4 { (0..1u32 << n).collect() } else { vec![0, u32::MAX] };
+        let mut variants = Vec::new();
+        for mask in masks {
+            let mut names = self.durable_names.clone();
+            for (k, op) in self.name_ops.iter().enumerate() {
+                if mask & (1 << k.min(31)) != 0 {
+                    for (name, target) in op {
+                        match target {
+                            Some(i) => names.insert(name.clone(), *i),
+                            None => names.remove(name),
+                        };
+                    }
+                }
+            }
+            variants.push(names);
+        }
         let mut out = Vec::new();
-        for names in [&self.durable_names, &self.names] {
+        for names in &variants {
             for keep in [0usize, 1, 2] {
                 let mut files = Vec::new();
                 let mut map = HashMap::new();
@@ -201,8 +223,23 @@ impl MemStorage {
             return i;
         }
         self.files.push(MemFile::default());
-        self.names.insert(name.to_string(), self.files.len() - 1);
+        self.set_name(name, Some(self.files.len() - 1));
         self.files.len() - 1
+    }
+
+    fn set_name(&mut self, name: &str, target: Option<usize>) {
+        self.set_names(&[(name, target)]);
+    }
+
+    /// One atomic directory update (a rename changes two names at once).
+    fn set_names(&mut self, changes: &[(&str, Option<usize>)]) {
+        for (name, target) in changes {
+            match target {
+                Some(i) => self.names.insert(name.to_string(), *i),
+                None => self.names.remove(*name),
+            };
+        }
+        self.name_ops.push(changes.iter().map(|(n, t)| (n.to_string(), *t)).collect());
     }
 }
 
@@ -244,20 +281,22 @@ impl Storage for MemStorage {
     fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
         self.step()?;
         self.files.push(MemFile { data: data.to_vec(), synced: Vec::new() });
-        self.names.insert(name.to_string(), self.files.len() - 1);
+        self.set_name(name, Some(self.files.len() - 1));
         Ok(())
     }
 
     fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
         self.step()?;
-        let i = self.names.remove(from).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-        self.names.insert(to.to_string(), i);
+        let i = *self.names.get(from).ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        self.set_names(&[(from, None), (to, Some(i))]);
         Ok(())
     }
 
     fn remove(&mut self, name: &str) -> io::Result<()> {
         self.step()?;
-        self.names.remove(name);
+        if self.names.contains_key(name) {
+            self.set_name(name, None);
+        }
         Ok(())
     }
 
@@ -265,6 +304,7 @@ impl Storage for MemStorage {
         self.step()?;
         self.syncs += 1;
         self.durable_names = self.names.clone();
+        self.name_ops.clear();
         Ok(())
     }
 
