@@ -1,5 +1,5 @@
 //! Bench-only baseline: a minimal fuser filesystem with in-memory locks and
-//! none of leasefs's logic (no proxy, no epochs, no identity, no fairness
+//! none of leasefs's logic (no request hook, no epochs, no identity, no fairness
 //! beyond a FIFO queue). `scripts/lockbench.sh` measures leasefs against it.
 //!
 //! Usage: minimalfs MOUNTPOINT   (runs until unmounted; as root)
