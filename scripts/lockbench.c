@@ -60,6 +60,20 @@ static void contend(int procs, double seconds, const char *metric) {
     printf("%s_acq_s %.0f\n%s_worst_us %.0f\n", metric, total / seconds, metric, worst / 1000);
 }
 
+/* n times: open L, take LOCK_EX, write buf, (fsync,) close; print ns/cycle. */
+static void lease_cycle(int n, const char *buf, size_t len, int do_fsync, const char *metric) {
+    double t = now_ns();
+    for (int i = 0; i < n; i++) {
+        int f = open("L", O_RDWR);
+        if (f < 0) die("open");
+        if (flock(f, LOCK_EX)) die("flock");
+        if (pwrite(f, buf, len, 0) != (ssize_t)len) die("pwrite");
+        if (do_fsync && fsync(f)) die("fsync");
+        close(f);
+    }
+    printf("%s %.0f\n", metric, (now_ns() - t) / n);
+}
+
 int main(int argc, char **argv) {
     if (argc != 4) { fprintf(stderr, "usage: lockbench DIR N SECONDS\n"); return 2; }
     if (chdir(argv[1])) die("chdir");
@@ -84,27 +98,9 @@ int main(int argc, char **argv) {
     printf("fcntl_pair_ns %.0f\n", (now_ns() - t) / n);
     close(fd);
 
-    t = now_ns();
-    for (int i = 0; i < n; i++) {
-        int f = open("L", O_RDWR);
-        if (f < 0) die("open");
-        if (flock(f, LOCK_EX)) die("flock");
-        if (pwrite(f, buf, sizeof buf, 0) != sizeof buf) die("pwrite");
-        close(f);
-    }
-    printf("lease_cycle_ns %.0f\n", (now_ns() - t) / n);
-
-    /* The lease cycle with an fsync of the lease before unlocking. */
-    t = now_ns();
-    for (int i = 0; i < n; i++) {
-        int f = open("L", O_RDWR);
-        if (f < 0) die("open");
-        if (flock(f, LOCK_EX)) die("flock");
-        if (pwrite(f, buf, sizeof buf, 0) != sizeof buf) die("pwrite");
-        if (fsync(f)) die("fsync");
-        close(f);
-    }
-    printf("fsync_cycle_ns %.0f\n", (now_ns() - t) / n);
+    lease_cycle(n, buf, sizeof buf, 0, "lease_cycle_ns");
+    /* The same with an fsync of the lease before unlocking. */
+    lease_cycle(n, buf, sizeof buf, 1, "fsync_cycle_ns");
 
     contend(2, secs, "contend2");
     contend(8, secs, "contend8");

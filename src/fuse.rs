@@ -171,6 +171,14 @@ impl LeaseFs {
         (LeaseFs { fs, waits, direct_io: false }, icpt)
     }
 
+    /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
+    fn sync(&self, op: &str, reply: ReplyEmpty) {
+        guarded(op, || match self.fs.sync() {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
     fn lock_request(
         &self,
         w: &mut Waits,
@@ -514,10 +522,7 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        guarded("fsync", || match self.fs.sync() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        });
+        self.sync("fsync", reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -549,10 +554,7 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
-        guarded("fsyncdir", || match self.fs.sync() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        });
+        self.sync("fsyncdir", reply);
     }
 
     fn destroy(&mut self) {

@@ -840,6 +840,49 @@ mod tests {
         assert_eq!(d.read(10_000, 1), b"\0");
     }
 
+    fn new_file(ns: &mut Namespace, parent: Ino, name: &str) -> Ino {
+        let new = NewInode { kind: Kind::File, perm: 0o644, uid: 0, gid: 0, rdev: 0, symlink: None };
+        let ino = ns.alloc(new, parent, SystemTime::now());
+        ns.link(parent, OsStr::new(name), ino).unwrap();
+        ino
+    }
+
+    #[test]
+    fn path_hints_follow_the_last_name_and_are_verified() {
+        let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+        let d = ns.alloc(
+            NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None },
+            Ino::ROOT,
+            SystemTime::now(),
+        );
+        ns.link(Ino::ROOT, OsStr::new("d"), d).unwrap();
+        let f = new_file(&mut ns, d, "a");
+        assert_eq!(ns.path_hint(f), Some(std::path::PathBuf::from("d/a")));
+        ns.link(Ino::ROOT, OsStr::new("b"), f).unwrap();
+        assert_eq!(ns.path_hint(f), Some(std::path::PathBuf::from("b")), "the last name given wins");
+        ns.unlink(Ino::ROOT, OsStr::new("b")).unwrap();
+        assert_eq!(ns.path_hint(f), None, "a removed name is not trusted (callers walk the tree)");
+        assert_eq!(ns.path_hint(d), None, "directories have no hint");
+    }
+
+    #[test]
+    fn dirty_tracking_records_pages_names_and_drops() {
+        let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+        ns.set_tracking();
+        let f = new_file(&mut ns, Ino::ROOT, "f");
+        ns.get_mut(f).unwrap().data_mut().unwrap().write(5000, b"x").unwrap();
+        assert!(ns.dirty().0.contains(&f) && ns.dirty().0.contains(&Ino::ROOT));
+        assert_eq!(ns.get(f).unwrap().data().unwrap().dirty_pages().collect::<Vec<_>>(), vec![1]);
+        ns.clear_dirty();
+        assert!(ns.dirty().0.is_empty());
+        ns.get_mut(f).unwrap().data_mut().unwrap().truncate(0).unwrap();
+        assert_eq!(ns.get(f).unwrap().data().unwrap().dirty_pages().collect::<Vec<_>>(), vec![1], "dropped pages are dirty");
+        ns.unlink(Ino::ROOT, OsStr::new("f")).unwrap();
+        let names: Vec<_> = ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().cloned().collect();
+        assert_eq!(names, vec![OsString::from("f")]);
+        assert!(ns.dirty().1.contains(&f) && !ns.dirty().0.contains(&f), "a dropped inode is recorded as freed");
+    }
+
     #[test]
     fn readdir_cookies_survive_removal_and_insertion() {
         let mut d = Dir::new(Ino::ROOT);

@@ -7,6 +7,30 @@ use std::process::Command;
 
 use crate::util::{epoch, leasefs_bin, py_ok, run_timeout, sh, sh_ok, wait_timeout, Mount, STEP};
 
+/// A state directory on a tmpfs of a few KiB, unmounted on drop.
+struct TinyDisk {
+    _root: tempfile::TempDir,
+    path: std::path::PathBuf,
+}
+
+impl TinyDisk {
+    fn new(kib: u32) -> TinyDisk {
+        let root = tempfile::tempdir().unwrap();
+        let path = root.path().join("state");
+        std::fs::create_dir(&path).unwrap();
+        let size = format!("size={kib}k");
+        let o = run_timeout(Command::new("mount").args(["-t", "tmpfs", "-o", &size, "tmpfs"]).arg(&path), STEP);
+        assert!(o.status.success(), "{o:?}");
+        TinyDisk { _root: root, path }
+    }
+}
+
+impl Drop for TinyDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.path).status();
+    }
+}
+
 /// `kill -9` the daemon and clear its dead mount.
 fn kill_9(m: &mut Mount) {
     // SAFETY: killing our own child.
@@ -256,18 +280,8 @@ fn a_corrupt_journal_stops_start_up_with_file_and_offset() {
 
 #[test]
 fn a_full_state_disk_refuses_grants_with_enospc_and_recovers() {
-    let root = tempfile::tempdir().unwrap();
-    let sd = root.path().join("state");
-    std::fs::create_dir(&sd).unwrap();
-    let o = run_timeout(Command::new("mount").args(["-t", "tmpfs", "-o", "size=64k", "tmpfs"]).arg(&sd), STEP);
-    assert!(o.status.success(), "{o:?}");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(sd.clone());
+    let disk = TinyDisk::new(64);
+    let sd = disk.path.clone();
     let m = Mount::with_args(&["--allow-other", "--state-dir", sd.to_str().unwrap()]);
     sh_ok(&m.path, "echo data > A && touch L && flock L true");
     let e1 = epoch(&m.path, "L");
@@ -317,18 +331,8 @@ fn crash_loop_short_run_has_no_regressions_and_no_losses() {
 
 #[test]
 fn a_full_state_disk_fails_fsync_with_enospc_until_space_returns() {
-    let root = tempfile::tempdir().unwrap();
-    let sd = root.path().join("state");
-    std::fs::create_dir(&sd).unwrap();
-    let o = run_timeout(Command::new("mount").args(["-t", "tmpfs", "-o", "size=256k", "tmpfs"]).arg(&sd), STEP);
-    assert!(o.status.success(), "{o:?}");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-        }
-    }
-    let _guard = Unmount(sd.clone());
+    let disk = TinyDisk::new(256);
+    let sd = disk.path.clone();
     let sds = sd.to_str().unwrap();
     let mut m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
     let sync = |name: &str| format!("python3 -c \"import os; os.fsync(os.open('{name}', os.O_RDONLY))\"");
