@@ -55,6 +55,8 @@ pub enum Error {
     NoSpace,
     /// The state directory failed; durability can no longer be promised.
     Io,
+    /// `SEEK_DATA`/`SEEK_HOLE` found nothing at or after the offset.
+    NoSuchOffset,
 }
 
 impl Error {
@@ -85,6 +87,7 @@ impl Error {
             Error::Interrupted => libc::EINTR,
             Error::NoSpace => libc::ENOSPC,
             Error::Io => libc::EIO,
+            Error::NoSuchOffset => libc::ENXIO,
         }
     }
 }

@@ -151,6 +151,60 @@ pub struct StatFs {
     pub namelen: u32,
 }
 
+/// How one `write` request arrived.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOpts {
+    /// The thread that wrote (request header).
+    pub tid: u32,
+    /// `O_APPEND` as of this write: `fcntl(F_SETFL)` may have set or
+    /// cleared it since open, so the flags stored at open do not decide.
+    pub append: bool,
+    /// The kernel leaves clearing suid/sgid to the filesystem
+    /// (`FUSE_WRITE_KILL_SUIDGID`: a writer without `CAP_FSETID`).
+    pub kill_suidgid: bool,
+    /// The writer's group (request header), for the sgid rule.
+    pub gid: u32,
+    /// Writeback of cached pages (a shared mapping), sent by the kernel on
+    /// behalf of whoever opened the handle.
+    pub writeback: bool,
+}
+
+/// The bits an unprivileged write leaves, as the kernel decides them
+/// (`file_remove_privs`): suid always goes; sgid goes when it means
+/// set-group-ID (group-executable) or the writer is not in the file's group.
+pub fn kill_suidgid(perm: u16, writer_in_group: bool) -> u16 {
+    let mut p = perm & !(libc::S_ISUID as u16);
+    if p & libc::S_ISGID as u16 != 0 && (p & libc::S_IXGRP as u16 != 0 || !writer_in_group) {
+        p &= !(libc::S_ISGID as u16);
+    }
+    p
+}
+
+/// What an unprivileged caller's truncate or `fallocate` leaves of the
+/// mode. The kernel sends the mode change itself for suid and for
+/// group-executable sgid, but not for the newer rule (sgid without
+/// group-execute goes when the caller is not in the file's group), so the
+/// daemon applies the whole rule. Root stands for `CAP_FSETID`.
+fn after_unprivileged_change(perm: u16, file_gid: u32, caller: Caller) -> u16 {
+    if caller.uid == 0 || perm & (libc::S_ISUID | libc::S_ISGID) as u16 == 0 {
+        return perm;
+    }
+    kill_suidgid(perm, in_group(caller.pid, caller.gid, file_gid))
+}
+
+/// True when thread `tid` (with primary group `gid`) is a member of group
+/// `file_gid`, supplementary groups included (from `/proc`).
+fn in_group(tid: u32, gid: u32, file_gid: u32) -> bool {
+    if gid == file_gid {
+        return true;
+    }
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { return false };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(file_gid)))
+}
+
 /// Rename flags (`renameat2`).
 pub const RENAME_NOREPLACE: u32 = 1;
 /// Rename flags (`renameat2`).
@@ -165,7 +219,9 @@ const TOTAL_FILES: u64 = 1 << 32;
 #[derive(Debug)]
 struct OpenFile {
     ino: Ino,
-    flags: i32,
+    /// The process that opened it: writes the kernel sends on its behalf
+    /// later (writeback of a shared mapping) are that process's own.
+    opener: Option<Proc>,
     /// For a guarded file opened for writing: the lease, the epoch it had
     /// at open, and the process that held it.
     guard: Option<(Ino, Epoch, u32)>,
@@ -192,6 +248,13 @@ struct State {
     obs: Observations,
     /// Inodes a name pointed at before it pointed at this one.
     predecessors: HashMap<Ino, Vec<Ino>>,
+    /// Open `O_TMPFILE` files that were never linked: `link()` may give
+    /// them their first name (the kernel allows it unless `O_EXCL`).
+    tmpfiles: std::collections::HashSet<Ino>,
+    /// The version at which a name was last re-pointed at the same inode
+    /// (rename over a live lease, re-attach after unlink): observations
+    /// older than it are stale for `unlink` (SPEC 6).
+    repointed: HashMap<Ino, u64>,
     /// The last inode each removed name pointed at.
     removed: HashMap<PathBuf, Ino>,
     /// Thread id → process identity cache.
@@ -239,12 +302,17 @@ impl State {
 
     /// `tid` observed the regular file `ino` at its current version.
     fn observe(&mut self, tid: u32, ino: Ino) {
+        let Some(p) = self.proc(tid, false) else { return };
+        self.observe_as(p, ino);
+    }
+
+    /// The process `p` observed the regular file `ino` at its current version.
+    fn observe_as(&mut self, p: Proc, ino: Ino) {
         let Ok(i) = self.ns.get(ino) else { return };
         if i.kind != Kind::File {
             return;
         }
         let version = i.version;
-        let Some(p) = self.proc(tid, false) else { return };
         self.obs.record(p, ino, version);
         self.recorded += 1;
         if self.recorded % SWEEP_EVERY == 0 {
@@ -272,6 +340,36 @@ impl State {
                 self.metrics.cas_rejections += 1;
                 Err(Error::Stale)
             }
+        }
+    }
+
+    /// Refuse `unlink` with `ESTALE` when the name now leading to `ino` was
+    /// re-pointed since `tid` observed it; content changes do not count
+    /// (a parent removing a file its child rewrote is ordinary cleanup).
+    fn check_name_current(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
+        let Ok(i) = self.ns.get(ino) else { return Ok(()) };
+        if i.kind != Kind::File {
+            return Ok(());
+        }
+        let Some(p) = self.proc(tid, true) else { return Ok(()) };
+        let repointed_at = self.repointed.get(&ino).copied().unwrap_or(0);
+        let preds: Vec<(Ino, u64)> =
+            self.predecessors.get(&ino).map(|v| v.iter().map(|i| (*i, 0)).collect()).unwrap_or_default();
+        match self.obs.check_name(p, ino, repointed_at, &preds) {
+            Verdict::Current | Verdict::Unobserved => Ok(()),
+            Verdict::Stale { seen, current } => {
+                debug!(path = %self.path_for_log(ino), pid = p.tgid, ino = ino.0, seen, current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: name re-pointed");
+                self.metrics.cas_rejections += 1;
+                Err(Error::Stale)
+            }
+        }
+    }
+
+    /// The name leading to `ino` was re-pointed at it again (same inode):
+    /// earlier observers of the name hold a stale view.
+    fn repoint(&mut self, ino: Ino) {
+        if let Ok(i) = self.ns.get(ino) {
+            self.repointed.insert(ino, i.version);
         }
     }
 
@@ -468,6 +566,9 @@ impl State {
         if self.ns.get(ino).is_err() {
             self.locks.forget(ino);
             self.predecessors.remove(&ino);
+            self.repointed.remove(&ino);
+            self.tmpfiles.remove(&ino);
+            self.ino_reserved.remove(&ino);
         }
         let (ns, locks) = (&self.ns, &self.locks);
         self.detached.retain(|_, i| locks.is_live(*i) && ns.get(*i).is_ok());
@@ -553,6 +654,8 @@ impl Fs {
                 invalidate: Vec::new(),
                 obs: Observations::new(),
                 predecessors: HashMap::new(),
+                repointed: HashMap::new(),
+                tmpfiles: std::collections::HashSet::new(),
                 removed: HashMap::new(),
                 tids: HashMap::new(),
                 recorded: 0,
@@ -712,7 +815,7 @@ impl Fs {
         let mut st = self.state.lock();
         let h = Handle(st.next_handle);
         st.next_handle += 1;
-        st.handles.insert(h, OpenFile { ino, flags, guard: None, control: content });
+        st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content });
         Ok(h)
     }
 
@@ -875,7 +978,8 @@ impl Fs {
     }
 
     /// Change attributes (chmod, chown, truncate, utimensat).
-    pub fn setattr(&self, ino: Ino, set: &SetAttr, tid: u32) -> Result<Attr> {
+    pub fn setattr(&self, ino: Ino, set: &SetAttr, caller: Caller) -> Result<Attr> {
+        let tid = caller.pid;
         if control::is_control(ino) {
             // `echo PATH > .leasefs/break` opens with O_TRUNC: let that be.
             let only_truncate = set.size == Some(0) && set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
@@ -903,6 +1007,9 @@ impl Fs {
         if let Some(size) = set.size {
             i.data_mut()?.truncate(size)?;
             i.change_content(now);
+            if set.mode.is_none() {
+                i.perm = after_unprivileged_change(i.perm, i.gid, caller);
+            }
         }
         if let Some(mode) = set.mode {
             i.perm = (mode & 0o7777) as u16;
@@ -968,16 +1075,22 @@ impl Fs {
         let path = st.path_of(parent, name);
         if kind == Kind::File {
             // A live lease whose name was removed comes back with its inode,
-            // holders, waiters and epoch (SPEC 4); its content starts empty
-            // like any newly created file.
+            // holders, waiters and epoch (SPEC 4), also while other hard
+            // links still name it. Without other names its content starts
+            // empty like any newly created file; with them it keeps the
+            // content those names still show.
             if let Some(ino) = path.as_ref().and_then(|p| st.detached.remove(p)) {
-                if st.locks.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.nlink == 0) {
+                if st.locks.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
+                    let orphan = st.ns.get(ino)?.nlink == 0;
                     st.ns.link(parent, name, ino)?;
                     st.ns.add_lookup(ino);
                     let i = st.ns.get_mut(ino)?;
-                    i.data_mut()?.truncate(0)?;
+                    if orphan {
+                        i.data_mut()?.truncate(0)?;
+                    }
                     i.change_content(now);
                     st.ns.get_mut(parent)?.touch_content(now);
+                    st.repoint(ino);
                     return Ok(st.ns.get(ino)?.attr());
                 }
             }
@@ -1054,6 +1167,27 @@ impl Fs {
         Ok((attr, h))
     }
 
+    /// `O_TMPFILE`: an open regular file in `parent` without a name
+    /// (nlink 0) until `linkat` gives it one; dropped at its last close.
+    pub fn tmpfile(&self, caller: Caller, parent: Ino, mode: u32, umask: u32, flags: i32) -> Result<(Attr, Handle)> {
+        let mut st = self.state.lock();
+        let p = st.ns.get(parent)?;
+        if p.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        let mut gid = caller.gid;
+        if p.perm & libc::S_ISGID as u16 != 0 {
+            gid = p.gid;
+        }
+        let perm = (mode & !umask & 0o7777) as u16;
+        let ino = st.ns.alloc(NewInode { kind: Kind::File, perm, uid: caller.uid, gid, rdev: 0, symlink: None }, parent, now());
+        st.ns.add_lookup(ino);
+        st.tmpfiles.insert(ino);
+        let h = Self::open_locked(&mut st, ino, flags, caller.pid)?;
+        st.observe(caller.pid, ino);
+        Ok((st.ns.get(ino)?.attr(), h))
+    }
+
     /// `unlink` by thread `tid`; `ESTALE` when it acts on an old view.
     pub fn unlink(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<()> {
         refuse_control_name(parent, name)?;
@@ -1063,7 +1197,7 @@ impl Fs {
             return Err(Error::IsDir);
         }
         st.check_fenced_pid(tid, ino, "unlink")?;
-        st.check_current(tid, ino, "unlink")?;
+        st.check_name_current(tid, ino, "unlink")?;
         let now = now();
         let path = st.path_of(parent, name);
         if let Some(p) = &path {
@@ -1120,7 +1254,7 @@ impl Fs {
         if i.kind == Kind::Dir {
             return Err(Error::NotPermitted);
         }
-        if i.nlink == 0 {
+        if i.nlink == 0 && !st.tmpfiles.contains(&ino) {
             return Err(Error::NotFound);
         }
         let p = st.ns.get(parent)?;
@@ -1134,6 +1268,7 @@ impl Fs {
         let path = st.path_of(parent, name);
         st.ns.link(parent, name, ino)?;
         st.ns.add_lookup(ino);
+        st.tmpfiles.remove(&ino);
         st.ns.get_mut(parent)?.touch_content(now);
         // link() creating the name acquires the lease (the dotlock idiom).
         let floor = path.as_ref().and_then(|p| st.path_epochs.get(p)).copied().unwrap_or_default();
@@ -1251,11 +1386,12 @@ impl Fs {
         let old_path = st.path_of(parent, name);
         let new_path = st.path_of(newparent, newname);
         if let Some(dst) = dst {
-            let in_use = st.locks.in_use(dst);
+            let live = st.locks.is_live(dst);
             let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
-            if in_use && both_files {
-                // Rename over a lease in use replaces its content and keeps
-                // its inode, holders, waiters and epoch (SPEC 4).
+            if live && both_files {
+                // Rename over a live lease replaces its content and keeps
+                // its inode, holders, waiters and epoch (SPEC 4). Anything
+                // else is renamed over exactly as POSIX says.
                 let data = st.ns.get(src)?.data()?.clone();
                 let d = st.ns.get_mut(dst)?;
                 d.data_mut()?.replace_with(data);
@@ -1266,6 +1402,7 @@ impl Fs {
                 st.ns.get_mut(parent)?.touch_content(now);
                 st.ns.get_mut(newparent)?.touch_content(now);
                 st.invalidate.push(dst);
+                st.repoint(dst);
                 st.collect(src);
                 // Its own rename is an observation of the new version.
                 st.observe(tid, dst);
@@ -1344,11 +1481,12 @@ impl Fs {
                 guard = Some((lease, st.locks.epoch(lease), holder));
             }
         }
+        let opener = st.proc(tid, false);
         let i = st.ns.get_mut(ino)?;
         i.opens += 1;
         let h = Handle(st.next_handle);
         st.next_handle += 1;
-        st.handles.insert(h, OpenFile { ino, flags, guard, control: None });
+        st.handles.insert(h, OpenFile { ino, opener, guard, control: None });
         Ok(h)
     }
 
@@ -1468,7 +1606,7 @@ impl Fs {
     }
 
     /// `write`; returns the number of bytes written.
-    pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8], tid: u32) -> Result<u32> {
+    pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8], how: WriteOpts) -> Result<u32> {
         if control::is_control(ino) {
             return Err(Error::NotPermitted);
         }
@@ -1477,22 +1615,37 @@ impl Fs {
         Self::check_handle(&mut st, ino, h, "write")?;
         // A write through the holder's descriptor renews its lease.
         st.locks.renew(ino, Some(h.0), &[]);
-        let append = st.handles.get(&h).is_some_and(|f| f.flags & libc::O_APPEND != 0);
+        let opener = st.handles.get(&h).and_then(|f| f.opener);
         let i = st.ns.get_mut(ino)?;
         let d = i.data_mut()?;
         // O_APPEND writes land at the daemon's end of file, which other
         // writers may have moved since the kernel last saw the size.
-        let offset = if append { d.size() } else { offset };
+        let offset = if how.append { d.size() } else { offset };
         d.write(offset, data)?;
         i.change_content(now());
-        st.observe(tid, ino);
+        if how.kill_suidgid && i.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0 {
+            let file_gid = i.gid;
+            let member = how.tid != 0 && !how.writeback && in_group(how.tid, how.gid, file_gid);
+            let i = st.ns.get_mut(ino)?;
+            i.perm = kill_suidgid(i.perm, member);
+        }
+        // Writeback carries no meaningful caller: the pages were dirtied
+        // through the opener's mapping, so the opener's own view stays
+        // current (its own writes never make it stale).
+        match (how.writeback || how.tid == 0, opener) {
+            (true, Some(p)) => st.observe_as(p, ino),
+            _ => st.observe(how.tid, ino),
+        }
         Ok(data.len() as u32)
     }
 
     /// `fallocate`: mode 0 and `FALLOC_FL_KEEP_SIZE` reserve (a no-op in
     /// memory beyond growing the size), `PUNCH_HOLE|KEEP_SIZE` zeroes.
-    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32, tid: u32) -> Result<()> {
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32, caller: Caller) -> Result<()> {
+        let tid = caller.pid;
         let mut st = self.state.lock();
+        let i = st.ns.get_mut(ino)?;
+        i.perm = after_unprivileged_change(i.perm, i.gid, caller);
         let i = st.ns.get_mut(ino)?;
         let d = i.data_mut()?;
         let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
@@ -1509,6 +1662,19 @@ impl Fs {
         i.change_content(now());
         st.observe(tid, ino);
         Ok(())
+    }
+
+    /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel handles the
+    /// other whences itself) over the sparse pages.
+    pub fn lseek(&self, ino: Ino, offset: i64, whence: i32) -> Result<u64> {
+        let from = u64::try_from(offset).map_err(|_| Error::NoSuchOffset)?;
+        let st = self.state.lock();
+        let d = st.ns.get(ino)?.data()?;
+        match whence {
+            libc::SEEK_DATA => d.seek_data(from).ok_or(Error::NoSuchOffset),
+            libc::SEEK_HOLE => d.seek_hole(from).ok_or(Error::NoSuchOffset),
+            _ => Err(Error::Invalid),
+        }
     }
 
     /// `readdir`: entries after `offset` (0 starts over), including `.` and `..`.
@@ -1748,7 +1914,7 @@ mod tests {
         let fs = fs();
         let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0o022, libc::O_RDWR).unwrap();
         assert_eq!(a.perm, 0o644);
-        fs.write(a.ino, h, 0, b"hello", 0).unwrap();
+        fs.write(a.ino, h, 0, b"hello", WriteOpts::default()).unwrap();
         let b = fs.link(a.ino, Ino::ROOT, OsStr::new("b")).unwrap();
         assert_eq!(b.nlink, 2);
         fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
@@ -1785,7 +1951,7 @@ mod tests {
     fn setgid_directories_hand_down_group() {
         let fs = fs();
         let d = fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o2775, 0).unwrap();
-        fs.setattr(d.ino, &SetAttr { gid: Some(50), ..SetAttr::default() }, 0).unwrap();
+        fs.setattr(d.ino, &SetAttr { gid: Some(50), ..SetAttr::default() }, C).unwrap();
         let u = Caller { uid: 1000, gid: 1000, pid: 1 };
         let f = fs.mknod(u, d.ino, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
         assert_eq!(f.gid, 50);
@@ -1813,7 +1979,7 @@ mod tests {
         let fs = fs();
         let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, libc::O_RDWR).unwrap();
         fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
-        fs.write(a.ino, h, 0, b"x", 0).unwrap();
+        fs.write(a.ino, h, 0, b"x", WriteOpts::default()).unwrap();
         fs.forget(a.ino, 1);
         assert_eq!(fs.getattr(a.ino, 0).unwrap().nlink, 0);
         fs.release(h, None).unwrap();

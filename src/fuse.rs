@@ -15,17 +15,17 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek,
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use tracing::{debug, error, warn};
 
 use crate::error::Error;
-use crate::fs::{Caller, Fs, Handle, SetAttr, SetTime};
+use crate::fs::{Caller, Fs, Handle, SetAttr, SetTime, WriteOpts};
 use crate::lease::{Effect, LockKind, Mode, Outcome, Owner, Range, Request as LockRequest, WaitId};
 use crate::namespace::{Attr, Ino, Kind};
-use crate::session::{Intercept, Notices};
+use crate::session::{Intercept, Notices, TmpfileReply, TmpfileRequest};
 
 /// `fuse_lk_in.lk_flags` bit marking a `flock(2)` request.
 const FUSE_LK_FLOCK: u32 = 1;
@@ -54,6 +54,8 @@ struct Waits {
     lk_flags: HashMap<u64, u32>,
     /// Where to send page-cache invalidations.
     notices: Option<Notices>,
+    /// Regular files are opened with direct I/O (decided at INIT).
+    direct_io: bool,
 }
 
 impl Waits {
@@ -123,6 +125,22 @@ impl Intercept for Interceptor {
 
     fn lock_request(&self, unique: u64, lk_flags: u32) {
         self.waits.lock().lk_flags.insert(unique, lk_flags);
+    }
+
+    fn tmpfile(&self, r: TmpfileRequest) -> Result<TmpfileReply, i32> {
+        let direct_io = self.waits.lock().direct_io;
+        let caller = Caller { uid: r.uid, gid: r.gid, pid: r.pid };
+        let guarded = catch_unwind(AssertUnwindSafe(|| {
+            self.fs.tmpfile(caller, Ino(r.parent), r.mode, r.umask, r.flags as i32)
+        }));
+        match guarded {
+            Ok(Ok((attr, h))) => Ok(TmpfileReply { attr, fh: h.0, direct_io }),
+            Ok(Err(e)) => Err(e.errno()),
+            Err(_) => {
+                error!(op = "tmpfile", "handler panicked; request answered with EIO");
+                Err(libc::EIO)
+            }
+        }
     }
 
     fn attach(&self, notices: Notices) {
@@ -296,6 +314,7 @@ impl fuser::Filesystem for LeaseFs {
         // reaches the daemon (observations, fencing, rename-over content);
         // this flag keeps shared mmap working (SQLite WAL's -shm).
         self.direct_io = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_ok();
+        self.waits.lock().direct_io = self.direct_io;
         if !self.direct_io {
             warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
         }
@@ -349,7 +368,7 @@ impl fuser::Filesystem for LeaseFs {
                 ctime,
                 handle: fh.map(|h| Handle(h.0)),
             };
-            match self.fs.setattr(Ino(ino.0), &set, req.pid()) {
+            match self.fs.setattr(Ino(ino.0), &set, caller(req)) {
                 Ok(a) => reply.attr(&TTL, &attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
@@ -467,8 +486,8 @@ impl fuser::Filesystem for LeaseFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        write_flags: WriteFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -484,7 +503,14 @@ impl fuser::Filesystem for LeaseFs {
                 }
             });
         }
-        guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data, req.pid()) {
+        let how = WriteOpts {
+            tid: req.pid(),
+            append: flags.0 & libc::O_APPEND != 0,
+            kill_suidgid: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
+            gid: req.gid(),
+            writeback: write_flags.contains(WriteFlags::FUSE_WRITE_CACHE),
+        };
+        guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data, how) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         });
@@ -693,6 +719,13 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
+    fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
+        guarded("lseek", || match self.fs.lseek(Ino(ino.0), offset, whence) {
+            Ok(off) => reply.offset(off as i64),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
     fn fallocate(
         &self,
         req: &Request,
@@ -703,7 +736,7 @@ impl fuser::Filesystem for LeaseFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        guarded("fallocate", || match self.fs.fallocate(Ino(ino.0), offset, length, mode, req.pid()) {
+        guarded("fallocate", || match self.fs.fallocate(Ino(ino.0), offset, length, mode, caller(req)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });

@@ -175,9 +175,6 @@ pub struct Lease {
     epoch_owner: Option<Owner>,
     locks: Vec<Lock>,
     waiters: VecDeque<Waiter>,
-    /// Used as a lease: acquired by a lock or an `O_EXCL` create. Rename
-    /// over such a file keeps its identity (SPEC 4).
-    in_use: bool,
     /// Per-file TTL in milliseconds (the mount default applies without one).
     ttl: Option<u64>,
     /// When the holders' TTL runs out (caller's clock, milliseconds).
@@ -268,9 +265,6 @@ impl Lease {
             }
         }
         self.settle_epoch_owner();
-        if req.mode.is_some() {
-            self.in_use = true;
-        }
         if req.acquires_lease() && !held_exclusively {
             self.epoch = Epoch(self.epoch.0 + 1);
             self.epoch_owner = Some(req.owner);
@@ -509,15 +503,13 @@ impl Locks {
         let l = self.leases.entry(ino).or_default();
         if l.epoch < floor {
             l.epoch = floor;
-            l.in_use = true;
         }
     }
 
     /// A new holder took the lease by creating the file (`O_CREAT|O_EXCL`):
-    /// the epoch advances and the file counts as a lease in use.
+    /// the epoch advances.
     pub fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
         let l = self.leases.entry(ino).or_default();
-        l.in_use = true;
         Self::next_epoch(ino, l)
     }
 
@@ -525,9 +517,7 @@ impl Locks {
     /// dotlock idiom): the name's epoch becomes one past what the path last
     /// carried (`floor`), never lower than the inode's own. The temporary file
     /// of the idiom was created with `O_EXCL` and already carries epoch 1, so
-    /// each dotlock holder advances the lock path by exactly one. Hard links
-    /// alone do not make the file a lease in use, so rename over a
-    /// multiply-linked file stays POSIX.
+    /// each dotlock holder advances the lock path by exactly one.
     pub fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect> {
         let l = self.leases.entry(ino).or_default();
         let next = Epoch(floor.0 + 1).max(l.epoch);
@@ -543,12 +533,6 @@ impl Locks {
         l.epoch = Epoch(l.epoch.0 + 1);
         l.epoch_owner = None;
         vec![Effect::Epoch(ino, l.epoch)]
-    }
-
-    /// True when the inode was used as a lease (locked or created with
-    /// `O_EXCL`, or re-created at a path that carried an epoch).
-    pub fn in_use(&self, ino: Ino) -> bool {
-        self.leases.get(&ino).is_some_and(|l| l.in_use)
     }
 
     /// Move a lease's state to another inode number (used when a name is

@@ -198,6 +198,33 @@ impl Data {
         }
     }
 
+    /// `SEEK_DATA`: the first offset at or after `from` inside a stored
+    /// page; `None` (ENXIO) at or past the end or when only holes follow.
+    pub fn seek_data(&self, from: u64) -> Option<u64> {
+        if from >= self.size {
+            return None;
+        }
+        let (&idx, _) = self.pages.range(from / PAGE as u64..).next()?;
+        let off = (idx * PAGE as u64).max(from);
+        (off < self.size).then_some(off)
+    }
+
+    /// `SEEK_HOLE`: the first offset at or after `from` in a hole (the end
+    /// of the file counts as one); `None` (ENXIO) at or past the end.
+    pub fn seek_hole(&self, from: u64) -> Option<u64> {
+        if from >= self.size {
+            return None;
+        }
+        let mut idx = from / PAGE as u64;
+        for (&i, _) in self.pages.range(idx..) {
+            if i != idx {
+                break;
+            }
+            idx += 1;
+        }
+        Some((idx * PAGE as u64).max(from).min(self.size))
+    }
+
     /// Replace the whole content with `other`'s.
     pub fn replace_with(&mut self, other: Data) {
         let mut dirty = self.dirty.take();

@@ -106,6 +106,22 @@ impl Observations {
         }
     }
 
+    /// May `p` remove the name now leading to `ino`? Only a change of what
+    /// the name points at makes its view stale (SPEC 6): the inode replaced
+    /// one `p` saw (`predecessors`), or the name was re-pointed at the same
+    /// inode (rename over a live lease, re-attach) when its version became
+    /// `repointed_at`. Content changes alone keep POSIX behaviour.
+    pub fn check_name(&self, p: Proc, ino: Ino, repointed_at: u64, predecessors: &[(Ino, u64)]) -> Verdict {
+        let Some(seen) = self.procs.get(&p) else { return Verdict::Unobserved };
+        if let Some(&(v, _)) = seen.versions.get(&ino) {
+            return if v >= repointed_at { Verdict::Current } else { Verdict::Stale { seen: v, current: repointed_at } };
+        }
+        match predecessors.iter().find_map(|(i, _)| seen.versions.get(i)) {
+            Some(&(v, _)) => Verdict::Stale { seen: v, current: repointed_at },
+            None => Verdict::Unobserved,
+        }
+    }
+
     /// Drop every process for which `alive` says no (exited, or its pid now
     /// names another process).
     pub fn forget_dead(&mut self, alive: impl Fn(&Proc) -> bool) {
@@ -136,6 +152,19 @@ mod tests {
         assert_eq!(o.check(A, Ino(6), 7, &[(Ino(5), 4)]), Verdict::Stale { seen: 3, current: 7 });
         o.record(A, Ino(6), 7);
         assert_eq!(o.check(A, Ino(6), 7, &[(Ino(5), 4)]), Verdict::Current);
+    }
+
+    #[test]
+    fn names_go_stale_only_when_re_pointed() {
+        let mut o = Observations::new();
+        o.record(A, Ino(5), 3);
+        // Content changed (version 3 -> 9), name not re-pointed: current.
+        assert_eq!(o.check_name(A, Ino(5), 0, &[]), Verdict::Current);
+        // Re-pointed at the same inode at version 4 (rename over a live lease).
+        assert_eq!(o.check_name(A, Ino(5), 4, &[]), Verdict::Stale { seen: 3, current: 4 });
+        // Replaced by another inode.
+        assert_eq!(o.check_name(A, Ino(6), 0, &[(Ino(5), 0)]), Verdict::Stale { seen: 3, current: 0 });
+        assert_eq!(o.check_name(A_REUSED, Ino(6), 0, &[(Ino(5), 0)]), Verdict::Unobserved);
     }
 
     #[test]

@@ -53,6 +53,13 @@ const FUSE_GETLK: u32 = 31;
 const FUSE_SETLKW: u32 = 33;
 /// Offset of `fuse_lk_in.lk_flags` in a lock request.
 const LK_FLAGS_AT: usize = IN_HEADER + 40;
+/// Opcode of FUSE_TMPFILE (`open(O_TMPFILE)`), which fuser 0.18 does not
+/// know (it would answer ENOSYS and the kernel would stop asking).
+const FUSE_TMPFILE: u32 = 51;
+/// Size of `fuse_create_in`.
+const CREATE_IN: usize = 16;
+/// `FOPEN_DIRECT_IO`.
+const FOPEN_DIRECT_IO: u32 = 1;
 /// `FUSE_NOTIFY_INVAL_INODE`.
 const NOTIFY_INVAL_INODE: i32 = 2;
 
@@ -64,6 +71,88 @@ pub trait Intercept: Send + Sync {
     fn lock_request(&self, unique: u64, lk_flags: u32);
     /// The channel for kernel notifications is ready.
     fn attach(&self, notices: Notices);
+    /// `open(O_TMPFILE)` in a directory: a new open file without a name,
+    /// or the errno to answer.
+    fn tmpfile(&self, req: TmpfileRequest) -> Result<TmpfileReply, i32>;
+}
+
+/// A decoded FUSE_TMPFILE request.
+#[derive(Debug, Clone, Copy)]
+pub struct TmpfileRequest {
+    pub parent: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+    /// `open(2)` flags.
+    pub flags: u32,
+    pub mode: u32,
+    pub umask: u32,
+}
+
+/// What FUSE_TMPFILE answers: the new inode and its open handle.
+#[derive(Debug, Clone, Copy)]
+pub struct TmpfileReply {
+    pub attr: crate::namespace::Attr,
+    pub fh: u64,
+    pub direct_io: bool,
+}
+
+fn split_time(t: std::time::SystemTime) -> (u64, u32) {
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => (d.as_secs(), d.subsec_nanos()),
+        Err(_) => (0, 0),
+    }
+}
+
+/// `fuse_out_header` + `fuse_entry_out` (zero timeouts, as every entry of
+/// leasefs) + `fuse_open_out`.
+fn encode_create_reply(unique: u64, r: &TmpfileReply) -> Vec<u8> {
+    use crate::namespace::Kind;
+    let a = &r.attr;
+    let fmt = match a.kind {
+        Kind::File => libc::S_IFREG,
+        Kind::Dir => libc::S_IFDIR,
+        Kind::Symlink => libc::S_IFLNK,
+        Kind::Fifo => libc::S_IFIFO,
+        Kind::Socket => libc::S_IFSOCK,
+        Kind::CharDev => libc::S_IFCHR,
+        Kind::BlockDev => libc::S_IFBLK,
+    };
+    let mut m = Vec::with_capacity(16 + 128 + 16);
+    let len: u32 = 16 + 128 + 16;
+    m.extend_from_slice(&len.to_ne_bytes());
+    m.extend_from_slice(&0i32.to_ne_bytes());
+    m.extend_from_slice(&unique.to_ne_bytes());
+    // fuse_entry_out
+    m.extend_from_slice(&a.ino.0.to_ne_bytes()); // nodeid
+    m.extend_from_slice(&0u64.to_ne_bytes()); // generation
+    m.extend_from_slice(&0u64.to_ne_bytes()); // entry_valid
+    m.extend_from_slice(&0u64.to_ne_bytes()); // attr_valid
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    m.extend_from_slice(&0u32.to_ne_bytes());
+    // fuse_attr
+    let (at, atn) = split_time(a.atime);
+    let (mt, mtn) = split_time(a.mtime);
+    let (ct, ctn) = split_time(a.ctime);
+    for v in [a.ino.0, a.size, a.blocks, at, mt, ct] {
+        m.extend_from_slice(&v.to_ne_bytes());
+    }
+    for v in [atn, mtn, ctn, fmt | u32::from(a.perm), a.nlink, a.uid, a.gid, a.rdev, 4096, 0] {
+        m.extend_from_slice(&v.to_ne_bytes());
+    }
+    // fuse_open_out
+    m.extend_from_slice(&r.fh.to_ne_bytes());
+    m.extend_from_slice(&(if r.direct_io { FOPEN_DIRECT_IO } else { 0 }).to_ne_bytes());
+    m.extend_from_slice(&0i32.to_ne_bytes());
+    m
+}
+
+fn encode_error_reply(unique: u64, errno: i32) -> Vec<u8> {
+    let mut m = Vec::with_capacity(16);
+    m.extend_from_slice(&16u32.to_ne_bytes());
+    m.extend_from_slice(&(-errno).to_ne_bytes());
+    m.extend_from_slice(&unique.to_ne_bytes());
+    m
 }
 
 /// What the notifier thread does next.
@@ -293,13 +382,35 @@ fn write_all(fd: RawFd, buf: &[u8]) -> io::Result<()> {
 }
 
 /// The raw-request hook: FUSE_INTERRUPT goes to the filesystem (and is
-/// consumed), lock requests report their raw `lk_flags` before dispatch.
-fn request_hook(hook: Arc<dyn Intercept>) -> fuser::RequestHook {
+/// consumed), lock requests report their raw `lk_flags` before dispatch,
+/// FUSE_TMPFILE is served here (and answered on `dev`).
+fn request_hook(hook: Arc<dyn Intercept>, dev: Arc<OwnedFd>) -> fuser::RequestHook {
     Arc::new(move |msg: &[u8]| {
         if msg.len() < IN_HEADER {
             return false;
         }
         let opcode = u32::from_ne_bytes(msg[4..8].try_into().expect("4 bytes"));
+        let word = |at: usize| u32::from_ne_bytes(msg[at..at + 4].try_into().expect("4 bytes"));
+        if opcode == FUSE_TMPFILE && msg.len() >= IN_HEADER + CREATE_IN {
+            let unique = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));
+            let req = TmpfileRequest {
+                parent: u64::from_ne_bytes(msg[16..24].try_into().expect("8 bytes")),
+                uid: word(24),
+                gid: word(28),
+                pid: word(32),
+                flags: word(IN_HEADER),
+                mode: word(IN_HEADER + 4),
+                umask: word(IN_HEADER + 8),
+            };
+            let reply = match hook.tmpfile(req) {
+                Ok(r) => encode_create_reply(unique, &r),
+                Err(e) => encode_error_reply(unique, e),
+            };
+            if let Err(e) = write_all(dev.as_raw_fd(), &reply) {
+                warn!(unique, "tmpfile reply failed: {e}");
+            }
+            return true;
+        }
         if opcode == FUSE_INTERRUPT && msg.len() >= IN_HEADER + 8 {
             let target = u64::from_ne_bytes(msg[IN_HEADER..IN_HEADER + 8].try_into().expect("8 bytes"));
             hook.interrupt(target);
@@ -345,7 +456,7 @@ impl<FS: fuser::Filesystem> Served<FS> {
         config.n_threads = Some(1);
         let mut session = fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config)
             .map_err(|e| fail("FUSE handshake", e))?;
-        session.set_request_hook(request_hook(hook));
+        session.set_request_hook(request_hook(hook, dev.clone()));
         info!(mountpoint = %path.display(), "mounted");
         Ok(Served { session, path })
     }

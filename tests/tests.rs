@@ -10,6 +10,7 @@ mod cas;
 mod cli;
 mod control;
 mod clients;
+mod compat;
 mod conformance;
 mod differential;
 mod durability;

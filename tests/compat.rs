@@ -1,0 +1,317 @@
+//! Lease behaviour only where it protects a live lease, tmpfs behaviour
+//! everywhere else (SPEC 2, 4, 6): each case runs the same program from
+//! separate processes on a private tmpfs and on leasefs and compares what
+//! they print (inode identity, modes, owners, contents, errnos).
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::util::{epoch, have, py_ok, run_timeout, sh, sh_ok, Bg, Mount, Tmpfs, STEP};
+
+/// Run `program` with python3 in `dir` (optionally as uid/gid 65534).
+fn py_in(dir: &Path, program: &str, as_nobody: bool) -> String {
+    if !as_nobody {
+        return py_ok(dir, program);
+    }
+    let o = run_timeout(
+        Command::new("setpriv")
+            // The system interpreter: root's may live where nobody cannot read.
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c", program])
+            .current_dir(dir),
+        STEP,
+    );
+    assert!(
+        o.status.success(),
+        "python as nobody failed: {:?}\nstdout: {}\nstderr: {}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Run `setup` (shell, as root) then `program` on tmpfs and on leasefs;
+/// both must print `expected`.
+fn same_as_tmpfs(setup: &str, program: &str, as_nobody: bool, expected: &str) {
+    let t = Tmpfs::new();
+    let m = Mount::new();
+    for (what, dir) in [("tmpfs", &t.path), ("leasefs", &m.path)] {
+        sh_ok(dir, setup);
+        let out = py_in(dir, program, as_nobody);
+        assert_eq!(out.trim(), expected.trim(), "{what} printed something else");
+    }
+}
+
+/// Item 1: after `open(O_CREAT|O_EXCL)` of the destination (and even after
+/// it was locked and unlocked), `rename src dst` gives dst the source's
+/// inode, owner and mode, exactly as on tmpfs (pjdfstest rename/00.t and
+/// Python filelock's `samestat` check depend on it).
+#[test]
+fn rename_over_a_file_that_is_not_live_is_posix() {
+    let program = r#"
+import fcntl, os
+fd = os.open("dst", os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX); fcntl.flock(fd, fcntl.LOCK_UN); os.close(fd)
+fd = os.open("src", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o640); os.write(fd, b"src"); os.close(fd)
+os.chown("src", 65534, 65534)
+s = os.lstat("src"); d = os.lstat("dst")
+os.rename("src", "dst")
+n = os.lstat("dst")
+print(n.st_ino == s.st_ino, n.st_ino == d.st_ino, n.st_uid, n.st_gid, oct(n.st_mode & 0o7777), open("dst").read(),
+      os.path.exists("src"))
+"#;
+    same_as_tmpfs("true", program, false, "True False 65534 65534 0o640 src False");
+}
+
+/// Item 1, the path's epoch floor: renaming over a released lease gives the
+/// name the source's inode, but its epoch never goes back.
+#[test]
+fn rename_over_a_released_lease_keeps_the_epoch_floor() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch lease; for i in 1 2 3; do flock lease true; done; echo new > tmp");
+    assert_eq!(epoch(&m.path, "lease"), 3);
+    let before = sh_ok(&m.path, "stat -c %i lease");
+    let tmp_ino = sh_ok(&m.path, "stat -c %i tmp");
+    sh_ok(&m.path, "mv tmp lease");
+    assert_eq!(sh_ok(&m.path, "stat -c %i lease"), tmp_ino, "POSIX: the source's inode");
+    assert_ne!(sh_ok(&m.path, "stat -c %i lease"), before);
+    assert!(epoch(&m.path, "lease") >= 3, "the path's epoch must not go back");
+    sh_ok(&m.path, "flock lease true");
+    assert_eq!(epoch(&m.path, "lease"), 4, "the next holder of the path gets the next epoch");
+}
+
+/// Item 1, the lease side: rename over a *held* lease keeps its inode,
+/// holder and epoch, and the holder's descriptor sees the new content.
+#[test]
+fn rename_over_a_held_lease_keeps_inode_holder_and_epoch() {
+    let m = Mount::new();
+    sh_ok(&m.path, "echo old > lease");
+    let mut holder = Bg::ready(&m.path, "exec flock lease sh -c 'echo ready; exec sleep 30'");
+    let ino = sh_ok(&m.path, "stat -c %i lease");
+    let e = epoch(&m.path, "lease");
+    sh_ok(&m.path, "echo renewed > tmp && mv tmp lease");
+    assert_eq!(sh_ok(&m.path, "stat -c %i lease"), ino);
+    assert_eq!(epoch(&m.path, "lease"), e);
+    assert_eq!(sh_ok(&m.path, "cat lease"), "renewed\n");
+    assert_eq!(sh(&m.path, "flock -n lease true").status.code(), Some(1), "the holder still holds it");
+    holder.kill_all();
+}
+
+/// Item 2 (LTP fcntl15): a parent that looked at a file may unlink it after
+/// its child re-opened it with O_TRUNC and wrote: content changes are not a
+/// re-pointed name.
+#[test]
+fn unlink_after_another_process_rewrote_the_file_is_posix() {
+    let program = r#"
+import os, subprocess, sys
+fd = os.open("testfile", os.O_CREAT | os.O_RDWR, 0o644); os.write(fd, b"parent"); os.fstat(fd)
+subprocess.run([sys.executable, "-c", "import os; fd = os.open('testfile', os.O_RDWR | os.O_TRUNC); os.write(fd, b'child'); os.close(fd)"], check=True)
+os.stat("testfile")
+subprocess.run([sys.executable, "-c", "open('image', 'ab').write(b'more')"], check=True)
+os.unlink("testfile"); os.unlink("image")
+print(sorted(os.listdir(".")))
+"#;
+    same_as_tmpfs("echo img > image; cat image >/dev/null", program, false, "[]");
+}
+
+/// Item 2, the other side: `unlink` still fails with ESTALE when the name
+/// was re-pointed since the process looked (renamed over by another
+/// process, or renamed over while held, which keeps the inode).
+#[test]
+fn unlink_after_the_name_was_re_pointed_gets_estale() {
+    let m = Mount::new();
+    sh_ok(&m.path, "echo a > plain; echo a > held");
+    let mut holder = Bg::ready(&m.path, "exec flock held sh -c 'echo ready; exec sleep 30'");
+    let out = py_ok(
+        &m.path,
+        r#"
+import errno, os, subprocess
+os.stat("plain"); os.stat("held")
+subprocess.run(["sh", "-c", "echo b > t1 && mv t1 plain && echo b > t2 && mv t2 held"], check=True)
+for name in ["plain", "held"]:
+    try:
+        os.unlink(name); print(name, "removed")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+os.stat("plain"); os.unlink("plain"); print("plain removed after a new look")
+"#,
+    );
+    assert_eq!(out.trim(), "plain ESTALE\nheld ESTALE\nplain removed after a new look");
+    holder.kill_all();
+}
+
+/// Item 3: a process's own writes through a shared mapping never make its
+/// own view stale: it may rename over and unlink the file afterwards.
+#[test]
+fn own_writes_through_a_shared_mapping_keep_the_view_current() {
+    let m = Mount::new();
+    let out = py_ok(
+        &m.path,
+        r#"
+import mmap, os
+fd = os.open("f", os.O_CREAT | os.O_RDWR, 0o644); os.ftruncate(fd, 4096); os.fstat(fd)
+mm = mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+mm[0:5] = b"hello"; mm.flush(); mm.close(); os.fsync(fd); os.close(fd)
+print(open("f", "rb").read(5))
+fd = os.open("g", os.O_CREAT | os.O_RDWR, 0o644); os.ftruncate(fd, 4096); os.stat("g")
+mm = mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+mm[0:2] = b"gg"; mm.flush(); mm.close(); os.close(fd)
+open("tmp", "w").write("renamed")
+os.rename("tmp", "g"); print(open("g").read())
+os.unlink("f"); os.unlink("g"); print(os.listdir("."))
+"#,
+    );
+    assert_eq!(out.trim(), "b'hello'\nrenamed\n[]");
+}
+
+/// Item 4: unlinking a held lease that has a second hard link and
+/// re-creating the name re-attaches the held inode: the re-created name
+/// conflicts with the holder.
+#[test]
+fn re_creating_an_unlinked_lease_with_other_hard_links_re_attaches_it() {
+    let m = Mount::new();
+    sh_ok(&m.path, "echo data > f");
+    let mut holder = Bg::ready(&m.path, "exec flock f sh -c 'echo ready; exec sleep 30'");
+    let ino = sh_ok(&m.path, "stat -c %i f");
+    let e = epoch(&m.path, "f");
+    sh_ok(&m.path, "ln f f.hl && rm f");
+    assert_eq!(sh(&m.path, "flock -n f true").status.code(), Some(1), "the re-created f must be the held lease");
+    assert_eq!(sh_ok(&m.path, "stat -c %i f"), ino);
+    assert_eq!(sh_ok(&m.path, "stat -c %i f.hl"), ino);
+    assert_eq!(sh_ok(&m.path, "stat -c %h f"), "2\n");
+    assert_eq!(epoch(&m.path, "f"), e);
+    assert_eq!(sh_ok(&m.path, "cat f.hl"), "data\n", "the other name's content is not touched");
+    holder.kill_all();
+    sh_ok(&m.path, "flock -n f true");
+}
+
+/// Item 5: an unprivileged writer of another user's suid/sgid file clears
+/// the bits (with direct I/O the kernel leaves it to the filesystem), also
+/// through truncate and fallocate; as on tmpfs. sgid without group-execute
+/// goes too when the writer is not in the file's group.
+#[test]
+fn writes_by_others_clear_suid_and_sgid() {
+    let setup = "for m in 4777 2777 6777 2767; do echo x > w$m; chmod $m w$m; cp -p w$m t$m; cp -p w$m a$m; done; \
+                 chmod 777 .";
+    let program = r#"
+import os
+out = []
+for m in ["4777", "2777", "6777", "2767"]:
+    fd = os.open("w" + m, os.O_WRONLY); os.write(fd, b"y"); a = os.fstat(fd).st_mode; os.close(fd)
+    fd = os.open("t" + m, os.O_WRONLY); os.ftruncate(fd, 1); b = os.fstat(fd).st_mode; os.close(fd)
+    fd = os.open("a" + m, os.O_WRONLY); os.posix_fallocate(fd, 0, 8192); c = os.fstat(fd).st_mode; os.close(fd)
+    out.append(m + ":" + ",".join(oct(x & 0o7777) for x in [a, os.stat("w" + m).st_mode, b, c]))
+print(" ".join(out))
+"#;
+    same_as_tmpfs(
+        setup,
+        program,
+        true,
+        "4777:0o777,0o777,0o777,0o777 2777:0o777,0o777,0o777,0o777 6777:0o777,0o777,0o777,0o777 \
+         2767:0o767,0o767,0o767,0o767",
+    );
+}
+
+/// Item 5, the owner's side: root (CAP_FSETID) writing keeps the bits.
+#[test]
+fn writes_by_root_keep_suid() {
+    let program = r#"
+import os
+fd = os.open("f", os.O_WRONLY); os.write(fd, b"y"); print(oct(os.fstat(fd).st_mode & 0o7777)); os.close(fd)
+"#;
+    same_as_tmpfs("echo x > f; chmod 6755 f", program, false, "0o6755");
+}
+
+/// Item 6 (portalocker): clearing O_APPEND with F_SETFL makes the next write
+/// land at its own offset.
+#[test]
+fn clearing_o_append_with_setfl_is_honoured() {
+    let program = r#"
+import fcntl, os
+with open("f", "a") as fh:
+    fh.write("x"); fh.flush()
+    fd = fh.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_APPEND)
+    os.lseek(fd, 0, os.SEEK_SET); os.write(fd, b"y")
+print(open("f", "rb").read())
+fd = os.open("g", os.O_CREAT | os.O_WRONLY, 0o644); os.write(fd, b"abc")
+fcntl.fcntl(fd, fcntl.F_SETFL, os.O_APPEND); os.lseek(fd, 0, os.SEEK_SET); os.write(fd, b"d"); os.close(fd)
+print(open("g", "rb").read())
+"#;
+    same_as_tmpfs("true", program, false, "b'y'\nb'abcd'");
+}
+
+/// Item 8: O_TMPFILE files, linked into the namespace from /proc/self/fd.
+#[test]
+fn o_tmpfile_and_linkat_from_proc() {
+    let program = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+def linkat(fd, name):
+    # linkat(AT_FDCWD, "/proc/self/fd/N", AT_FDCWD, name, AT_SYMLINK_FOLLOW)
+    if libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, name.encode(), 0x400) != 0:
+        raise OSError(ctypes.get_errno(), "linkat")
+fd = os.open(".", os.O_TMPFILE | os.O_RDWR, 0o640)
+os.write(fd, b"anonymous"); st = os.fstat(fd)
+print(st.st_nlink, oct(st.st_mode & 0o7777), sorted(os.listdir(".")))
+linkat(fd, "named")
+n = os.stat("named"); print(n.st_ino == st.st_ino, n.st_nlink, open("named").read())
+os.close(fd)
+fd = os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_EXCL, 0o600)
+try:
+    linkat(fd, "never"); print("linked")
+except OSError as e:
+    print("excl", e.errno)
+os.close(fd)
+print(sorted(os.listdir(".")))
+"#;
+    same_as_tmpfs("true", program, false, "0 0o640 []\nTrue 1 anonymous\nexcl 2\n['named']");
+}
+
+/// Item 8: SEEK_DATA / SEEK_HOLE over sparse pages.
+#[test]
+fn seek_data_and_seek_hole_over_sparse_files() {
+    let program = r#"
+import os
+fd = os.open("f", os.O_CREAT | os.O_RDWR, 0o644)
+os.pwrite(fd, b"a", 0); os.pwrite(fd, b"b", 1 << 20); os.ftruncate(fd, 3 << 20)
+out = [os.lseek(fd, 0, os.SEEK_DATA), os.lseek(fd, 0, os.SEEK_HOLE), os.lseek(fd, 8192, os.SEEK_DATA),
+       os.lseek(fd, (1 << 20) + 1, os.SEEK_HOLE)]
+try:
+    os.lseek(fd, (2 << 20), os.SEEK_DATA); out.append("data")
+except OSError as e:
+    out.append(e.errno)
+out.append(os.lseek(fd, (2 << 20), os.SEEK_HOLE))
+try:
+    os.lseek(fd, 4 << 20, os.SEEK_HOLE); out.append("hole")
+except OSError as e:
+    out.append(e.errno)
+print(out)
+"#;
+    same_as_tmpfs("true", program, false, "[0, 4096, 1048576, 1052672, 6, 2097152, 6]");
+}
+
+/// Item 7: shared-mmap writeback flows (stress-ng's mmap stressor makes
+/// progress and ends on time; nothing is left in D state).
+#[test]
+fn stress_ng_mmap_makes_progress() {
+    if !have("stress-ng") {
+        return;
+    }
+    let m = Mount::new();
+    let o = run_timeout(
+        Command::new("stress-ng")
+            .args(["--mmap", "1", "--mmap-bytes", "16M", "--timeout", "3", "--metrics-brief", "--temp-path"])
+            .arg(&m.path),
+        STEP,
+    );
+    let err = String::from_utf8_lossy(&o.stderr).into_owned() + &String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "stress-ng --mmap failed: {err}");
+    let ops: u64 = err
+        .lines()
+        .find(|l| l.contains(" mmap ") && !l.contains("stressor"))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "mmap").nth(1))
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no mmap metrics in: {err}"));
+    assert!(ops > 0, "stress-ng --mmap made no progress: {err}");
+}
