@@ -22,7 +22,10 @@ use tracing::debug;
 /// How many earlier targets of a name are remembered per inode.
 const MAX_PREDECESSORS: usize = 16;
 /// How many removed names remember their last target.
-const MAX_REMOVED_NAMES: usize = 65_536;
+const MAX_REMOVED_NAMES: usize = 16_384;
+/// How many removed or replaced paths remember their exact epoch; past
+/// that they are folded into the mount-wide floor for new paths.
+const MAX_PATH_EPOCHS: usize = 16_384;
 /// Observations recorded between sweeps for exited processes.
 const SWEEP_EVERY: u64 = 4096;
 
@@ -238,9 +241,14 @@ struct State {
     /// Live leases whose name was unlinked, by path: re-creating the path
     /// re-attaches the same inode (SPEC 4).
     detached: HashMap<PathBuf, Ino>,
-    /// The highest epoch each path has carried, so a re-created or
-    /// re-targeted path never goes back (SPEC 5).
+    /// The highest epoch each removed or replaced path carried, so a
+    /// re-created or re-targeted path never goes back (SPEC 5). Bounded:
+    /// forgotten paths resume above `new_path_floor`.
     path_epochs: HashMap<PathBuf, Epoch>,
+    /// Where every path without a remembered epoch starts: at or above the
+    /// epoch of every path that was forgotten, and after a restart the
+    /// recovered ceiling (SPEC 5: state bounded by what is live).
+    new_path_floor: Epoch,
     /// Inodes whose cached pages the kernel must drop (content replaced
     /// behind open descriptors).
     invalidate: Vec<Ino>,
@@ -272,8 +280,6 @@ struct State {
     mount_point: PathBuf,
     /// Durable epoch reservations (none: epochs live in memory only).
     journal: Option<crate::store::EpochJournal>,
-    /// Epoch up to which each inode's path is reserved in the journal.
-    ino_reserved: HashMap<Ino, (u64, PathBuf)>,
     /// The durable namespace (none: contents live in memory only).
     store: Option<crate::persist::Store>,
     /// `--volatile`: the namespace is deliberately not kept.
@@ -401,38 +407,23 @@ impl State {
     }
 
     /// Make the next epoch of `ino` durable before any operation can hand it
-    /// out (SPEC 5). Costs a journal sync only once per reservation range.
+    /// out (SPEC 5): the journal's mount-wide ceiling must cover it. Costs a
+    /// journal sync only when the ceiling is used up, never per new path.
     fn reserve(&mut self, ino: Ino) -> Result<()> {
-        if self.journal.is_none() {
+        let Some(j) = self.journal.as_mut() else { return Ok(()) };
+        let need = self.locks.epoch(ino).0 + 1;
+        let ceiling = j.ceiling();
+        if need <= ceiling {
+            if ceiling - need < crate::store::RESERVE_AHEAD / 2 {
+                // Running low: raise it in the background, off this path.
+                j.reserve_ahead(ceiling + 1);
+            }
             return Ok(());
         }
-        let need = self.locks.epoch(ino).0 + 1;
-        if let Some((upto, path)) = self.ino_reserved.get(&ino) {
-            if *upto >= need {
-                if upto - need < crate::store::RESERVE_AHEAD / 2 {
-                    // Running low: extend in the background, off this path.
-                    let path = path.clone();
-                    self.journal.as_mut().expect("checked above").reserve_ahead(&path, upto + 1);
-                }
-                return Ok(());
-            }
+        match j.ensure(need) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
         }
-        // A file with no name left cannot be reached after a restart.
-        let path = match self.ns.path_hint(ino) {
-            Some(p) => p,
-            None => {
-                let wanted = std::iter::once(ino).collect();
-                let Some(p) = Fs::paths_of(self, &wanted).remove(&ino) else { return Ok(()) };
-                p
-            }
-        };
-        let j = self.journal.as_mut().expect("checked above");
-        let upto = match j.ensure(&path, need) {
-            Ok(upto) => upto,
-            Err(e) => return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
-        };
-        self.ino_reserved.insert(ino, (upto, path));
-        Ok(())
     }
 
     /// Lease settings of `ino` for the durable store.
@@ -547,16 +538,30 @@ impl State {
     /// Remember the epoch a path carried.
     fn remember_epoch(&mut self, path: Option<PathBuf>, ino: Ino) {
         let e = self.locks.epoch(ino);
-        if let (Some(p), true) = (path, e.0 > 0) {
+        if let (Some(p), true) = (path, e > self.new_path_floor) {
+            if self.path_epochs.len() >= MAX_PATH_EPOCHS && !self.path_epochs.contains_key(&p) {
+                // Forget them all at once: every forgotten path resumes
+                // above the highest epoch any of them had.
+                let highest = self.path_epochs.values().copied().max().unwrap_or_default();
+                self.new_path_floor = self.new_path_floor.max(highest);
+                self.path_epochs = HashMap::new();
+            }
             let slot = self.path_epochs.entry(p).or_default();
             *slot = (*slot).max(e);
         }
     }
 
+    /// The lowest epoch an inode newly named by `path` may carry.
+    fn path_floor(&self, path: Option<&PathBuf>) -> Epoch {
+        let known = path.and_then(|p| self.path_epochs.get(p)).copied().unwrap_or_default();
+        known.max(self.new_path_floor)
+    }
+
     /// Never let an inode named by `path` carry a lower epoch than the path did.
     fn floor_epoch(&mut self, path: Option<&PathBuf>, ino: Ino) {
-        if let Some(e) = path.and_then(|p| self.path_epochs.get(p)).copied() {
-            self.locks.raise_epoch(ino, e);
+        let floor = self.path_floor(path);
+        if floor.0 > 0 {
+            self.locks.raise_epoch(ino, floor);
         }
     }
 
@@ -568,7 +573,6 @@ impl State {
             self.predecessors.remove(&ino);
             self.repointed.remove(&ino);
             self.tmpfiles.remove(&ino);
-            self.ino_reserved.remove(&ino);
         }
         let (ns, locks) = (&self.ns, &self.locks);
         self.detached.retain(|_, i| locks.is_live(*i) && ns.get(*i).is_ok());
@@ -651,6 +655,7 @@ impl Fs {
                 locks: Locks::new(),
                 detached: HashMap::new(),
                 path_epochs: HashMap::new(),
+                new_path_floor: Epoch(0),
                 invalidate: Vec::new(),
                 obs: Observations::new(),
                 predecessors: HashMap::new(),
@@ -666,20 +671,17 @@ impl Fs {
                 parked_at: HashMap::new(),
                 mount_point: PathBuf::new(),
                 journal: None,
-                ino_reserved: HashMap::new(),
                 store: None,
                 volatile: false,
             }),
         }
     }
 
-    /// Keep epochs durable in `journal`; `floors` are the recovered
-    /// reservations, which become each path's epoch floor.
-    pub fn set_journal(&self, journal: crate::store::EpochJournal, floors: HashMap<PathBuf, u64>) {
+    /// Keep epochs durable in `journal`; `ceiling` is the recovered one,
+    /// above which every path resumes.
+    pub fn set_journal(&self, journal: crate::store::EpochJournal, ceiling: u64) {
         let mut st = self.state.lock();
-        for (p, e) in floors {
-            st.path_epochs.insert(p, Epoch(e));
-        }
+        st.new_path_floor = st.new_path_floor.max(Epoch(ceiling));
         st.journal = Some(journal);
     }
 
@@ -702,17 +704,13 @@ impl Fs {
                 st.guards.insert(ino, g);
             }
         }
-        // Restored files start at their path's epoch floor.
-        let mut stack = vec![(Ino::ROOT, PathBuf::new())];
-        while let Some((dir, path)) = stack.pop() {
-            let Ok(d) = st.ns.get(dir).and_then(|i| i.dir()) else { continue };
-            let children: Vec<(PathBuf, Ino)> = d.iter().map(|(n, i)| (path.join(n), i)).collect();
-            for (p, ino) in children {
-                if st.ns.get(ino).is_ok_and(|i| i.kind == Kind::Dir) {
-                    stack.push((ino, p));
-                } else if let Some(e) = st.path_epochs.get(&p).copied() {
-                    st.locks.raise_epoch(ino, e);
-                }
+        // Restored files resume above the recovered epoch ceiling: any epoch
+        // up to it may have been handed out before the restart.
+        let floor = st.new_path_floor;
+        if floor.0 > 0 {
+            let files: Vec<Ino> = st.ns.inodes().filter(|i| i.kind != Kind::Dir).map(|i| i.ino).collect();
+            for ino in files {
+                st.locks.raise_epoch(ino, floor);
             }
         }
         st.ns.set_tracking();
@@ -1271,7 +1269,7 @@ impl Fs {
         st.tmpfiles.remove(&ino);
         st.ns.get_mut(parent)?.touch_content(now);
         // link() creating the name acquires the lease (the dotlock idiom).
-        let floor = path.as_ref().and_then(|p| st.path_epochs.get(p)).copied().unwrap_or_default();
+        let floor = st.path_floor(path.as_ref());
         st.locks.raise_epoch(ino, floor);
         if let Err(e) = st.reserve(ino) {
             // Undo the name: the acquisition could not be made durable.
@@ -1426,8 +1424,6 @@ impl Fs {
             Self::reparent(&mut st.ns, src, parent, newparent)?;
         }
         st.floor_epoch(new_path.as_ref(), src);
-        // Reservations are per path: the moved file reserves again at its new one.
-        st.ino_reserved.remove(&src);
         if dst.is_none() {
             if let Some(old) = new_path.as_ref().and_then(|p| st.removed.remove(p)) {
                 st.succeed(old, src);

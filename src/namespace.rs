@@ -280,8 +280,10 @@ pub struct Dir {
     entries: BTreeMap<u64, (OsString, Ino)>,
     by_name: HashMap<OsString, u64>,
     next_cookie: u64,
-    /// Names changed since the last flush, when the namespace is durable.
-    dirty: Option<HashSet<OsString>>,
+    /// Names changed since the last flush, when the namespace is durable,
+    /// with whether each existed at the last flush (a name created and
+    /// removed again in between is no change at all).
+    dirty: Option<HashMap<OsString, bool>>,
 }
 
 /// First cookie handed to a real entry; 1 and 2 are `.` and `..`.
@@ -315,7 +317,9 @@ impl Dir {
     /// Add or replace a name.
     pub fn insert(&mut self, name: OsString, ino: Ino) {
         if let Some(d) = &mut self.dirty {
-            d.insert(name.clone());
+            if !d.contains_key(&name) {
+                d.insert(name.clone(), self.by_name.contains_key(&name));
+            }
         }
         if let Some(&cookie) = self.by_name.get(&name) {
             // Replacing keeps the position: the name was already listed.
@@ -331,7 +335,16 @@ impl Dir {
     /// Remove a name, returning the inode it pointed at.
     pub fn remove(&mut self, name: &OsStr) -> Option<Ino> {
         if let Some(d) = &mut self.dirty {
-            d.insert(name.to_os_string());
+            match d.get(name) {
+                // Created since the last flush: removing it leaves nothing to record.
+                Some(false) => {
+                    d.remove(name);
+                }
+                Some(true) => {}
+                None => {
+                    d.insert(name.to_os_string(), self.by_name.contains_key(name));
+                }
+            }
         }
         let cookie = self.by_name.remove(name)?;
         self.entries.remove(&cookie).map(|(_, ino)| ino)
@@ -348,7 +361,7 @@ impl Dir {
 
     /// Names changed since the last flush.
     pub fn dirty_names(&self) -> impl Iterator<Item = &OsString> {
-        self.dirty.iter().flatten()
+        self.dirty.iter().flatten().map(|(n, _)| n)
     }
 
     /// All entries in cookie order.
@@ -397,7 +410,7 @@ impl Inode {
     fn start_tracking(&mut self) {
         match &mut self.body {
             Body::File(d) => d.dirty = Some(BTreeSet::new()),
-            Body::Dir(d) => d.dirty = Some(HashSet::new()),
+            Body::Dir(d) => d.dirty = Some(HashMap::new()),
             _ => {}
         }
     }
@@ -494,6 +507,9 @@ pub struct Namespace {
     track: bool,
     /// Inodes changed since the last flush.
     dirty: HashSet<Ino>,
+    /// Inodes created since the last flush: the durable image has never
+    /// seen them, so dropping one needs no record.
+    fresh: HashSet<Ino>,
     /// Inodes dropped since the last flush.
     freed: HashSet<Ino>,
     /// Where each non-directory was last given a name: a hint for finding
@@ -525,7 +541,7 @@ impl Namespace {
         };
         let mut inodes = HashMap::new();
         inodes.insert(Ino::ROOT, root);
-        Namespace { inodes, next_ino: 2, track: false, dirty: HashSet::new(), freed: HashSet::new(), hints: HashMap::new() }
+        Namespace { inodes, next_ino: 2, track: false, dirty: HashSet::new(), fresh: HashSet::new(), freed: HashSet::new(), hints: HashMap::new() }
     }
 
     /// A namespace rebuilt from recovered inodes: link counts and directory
@@ -589,7 +605,7 @@ impl Namespace {
             i.opens = 0;
         }
         let next_ino = next_ino.max(inodes.keys().map(|i| i.0 + 1).max().unwrap_or(2));
-        Namespace { inodes, next_ino, track: false, dirty: HashSet::new(), freed: HashSet::new(), hints }
+        Namespace { inodes, next_ino, track: false, dirty: HashSet::new(), fresh: HashSet::new(), freed: HashSet::new(), hints }
     }
 
     /// Note that `name` in `parent` now leads to the non-directory `ino`.
@@ -639,6 +655,7 @@ impl Namespace {
             }
         }
         self.freed.clear();
+        self.fresh.clear();
     }
 
     /// The next inode number to hand out.
@@ -722,6 +739,7 @@ impl Namespace {
         self.inodes.insert(ino, inode);
         if self.track {
             self.dirty.insert(ino);
+            self.fresh.insert(ino);
             self.inodes.get_mut(&ino).expect("just inserted").start_tracking();
         }
         ino
@@ -793,7 +811,9 @@ impl Namespace {
                 self.hints.remove(&ino);
                 if self.track {
                     self.dirty.remove(&ino);
-                    self.freed.insert(ino);
+                    if !self.fresh.remove(&ino) {
+                        self.freed.insert(ino);
+                    }
                 }
             }
         }
@@ -908,6 +928,52 @@ mod tests {
         let names: Vec<_> = ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().cloned().collect();
         assert_eq!(names, vec![OsString::from("f")]);
         assert!(ns.dirty().1.contains(&f) && !ns.dirty().0.contains(&f), "a dropped inode is recorded as freed");
+    }
+
+    #[test]
+    fn seek_data_and_hole_follow_stored_pages() {
+        let mut d = Data::default();
+        assert_eq!((d.seek_data(0), d.seek_hole(0)), (None, None), "empty file: ENXIO");
+        d.write(0, b"a").unwrap();
+        d.write(3 * PAGE as u64 + 10, b"b").unwrap();
+        d.truncate(8 * PAGE as u64).unwrap();
+        assert_eq!(d.seek_data(0), Some(0));
+        assert_eq!(d.seek_hole(0), Some(PAGE as u64));
+        assert_eq!(d.seek_data(1), Some(1));
+        assert_eq!(d.seek_data(PAGE as u64), Some(3 * PAGE as u64));
+        assert_eq!(d.seek_hole(3 * PAGE as u64 + 5), Some(4 * PAGE as u64));
+        assert_eq!(d.seek_data(4 * PAGE as u64), None, "only holes follow");
+        assert_eq!(d.seek_hole(5 * PAGE as u64 + 1), Some(5 * PAGE as u64 + 1));
+        assert_eq!(d.seek_hole(8 * PAGE as u64), None, "at the end: ENXIO");
+        // A data page running to the end: the hole is the end of file.
+        let mut e = Data::default();
+        e.write(0, &[1u8; 100]).unwrap();
+        assert_eq!(e.seek_hole(0), Some(100));
+    }
+
+    /// A file created and removed between two flushes leaves nothing to
+    /// record (churn of unique names must not grow the journal), while
+    /// removing a name the last flush saw is recorded.
+    #[test]
+    fn churn_between_flushes_records_nothing() {
+        let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+        ns.set_tracking();
+        let kept = new_file(&mut ns, Ino::ROOT, "kept");
+        ns.clear_dirty();
+        for i in 0..100 {
+            let name = format!("t{i}");
+            new_file(&mut ns, Ino::ROOT, &name);
+            ns.unlink(Ino::ROOT, OsStr::new(&name)).unwrap();
+        }
+        assert!(ns.dirty().1.is_empty(), "never-flushed inodes need no free record");
+        assert_eq!(ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().count(), 0);
+        ns.unlink(Ino::ROOT, OsStr::new("kept")).unwrap();
+        let names: Vec<_> = ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().cloned().collect();
+        assert_eq!(names, vec![OsString::from("kept")]);
+        assert!(ns.dirty().1.contains(&kept));
+        // Re-created under the same name before the next flush: recorded.
+        new_file(&mut ns, Ino::ROOT, "kept");
+        assert_eq!(ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().count(), 1);
     }
 
     #[test]

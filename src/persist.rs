@@ -54,7 +54,7 @@ const SNAPSHOT_TMP: &str = "namespace.snapshot.tmp";
 const JOURNAL_TMP: &str = "namespace.journal.tmp";
 
 /// A journal this large (and larger than the snapshot) is compacted.
-pub const SNAPSHOT_MIN_BYTES: u64 = 8 << 20;
+pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 
 /// Frame header: payload length, CRC of the length, CRC of the payload.
 const FRAME: usize = 12;

@@ -2,26 +2,37 @@
 //! in the state directory.
 //!
 //! Safety argument (SPEC 5, "epochs never repeat or go backwards, across
-//! `kill -9`"): before the daemon lets any process see an epoch `e` for a
-//! path, the journal durably holds a reservation `r >= e` for that path
-//! (`write` + `fdatasync` returned). Reservations run ahead by
-//! [`RESERVE_AHEAD`], so only one grant in that many pays for a sync; a path
-//! that uses up its reservation within a second gets twice the stride next
-//! time (up to [`MAX_STRIDE`]), so a hot lease syncs a few times a second at
-//! most. On start-up every path's epoch floor is its highest reservation, so
+//! `kill -9`"): the journal holds one mount-wide **ceiling**. Before the
+//! daemon lets any process see an epoch `e` for any path, the journal
+//! durably holds a ceiling `c >= e` (`write` + `fdatasync` returned). On
+//! start-up every path, present or not, resumes at the recovered ceiling, so
 //! the next grant is strictly above anything handed out before the crash (it
-//! may jump forward by up to the stride in use).
+//! may jump forward by up to the stride in use). A single ceiling is what
+//! keeps the state bounded by what is live (SPEC 5): a path that was removed
+//! needs no record of its own, and a new name costs no sync of its own as
+//! long as the ceiling covers it.
 //!
-//! Format: one record per line, `<crc32 hex> <epoch> <path hex>\n`. A torn
-//! or corrupt *last* record (a crash mid-append) is cut off with a warning;
-//! corruption before the tail stops start-up with the file and offset, since
-//! serving wrong epochs is worse than not serving.
+//! The ceiling runs ahead by [`RESERVE_AHEAD`], so only one grant in that
+//! many pays for a sync; a ceiling used up within a second gets twice the
+//! stride next time (up to [`MAX_STRIDE`]), and the daemon extends it in the
+//! background when it is half used, so a hot lease rarely waits for the disk.
+//! When the journal outgrows [`COMPACT_AT`] it is replaced by a single
+//! record (temp file, sync, rename, directory sync): a crash at any point
+//! leaves the old or the new journal, each with a ceiling at or above every
+//! epoch handed out.
+//!
+//! Format: one record per line, `<crc32 hex> <epoch> <path hex>\n`; the
+//! ceiling is written with an empty path. Records of earlier versions name a
+//! path; recovery folds every record into the ceiling, which is never lower
+//! than what any of them promised. A torn or corrupt *last* record (a crash
+//! mid-append) is cut off with a warning; corruption before the tail stops
+//! start-up with the file and offset, since serving wrong epochs is worse than
+//! not serving.
 //!
 //! The journal lives behind the [`Storage`] trait, so unit tests check the
 //! image a crash would leave at every write and sync. The namespace,
 //! contents, xattrs, TTLs and guards are kept by [`crate::persist`].
 
-use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
@@ -37,6 +48,10 @@ pub const MAX_STRIDE: u64 = 1 << 20;
 
 /// Name of the journal in the state directory.
 pub const JOURNAL: &str = "epochs.journal";
+/// The compacted journal before it replaces [`JOURNAL`].
+pub const JOURNAL_TMP: &str = "epochs.journal.tmp";
+/// Journal size past which it is rewritten as one record.
+pub const COMPACT_AT: u64 = 64 * 1024;
 
 /// CRC-32 (IEEE).
 pub fn crc32(data: &[u8]) -> u32 {
@@ -76,8 +91,10 @@ fn parse(line: &str) -> Option<(PathBuf, u64)> {
 /// What recovery found.
 #[derive(Debug, Default)]
 pub struct Recovered {
-    /// Highest reservation per path.
-    pub floors: HashMap<PathBuf, u64>,
+    /// The highest epoch any record reserved: every path resumes above it.
+    pub ceiling: u64,
+    /// Whole records read.
+    pub records: u64,
     /// Bytes of a torn tail that were cut off.
     pub cut: u64,
 }
@@ -97,9 +114,9 @@ pub fn recover(image: &[u8]) -> Result<Recovered, u64> {
             }
         };
         match std::str::from_utf8(line).ok().and_then(parse) {
-            Some((p, e)) => {
-                let slot = out.floors.entry(p).or_insert(0);
-                *slot = (*slot).max(e);
+            Some((_, e)) => {
+                out.ceiling = out.ceiling.max(e);
+                out.records += 1;
             }
             None if next == image.len() => {
                 out.cut = (image.len() - offset) as u64;
@@ -113,14 +130,17 @@ pub fn recover(image: &[u8]) -> Result<Recovered, u64> {
 }
 
 /// The journal file of a state directory, locked against a second daemon.
-/// Reservations are made on the caller's thread when needed, and ahead of
-/// need by a background thread (so a hot lease rarely waits for a sync).
+/// The ceiling is raised on the caller's thread when a grant needs it, and
+/// ahead of need by a background thread (so a hot lease rarely waits for a
+/// sync).
 pub struct EpochJournal {
     inner: std::sync::Arc<parking_lot::Mutex<Journal>>,
     path: PathBuf,
-    /// Reservations asked of the background thread, by path.
-    asked: HashMap<PathBuf, u64>,
-    ahead: Option<std::sync::mpsc::Sender<(PathBuf, u64)>>,
+    /// The durable ceiling, readable without waiting for a sync in progress.
+    durable: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The highest ceiling asked of the background thread.
+    asked: u64,
+    ahead: Option<std::sync::mpsc::Sender<u64>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -147,14 +167,20 @@ struct Journal {
     len: u64,
     path: PathBuf,
     _lock: Option<File>,
-    /// Highest durable reservation per path.
-    reserved: HashMap<PathBuf, u64>,
+    /// The durable ceiling: every epoch up to it may be handed out.
+    ceiling: u64,
+    /// The same, published after each sync.
+    durable: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// Set after the first I/O error: durability is no longer promised.
     failed: bool,
     /// Records committed since start.
     commits: u64,
-    /// When each path last reserved, and with which stride.
-    strides: HashMap<PathBuf, (std::time::Instant, u64)>,
+    /// Compactions since start.
+    compactions: u64,
+    /// Journal size past which it is compacted.
+    compact_at: u64,
+    /// When the ceiling was last raised, and with which stride.
+    stride: Option<(std::time::Instant, u64)>,
 }
 
 impl EpochJournal {
@@ -184,6 +210,9 @@ impl EpochJournal {
     ) -> Result<(EpochJournal, Recovered), String> {
         let path = path.to_path_buf();
         let err = |e: io::Error| format!("{}: {e}", path.display());
+        // A compaction that did not reach its rename left the old journal
+        // whole; its temp file is garbage.
+        storage.remove(JOURNAL_TMP).map_err(err)?;
         let image = storage.read(JOURNAL).map_err(err)?;
         let fresh = image.is_none();
         let image = image.unwrap_or_default();
@@ -200,30 +229,33 @@ impl EpochJournal {
             storage.append(JOURNAL, b"").and_then(|()| storage.sync(JOURNAL)).map_err(err)?;
             storage.sync_dir().map_err(err)?;
         }
-        let reserved = rec.floors.clone();
+        let durable = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(rec.ceiling));
         let journal = Journal {
             storage,
             len,
             path: path.clone(),
             _lock: lock,
-            reserved,
+            ceiling: rec.ceiling,
+            durable: durable.clone(),
             failed: false,
             commits: 0,
-            strides: HashMap::new(),
+            compactions: 0,
+            compact_at: COMPACT_AT,
+            stride: None,
         };
         let inner = std::sync::Arc::new(parking_lot::Mutex::new(journal));
-        let (ahead, rx) = std::sync::mpsc::channel::<(PathBuf, u64)>();
+        let (ahead, rx) = std::sync::mpsc::channel::<u64>();
         let bg = inner.clone();
         let thread = std::thread::Builder::new()
             .name("epoch-reserve".into())
             .spawn(move || {
-                for (p, epoch) in rx {
+                for epoch in rx {
                     // Errors surface on the next reservation that is needed.
-                    let _ = bg.lock().ensure(&p, epoch);
+                    let _ = bg.lock().ensure(epoch);
                 }
             })
             .map_err(|e| format!("starting the reservation thread: {e}"))?;
-        Ok((EpochJournal { inner, path, asked: HashMap::new(), ahead: Some(ahead), thread: Some(thread) }, rec))
+        Ok((EpochJournal { inner, path, durable, asked: 0, ahead: Some(ahead), thread: Some(thread) }, rec))
     }
 
     /// Run `f` on the storage (tests look inside the in-memory backend).
@@ -231,33 +263,30 @@ impl EpochJournal {
         f(&mut *self.inner.lock().storage)
     }
 
-    /// Make `epoch` safe to hand out for `path`: durable before it returns,
-    /// with an fsync only when the reservation is used up. Returns the
-    /// highest epoch now reserved for `path`.
-    pub fn ensure(&mut self, path: &Path, epoch: u64) -> io::Result<u64> {
+    /// Make `epoch` safe to hand out (for any path): durable before it
+    /// returns, with an fsync only when the ceiling is used up. Returns the
+    /// ceiling now durable.
+    pub fn ensure(&mut self, epoch: u64) -> io::Result<u64> {
         let mut j = self.inner.lock();
-        j.ensure(path, epoch)?;
-        Ok(j.reserved(path))
+        j.ensure(epoch)?;
+        Ok(j.ceiling)
     }
 
-    /// Ask the background thread to extend `path`'s reservation beyond
-    /// `epoch` before a grant needs it.
-    pub fn reserve_ahead(&mut self, path: &Path, epoch: u64) {
-        if self.asked.get(path).is_some_and(|e| *e >= epoch) {
+    /// Ask the background thread to raise the ceiling beyond `epoch` before
+    /// a grant needs it.
+    pub fn reserve_ahead(&mut self, epoch: u64) {
+        if self.asked >= epoch {
             return;
         }
-        if self.asked.len() > 4096 {
-            self.asked.clear();
-        }
-        self.asked.insert(path.to_path_buf(), epoch);
+        self.asked = epoch;
         if let Some(tx) = &self.ahead {
-            let _ = tx.send((path.to_path_buf(), epoch));
+            let _ = tx.send(epoch);
         }
     }
 
-    /// The highest durable reservation for a path.
-    pub fn reserved(&self, path: &Path) -> u64 {
-        self.inner.lock().reserved(path)
+    /// The durable ceiling (never waits for a sync in progress).
+    pub fn ceiling(&self) -> u64 {
+        self.durable.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Bytes in the journal.
@@ -270,6 +299,16 @@ impl EpochJournal {
         self.inner.lock().commits
     }
 
+    /// Compactions since start.
+    pub fn compactions(&self) -> u64 {
+        self.inner.lock().compactions
+    }
+
+    /// Compact past `bytes` instead of [`COMPACT_AT`] (tests).
+    pub fn set_compact_at(&mut self, bytes: u64) {
+        self.inner.lock().compact_at = bytes;
+    }
+
     /// The journal's path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -277,20 +316,20 @@ impl EpochJournal {
 }
 
 impl Journal {
-    fn ensure(&mut self, path: &Path, epoch: u64) -> io::Result<()> {
-        if self.reserved.get(path).is_some_and(|r| *r >= epoch) {
+    fn ensure(&mut self, epoch: u64) -> io::Result<()> {
+        if self.ceiling >= epoch {
             return Ok(());
         }
         if self.failed {
             return Err(io::Error::other("state directory failed earlier; durability no longer promised"));
         }
         let now = std::time::Instant::now();
-        let stride = match self.strides.get(path) {
-            Some((at, stride)) if now.duration_since(*at).as_secs() < 1 => (stride * 2).min(MAX_STRIDE),
+        let stride = match self.stride {
+            Some((at, stride)) if now.duration_since(at).as_secs() < 1 => (stride * 2).min(MAX_STRIDE),
             _ => RESERVE_AHEAD,
         };
-        let upto = epoch + stride;
-        let rec = record(path, upto);
+        let upto = epoch.max(self.ceiling) + stride;
+        let rec = record(Path::new(""), upto);
         let before = self.len;
         let r = self.storage.append(JOURNAL, rec.as_bytes()).and_then(|()| self.storage.sync(JOURNAL));
         if let Err(e) = r {
@@ -309,71 +348,129 @@ impl Journal {
         }
         self.commits += 1;
         self.len += rec.len() as u64;
-        self.reserved.insert(path.to_path_buf(), upto);
-        if self.strides.len() > 4096 {
-            self.strides.clear();
+        self.ceiling = upto;
+        self.durable.store(upto, std::sync::atomic::Ordering::Release);
+        self.stride = Some((now, stride));
+        if self.len > self.compact_at {
+            self.compact();
         }
-        self.strides.insert(path.to_path_buf(), (now, stride));
         Ok(())
     }
 
-    fn reserved(&self, path: &Path) -> u64 {
-        self.reserved.get(path).copied().unwrap_or(0)
+    /// Replace the journal by its one record that matters (the ceiling).
+    /// Failure is harmless: the old journal stays whole and in use.
+    fn compact(&mut self) {
+        let rec = record(Path::new(""), self.ceiling);
+        let s = &mut self.storage;
+        let r = s
+            .write_new(JOURNAL_TMP, rec.as_bytes())
+            .and_then(|()| s.sync(JOURNAL_TMP))
+            .and_then(|()| s.rename(JOURNAL_TMP, JOURNAL))
+            .and_then(|()| s.sync_dir());
+        match r {
+            Ok(()) => {
+                self.len = rec.len() as u64;
+                self.compactions += 1;
+            }
+            Err(e) => {
+                tracing::warn!(file = %self.path.display(), "journal compaction failed: {e}; keeping the old journal");
+                let _ = self.storage.remove(JOURNAL_TMP);
+                self.len = self.storage.len(JOURNAL);
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::MemStorage;
 
-    /// At every write and sync of a stream of grants, the image a crash
-    /// would leave recovers a floor at or above every epoch that was made
-    /// visible before it (ensure returned), for every path.
+    fn mem(j: &EpochJournal) -> usize {
+        j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().images.len())
+    }
+
+    /// At every write and sync of a stream of grants (long enough to compact
+    /// the journal several times), the image a crash would leave recovers a
+    /// ceiling at or above every epoch that was made visible before it
+    /// (ensure returned).
     #[test]
     fn every_crash_image_keeps_every_visible_epoch() {
-        use crate::storage::MemStorage;
         let (mut j, _) =
             EpochJournal::open_on(Box::new(MemStorage::recording()), None, Path::new("mem/epochs.journal")).unwrap();
-        let images = |j: &EpochJournal| {
-            j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().images.len())
-        };
-        // (path, epoch, images taken before it became visible)
-        let mut visible: Vec<(&str, u64, usize)> = Vec::new();
-        for e in 1..=5000u64 {
-            for p in ["a", "b/c"] {
-                if p == "b/c" && e % 7 != 0 {
-                    continue;
-                }
-                j.ensure(Path::new(p), e).unwrap();
-                visible.push((p, e, images(&j)));
-            }
+        j.set_compact_at(512);
+        // (epoch, images taken before it became visible)
+        let mut visible: Vec<(u64, usize)> = Vec::new();
+        let mut e = 0;
+        // Steps past the stride force a sync every time; enough records to
+        // pass COMPACT_AT several times.
+        while j.compactions() < 3 {
+            e += 1 + RESERVE_AHEAD * (1 << 12);
+            j.ensure(e).unwrap();
+            visible.push((e, mem(&j)));
+            assert!(visible.len() < 100_000, "never compacted");
         }
         let all = j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().images.clone());
         assert!(all.len() > 20, "{} images", all.len());
         drop(j);
         for (n, mut img) in all.into_iter().enumerate() {
+            assert!(img.read(JOURNAL_TMP).is_ok());
             let bytes = img.read(JOURNAL).unwrap().unwrap_or_default();
             let rec = recover(&bytes).unwrap_or_else(|off| panic!("image {n}: corrupt at {off}"));
-            for (p, e, at) in &visible {
+            for (e, at) in &visible {
                 if *at <= n {
-                    let floor = rec.floors.get(Path::new(p)).copied().unwrap_or(0);
-                    assert!(floor >= *e, "image {n}: {p} was handed {e}, recovered floor {floor}");
+                    assert!(rec.ceiling >= *e, "image {n}: {e} was handed out, recovered ceiling {}", rec.ceiling);
                 }
             }
         }
     }
 
+    /// The journal stays small however many grants it covered: compaction
+    /// rewrites it as one record, and a re-opened journal resumes there.
+    #[test]
+    fn compaction_keeps_the_journal_bounded_and_the_ceiling() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut last = 0;
+        {
+            let (mut j, _) = EpochJournal::open(dir.path()).unwrap();
+            j.set_compact_at(1024);
+            for i in 1..=300u64 {
+                last = j.ensure(i * (MAX_STRIDE + 1)).unwrap();
+                assert!(j.size() <= 1024 + 64, "journal grew to {}", j.size());
+            }
+            assert!(j.compactions() > 0);
+        }
+        assert!(!dir.path().join(JOURNAL_TMP).exists());
+        let (j, rec) = EpochJournal::open(dir.path()).unwrap();
+        assert_eq!(rec.ceiling, last);
+        assert_eq!(j.ceiling(), last);
+    }
+
+    /// A crash between writing the compacted journal and renaming it leaves
+    /// a temp file: it is removed and the old journal is used.
+    #[test]
+    fn a_left_over_compaction_temp_file_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (mut j, _) = EpochJournal::open(dir.path()).unwrap();
+            j.ensure(5000).unwrap();
+        }
+        std::fs::write(dir.path().join(JOURNAL_TMP), record(Path::new(""), 1)).unwrap();
+        let (_, rec) = EpochJournal::open(dir.path()).unwrap();
+        assert!(rec.ceiling >= 5000);
+        assert!(!dir.path().join(JOURNAL_TMP).exists());
+    }
+
     #[test]
     fn a_refused_reservation_leaves_no_partial_record() {
-        use crate::storage::MemStorage;
         let (mut j, _) =
             EpochJournal::open_on(Box::new(MemStorage::default()), None, Path::new("mem/epochs.journal")).unwrap();
-        j.ensure(Path::new("a"), 1).unwrap();
+        j.ensure(1).unwrap();
         let ops = j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().ops);
         // The append goes through, its sync fails with ENOSPC.
         j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().fail_at = Some((ops + 2, libc::ENOSPC)));
-        assert_eq!(j.ensure(Path::new("b"), 1).unwrap_err().raw_os_error(), Some(libc::ENOSPC));
-        j.ensure(Path::new("b"), 1).unwrap();
+        assert_eq!(j.ensure(RESERVE_AHEAD + 2).unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+        j.ensure(RESERVE_AHEAD + 2).unwrap();
         let bytes = j.with_storage(|s| s.read(JOURNAL).unwrap().unwrap());
         let rec = recover(&bytes).unwrap();
         assert_eq!(rec.cut, 0);
@@ -388,19 +485,18 @@ mod tests {
     #[test]
     fn torn_tail_is_cut_and_earlier_corruption_refused() {
         let mut image = String::new();
+        // Records of earlier versions name their path; they still count.
         image += &record(Path::new("a/L"), 1024);
         image += &record(Path::new("a/L"), 2048);
-        image += &record(Path::new("b"), 1024);
+        image += &record(Path::new(""), 4096);
         let full = image.clone().into_bytes();
         let rec = recover(&full).unwrap();
-        assert_eq!(rec.floors[Path::new("a/L")], 2048);
-        assert_eq!(rec.cut, 0);
+        assert_eq!((rec.ceiling, rec.records, rec.cut), (4096, 3, 0));
         // Every crash point inside the last record: the rest survives.
-        let last = record(Path::new("b"), 1024).len();
+        let last = record(Path::new(""), 4096).len();
         for cut in 1..last {
             let rec = recover(&full[..full.len() - cut]).unwrap();
-            assert_eq!(rec.floors[Path::new("a/L")], 2048);
-            assert!(!rec.floors.contains_key(Path::new("b")), "cut {cut}");
+            assert_eq!(rec.ceiling, 2048, "cut {cut}");
         }
         // A flipped byte in the first record is corruption, not a tail.
         let mut bad = full.clone();
@@ -413,19 +509,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         {
             let (mut j, rec) = EpochJournal::open(dir.path()).unwrap();
-            assert!(rec.floors.is_empty());
+            assert_eq!(rec.ceiling, 0);
             assert!(EpochJournal::open(dir.path()).unwrap_err().contains("in use"));
-            j.ensure(Path::new("L"), 1).unwrap();
-            j.ensure(Path::new("L"), 500).unwrap();
-            assert_eq!(j.commits(), 1, "one sync per reservation, not per epoch");
-            j.ensure(Path::new("L"), 1026).unwrap();
+            j.ensure(1).unwrap();
+            j.ensure(500).unwrap();
+            assert_eq!(j.commits(), 1, "one sync per stride, not per epoch");
+            j.ensure(1026).unwrap();
             assert_eq!(j.commits(), 2);
             // Used up within a second: the next stride is twice as long.
-            assert_eq!(j.reserved(Path::new("L")), 1026 + 2 * RESERVE_AHEAD);
-            j.reserve_ahead(Path::new("L"), 1026 + 2 * RESERVE_AHEAD + 1);
+            assert_eq!(j.ceiling(), 1026 + 2 * RESERVE_AHEAD);
+            j.reserve_ahead(1026 + 2 * RESERVE_AHEAD + 1);
         }
         // Dropping the journal waited for the background reservation.
         let (_, rec) = EpochJournal::open(dir.path()).unwrap();
-        assert!(rec.floors[Path::new("L")] > 1026 + 2 * RESERVE_AHEAD + 1, "{:?}", rec.floors);
+        assert!(rec.ceiling > 1026 + 2 * RESERVE_AHEAD + 1, "{rec:?}");
     }
 }

@@ -369,3 +369,49 @@ fn fio_random_writes_verify_through_pwrite_and_mmap() {
         sh_ok(&m.path, "rm -f verify.*");
     }
 }
+
+/// The daemon's resident memory, from /proc.
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+}
+
+/// Bytes in a directory (not recursive: the state dir is flat).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().metadata().unwrap().len()).sum()
+}
+
+/// Item 9: 100 000 unique leases created (O_EXCL), written (4 KiB), locked,
+/// unlocked and removed leave the daemon's RSS within 20 MB and its state
+/// directory within 2 MB of where they started (after a sync), and a name
+/// used before the churn still never gets an epoch back.
+#[test]
+fn churn_of_unique_leases_gives_memory_and_state_back() {
+    let n: u64 = std::env::var("LEASEFS_CHURN").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let m = Mount::new();
+    let churn = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/churn.py");
+    sh_ok(&m.path, "touch reused && flock reused true && flock reused true && flock reused true");
+    assert_eq!(epoch(&m.path, "reused"), 3);
+    sh_ok(&m.path, "rm reused");
+    let run = |count: u64, prefix: &str| {
+        let o = run_timeout(
+            Command::new("python3").arg(&churn).arg(&m.path).arg(count.to_string()).arg(prefix),
+            std::time::Duration::from_secs(900),
+        );
+        assert!(o.status.success(), "churn: {}", String::from_utf8_lossy(&o.stderr));
+    };
+    let sync = || py_ok(&m.path, "import os; fd = os.open('.', os.O_RDONLY); os.fsync(fd)");
+    run(1000, "warm");
+    sync();
+    let state = m.dir.path().join("state");
+    let (rss0, state0) = (rss_kib(m.pid()), dir_bytes(&state));
+    run(n, "c");
+    sync();
+    let (rss1, state1) = (rss_kib(m.pid()), dir_bytes(&state));
+    eprintln!("churn of {n}: RSS {rss0} -> {rss1} KiB, state dir {state0} -> {state1} bytes");
+    assert!(rss1 < rss0 + 20 * 1024, "RSS grew from {rss0} KiB to {rss1} KiB");
+    assert!(state1 < state0 + 2 * 1024 * 1024, "state dir grew from {state0} to {state1} bytes");
+    assert_eq!(sh_ok(&m.path, "ls -A | wc -l").trim(), "0");
+    sh_ok(&m.path, "touch reused && flock reused true");
+    assert!(epoch(&m.path, "reused") > 3, "a re-used name must never get an epoch back");
+}

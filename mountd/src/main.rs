@@ -297,8 +297,8 @@ fn serve(args: &MountArgs) -> ExitCode {
     // locked by another daemon or its journal is corrupt.
     match leasefs::store::EpochJournal::open(&args.state_dir) {
         Ok((journal, recovered)) => {
-            info!(state_dir = %args.state_dir.display(), paths = recovered.floors.len(), "epochs recovered");
-            fs.set_journal(journal, recovered.floors);
+            info!(state_dir = %args.state_dir.display(), ceiling = recovered.ceiling, records = recovered.records, "epochs recovered");
+            fs.set_journal(journal, recovered.ceiling);
         }
         Err(e) => {
             report_ready(&format!("ERR {e}\n"));
