@@ -13,38 +13,12 @@ repeats=${1:-5}
 n=${2:-5000}
 secs=${3:-2}
 
-cargo build --release --workspace --quiet
-cargo build --release --quiet --example minimalfs
 work=$(mktemp -d /tmp/leasefs-lockbench.XXXXXX)
+. scripts/benchmounts.sh
+bench_mount_all
 gcc -O2 -o "$work/lockbench" scripts/lockbench.c
-pin=()
-[ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
-mkdir -p "$work/tmpfs" "$work/leasefs" "$work/volatile" "$work/minimal" "$work/disk"
-mount -t tmpfs tmpfs "$work/tmpfs"
-"${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state"
-"${pin[@]}" ./target/release/leasefs mount "$work/volatile" --state-dir "$work/state2" --volatile
-cols="tmpfs disk leasefs volatile minimal"
-if [ -n "${BASELINE:-}" ]; then
-    mkdir -p "$work/baseline"
-    "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state3"
-    cols="$cols baseline"
-fi
-"${pin[@]}" ./target/release/examples/minimalfs "$work/minimal" &
-minimal_pid=$!
-cleanup() {
-    for m in leasefs volatile baseline; do
-        [ -d "$work/$m" ] || continue
-        ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
-    done
-    umount "$work/minimal" 2>/dev/null || umount -l "$work/minimal" 2>/dev/null || true
-    kill "$minimal_pid" 2>/dev/null || true
-    wait "$minimal_pid" 2>/dev/null || true
-    umount "$work/tmpfs" 2>/dev/null || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
-for _ in $(seq 100); do mountpoint -q "$work/minimal" && break; sleep 0.05; done
-mountpoint -q "$work/minimal" || { echo "minimalfs did not mount" >&2; exit 1; }
+mkdir -p "$work/disk"
+cols="tmpfs disk ${cols#tmpfs } minimal"
 
 for r in $(seq "$repeats"); do
     for fs in $cols; do

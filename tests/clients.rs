@@ -217,3 +217,94 @@ fn python_portalocker_suite_passes_on_the_mount() {
         &["--ignore=portalocker_tests/test_redis.py", "--deselect=portalocker_tests/tests.py::test_exclusive_processes", "portalocker_tests"],
     );
 }
+
+/// What a pytest run reported: the failed or erroring test ids, and how many
+/// passed.
+struct Outcomes {
+    failed: std::collections::BTreeSet<String>,
+    passed: u64,
+    out: String,
+}
+
+/// Run pytest in `suite` with `basetemp` on the filesystem under test.
+/// Timing-sensitive tests of these suites get two reruns, on every
+/// filesystem alike.
+fn pytest_outcomes(suite: &Path, basetemp: &Path, args: &[&str]) -> Outcomes {
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "-rfE"])
+        .args(["--timeout=60", "--reruns=2", "--reruns-delay=1"])
+        .arg(format!("--basetemp={}", basetemp.display()))
+        .args(args)
+        .current_dir(suite)
+        .env("PYTHONPATH", suite.join("src").to_string_lossy().to_string() + ":" + &suite.to_string_lossy());
+    let o = run_timeout(&mut cmd, Duration::from_secs(2400));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr);
+    let failed = out
+        .lines()
+        .filter_map(|l| l.strip_prefix("FAILED ").or_else(|| l.strip_prefix("ERROR ")))
+        .map(|l| l.split(" - ").next().unwrap_or(l).trim().to_string())
+        .collect();
+    let summary = out.lines().rev().find(|l| l.contains(" passed")).unwrap_or_default();
+    let passed = summary
+        .split(',')
+        .find_map(|part| part.trim().trim_start_matches('=').trim().strip_suffix(" passed"))
+        .and_then(|n| n.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    Outcomes { failed, passed, out }
+}
+
+/// The current PyPI release of a suite (fetched by `scripts/fetch-pysuites.sh`)
+/// on tmpfs and on leasefs in the same run: leasefs may fail nothing that
+/// passes on tmpfs, apart from the tests in `deliberate` (each one a SPEC
+/// rule, listed in the README).
+fn current_suite_fails_nothing_tmpfs_passes(name: &str, args: &[&str], deliberate: &[&str], min_passed: u64) {
+    let Some(dir) = pysuites() else { return };
+    let suite = dir.join("current").join(name);
+    let versions = std::fs::read_to_string(dir.join("current/versions")).unwrap_or_default();
+    let t = crate::util::Tmpfs::new();
+    let base = pytest_outcomes(&suite, &t.path.join("pytest"), args);
+    let m = Mount::new();
+    let ours = pytest_outcomes(&suite, &m.p("pytest"), args);
+    eprintln!(
+        "{name} (current: {}): tmpfs {} passed, failed {:?}; leasefs {} passed, failed {:?}",
+        versions.lines().find(|l| l.starts_with(name)).unwrap_or("?"),
+        base.passed,
+        base.failed,
+        ours.passed,
+        ours.failed
+    );
+    let extra: Vec<&String> =
+        ours.failed.iter().filter(|f| !base.failed.contains(*f) && !deliberate.iter().any(|d| f.contains(d))).collect();
+    assert!(extra.is_empty(), "{name}: fails on leasefs, passes on tmpfs: {extra:#?}\n{}", ours.out);
+    assert!(ours.passed >= min_passed, "{name}: the suite did not really run ({} passed):\n{}", ours.passed, ours.out);
+}
+
+#[test]
+fn python_filelock_current_release_fails_nothing_tmpfs_passes() {
+    current_suite_fails_nothing_tmpfs_passes("filelock", &["tests"], &[], 1500);
+}
+
+#[test]
+fn python_portalocker_current_release_fails_nothing_tmpfs_passes() {
+    // The Redis tests need a Redis server. The four deliberate differences
+    // check that after a held lock file is unlinked, a competitor locks a
+    // fresh file at the same path (the split lock of SPEC 1.1); on leasefs the
+    // re-created path is the held lease (SPEC 4), so the competitor waits.
+    current_suite_fails_nothing_tmpfs_passes(
+        "portalocker",
+        &[
+            "--ignore=portalocker_tests/test_redis.py",
+            "--ignore=portalocker_tests/test_redis_random_sleep.py",
+            "--ignore=portalocker_tests/test_redis_reply_deadline.py",
+            "portalocker_tests",
+        ],
+        &[
+            "test_temporaryfilelock_external_replace_compromises_held_lock",
+            "test_temporaryfilelock_compromised_release_spares_competitor_file",
+            "test_pidfilelock_reacquire_raises_when_sidecar_compromised",
+            "test_pidfilelock_compromised_release_spares_competitor_files",
+        ],
+        300,
+    );
+}

@@ -35,12 +35,16 @@ enum Op {
     Rmdir(String),
     Stat(String),
     Read(String),
+    Chmod(String, u32),
+    /// `flock` exclusive then unlock: the file was used as a lease, which
+    /// must not change later POSIX behaviour once it is not live.
+    Lock(String),
 }
 
 fn gen(rng: &mut Rng) -> Op {
     let p = rand_path(rng);
     let data: Vec<u8> = (0..rng.below(64)).map(|_| b'a' + rng.below(26) as u8).collect();
-    match rng.below(12) {
+    match rng.below(14) {
         0 => Op::Create(p),
         1 => Op::Mkdir(p),
         2 => Op::Write(p, rng.below(10_000), data),
@@ -52,6 +56,8 @@ fn gen(rng: &mut Rng) -> Op {
         8 => Op::Unlink(p),
         9 => Op::Rmdir(p),
         10 => Op::Stat(p),
+        11 => Op::Chmod(p, [0o600, 0o644, 0o751, 0o4755][rng.below(4) as usize]),
+        12 => Op::Lock(p),
         _ => Op::Read(p),
     }
 }
@@ -87,7 +93,28 @@ fn apply(root: &Path, op: &Op) -> String {
         Op::Truncate(p, n) => fs::OpenOptions::new().write(true).open(r(p))?.set_len(*n).map(|_| String::new()),
         Op::Link(a, b) => fs::hard_link(r(a), r(b)).map(|_| String::new()),
         Op::Symlink(target, p) => std::os::unix::fs::symlink(target, r(p)).map(|_| String::new()),
-        Op::Rename(a, b) => fs::rename(r(a), r(b)).map(|_| String::new()),
+        Op::Rename(a, b) => {
+            // The name must arrive with the source's inode (POSIX), which
+            // can be compared across filesystems as "same inode as before".
+            let before = fs::symlink_metadata(r(a)).ok().map(|m| m.ino());
+            fs::rename(r(a), r(b))?;
+            let after = fs::symlink_metadata(r(b)).ok().map(|m| m.ino());
+            Ok(format!("source inode arrived: {}", before == after))
+        }
+        Op::Chmod(p, mode) => {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(r(p), fs::Permissions::from_mode(*mode)).map(|_| String::new())
+        }
+        Op::Lock(p) => {
+            use std::os::fd::AsRawFd;
+            let f = fs::File::open(r(p))?;
+            // SAFETY: flock on a descriptor we own.
+            let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) | libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(String::new())
+        }
         Op::Unlink(p) => fs::remove_file(r(p)).map(|_| String::new()),
         Op::Rmdir(p) => fs::remove_dir(r(p)).map(|_| String::new()),
         Op::Stat(p) => fs::symlink_metadata(r(p)).map(|m| describe(&m)),
