@@ -883,6 +883,8 @@ impl Fs {
                     "state_dir": st.journal.as_ref().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
                     "journal_bytes": st.journal.as_ref().map(|j| j.size()),
                     "journal_commits": st.journal.as_ref().map(|j| j.commits()),
+                    "epoch_ceiling": st.journal.as_ref().map(|j| j.ceiling()),
+                    "journal_compactions": st.journal.as_ref().map(|j| j.compactions()),
                     "durability": match &st.store {
                         Some(s) if s.failed() => "failed",
                         Some(_) => "durable",
@@ -1968,6 +1970,42 @@ mod tests {
         fs.removexattr(f.ino, n, 0).unwrap();
         assert_eq!(fs.getxattr(f.ino, n), Err(Error::NoAttr));
         assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k"), b"v", 0, 0), Err(Error::NotSupported));
+    }
+
+    fn flock(h: Handle, mode: Option<crate::lease::Mode>) -> Request {
+        Request {
+            owner: Owner(h.0),
+            kind: crate::lease::LockKind::Flock,
+            mode,
+            range: crate::lease::Range { start: 0, end: u64::MAX },
+            pid: 1,
+            handle: h.0,
+        }
+    }
+
+    /// SPEC 4: rename over keeps the destination's inode only while it is
+    /// live; over a released lease it is POSIX, and the epoch floor holds.
+    #[test]
+    fn rename_over_keeps_identity_only_while_live() {
+        use crate::lease::Mode;
+        let fs = fs();
+        let r = Ino::ROOT;
+        let (dst, h) = fs.create(C, r, OsStr::new("dst"), 0o600, 0, libc::O_RDWR | libc::O_EXCL).unwrap();
+        fs.setlk(dst.ino, flock(h, Some(Mode::Exclusive)), None).unwrap();
+        assert_eq!(fs.epoch(dst.ino), Epoch(2));
+        // Held: the content moves, the inode, epoch and holder stay.
+        let (src, _) = fs.create(C, r, OsStr::new("src"), 0o640, 0, libc::O_RDWR).unwrap();
+        fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 0).unwrap();
+        assert_eq!(fs.lookup(r, OsStr::new("dst")).unwrap().ino, dst.ino);
+        assert_eq!(fs.epoch(dst.ino), Epoch(2));
+        assert_ne!(src.ino, dst.ino);
+        // Released: POSIX, the source's inode and mode arrive at the name.
+        fs.setlk(dst.ino, flock(h, None), None).unwrap();
+        let (src, _) = fs.create(C, r, OsStr::new("src"), 0o640, 0, libc::O_RDWR).unwrap();
+        fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 0).unwrap();
+        let now = fs.lookup(r, OsStr::new("dst")).unwrap();
+        assert_eq!((now.ino, now.perm), (src.ino, 0o640));
+        assert!(fs.epoch(src.ino) >= Epoch(2), "the path's epoch never goes back");
     }
 
     #[test]

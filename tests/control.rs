@@ -36,6 +36,7 @@ print(json.dumps({"status": s, "rows": rows}))
     assert!(s["version"].is_string() && s["uptime_secs"].as_f64().unwrap() >= 0.0);
     assert_eq!(s["leases"]["held"], 1);
     assert_eq!(s["leases"]["awaited"], 1);
+    assert!(s["epoch_ceiling"].as_u64().unwrap() >= 1, "the granted epoch is below the durable ceiling: {s}");
     let row = &v["rows"][0];
     assert_eq!(row["path"], "/L");
     assert_eq!(row["epoch"], 1);
