@@ -39,6 +39,9 @@ const EARLY_INTERRUPTS: usize = 256;
 /// cached entry would let a process reach a stale inode.
 const TTL: Duration = Duration::ZERO;
 
+/// How long the kernel may remember that a name does not exist.
+const NEGATIVE_TTL: Duration = Duration::from_secs(1);
+
 /// Largest write the kernel may send in one request (the kernel's default
 /// page limit per request, 256 pages).
 pub const MAX_WRITE: u32 = 1024 * 1024;
@@ -324,6 +327,16 @@ impl fuser::Filesystem for LeaseFs {
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guarded("lookup", || match self.fs.lookup(Ino(parent.0), name) {
             Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            // "No such name" may be cached (node id 0): every name of this
+            // mount is created through this kernel, whose create, link,
+            // rename and mknod replace the negative entry. Programs that probe
+            // for files that rarely exist (SQLite's -journal and -wal) then
+            // cost one round trip per NEGATIVE_TTL, not one per probe.
+            Err(Error::NotFound) if !crate::control::is_control(Ino(parent.0)) => {
+                let mut none = attr(&Attr::absent());
+                none.ino = INodeNo(0);
+                reply.entry_with_ttls(&TTL, &NEGATIVE_TTL, &none, Generation(0));
+            }
             Err(e) => reply.error(errno(e)),
         });
     }

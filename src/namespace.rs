@@ -85,6 +85,28 @@ pub struct Attr {
     pub crtime: SystemTime,
 }
 
+impl Attr {
+    /// Attributes of nothing (a negative directory entry carries them).
+    pub fn absent() -> Attr {
+        let t = SystemTime::UNIX_EPOCH;
+        Attr {
+            ino: Ino(0),
+            kind: Kind::File,
+            perm: 0,
+            nlink: 0,
+            uid: 0,
+            gid: 0,
+            size: 0,
+            blocks: 0,
+            rdev: 0,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+        }
+    }
+}
+
 /// Contents of a regular file: sparse pages, so holes and huge sizes cost
 /// nothing.
 #[derive(Debug, Default, Clone)]

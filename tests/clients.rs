@@ -274,8 +274,20 @@ fn current_suite_fails_nothing_tmpfs_passes(name: &str, args: &[&str], deliberat
         ours.passed,
         ours.failed
     );
-    let extra: Vec<&String> =
+    let suspects: Vec<&String> =
         ours.failed.iter().filter(|f| !base.failed.contains(*f) && !deliberate.iter().any(|d| f.contains(d))).collect();
+    // A timing-sensitive test that failed while the rest of the suite (and
+    // other tests) loaded the machine gets one more run on its own; one that
+    // fails again is a real difference.
+    let mut extra = Vec::new();
+    for id in suspects {
+        let again = pytest_outcomes(&suite, &m.p("pytest-again"), &[id.as_str()]);
+        if again.failed.is_empty() && again.passed > 0 {
+            eprintln!("{name}: {id} failed under load, passed on its own");
+        } else {
+            extra.push((id, again.out));
+        }
+    }
     assert!(extra.is_empty(), "{name}: fails on leasefs, passes on tmpfs: {extra:#?}\n{}", ours.out);
     assert!(ours.passed >= min_passed, "{name}: the suite did not really run ({} passed):\n{}", ours.passed, ours.out);
 }
