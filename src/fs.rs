@@ -450,10 +450,17 @@ impl State {
             return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io });
         }
         self.ns.clear_dirty();
-        if store.wants_snapshot() {
+        let ns = &self.ns;
+        let large = batch.len() > 4 << 20;
+        if store.wants_snapshot_for(|| ns.pages() * PAGE as u64 + ns.len() as u64 * 128) {
             let img = crate::persist::encode_all(&self.ns, |ino| self.extra(ino));
             // Failures are logged by the store; a full disk postpones it.
             let _ = self.store.as_mut().expect("checked above").snapshot(&img);
+        }
+        if large {
+            // The batch (and snapshot) buffers were as large as the data.
+            drop(batch);
+            give_memory_back();
         }
         Ok(())
     }
@@ -566,8 +573,13 @@ impl State {
     }
 
     /// Drop lease state of inodes that are gone, and detached names whose
-    /// lease is no longer live.
+    /// lease is no longer live; hand memory of removed contents back to the
+    /// system once a few MiB were freed (the allocator keeps freed pages
+    /// otherwise, and the daemon's RSS would stay at its high-water mark).
     fn collect(&mut self, ino: Ino) {
+        if self.ns.freed_at_least(1024) {
+            give_memory_back();
+        }
         if self.ns.get(ino).is_err() {
             self.locks.forget(ino);
             self.predecessors.remove(&ino);
@@ -1030,6 +1042,7 @@ impl Fs {
         let a = i.attr();
         if set.size.is_some() {
             st.observe(tid, ino);
+            st.collect(ino);
         }
         Ok(a)
     }
@@ -1659,6 +1672,7 @@ impl Fs {
         }
         i.change_content(now());
         st.observe(tid, ino);
+        st.collect(ino);
         Ok(())
     }
 
@@ -1845,6 +1859,15 @@ impl Fs {
         i.xattrs.remove(name).ok_or(Error::NoAttr)?;
         i.ctime = now();
         Ok(())
+    }
+}
+
+/// Return free heap memory to the system.
+fn give_memory_back() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -107,6 +107,14 @@ impl Attr {
     }
 }
 
+/// Content pages freed (truncated, punched, replaced or dropped with their
+/// file) since the memory was last handed back to the system.
+static FREED_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn freed(pages: usize) {
+    FREED_PAGES.fetch_add(pages as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Contents of a regular file: sparse pages, so holes and huge sizes cost
 /// nothing.
 #[derive(Debug, Default, Clone)]
@@ -183,6 +191,7 @@ impl Data {
         if size < self.size {
             let keep = size.div_ceil(PAGE as u64);
             let gone = self.pages.split_off(&keep);
+            freed(gone.len());
             if let Some(d) = &mut self.dirty {
                 d.extend(gone.keys());
                 if size % PAGE as u64 != 0 {
@@ -212,7 +221,9 @@ impl Data {
                 d.insert(idx);
             }
             if in_page == 0 && n == PAGE {
-                self.pages.remove(&idx);
+                if self.pages.remove(&idx).is_some() {
+                    freed(1);
+                }
             } else if let Some(page) = self.pages.get_mut(&idx) {
                 page[in_page..in_page + n].fill(0);
             }
@@ -254,6 +265,7 @@ impl Data {
             d.extend(self.pages.keys());
             d.extend(other.pages.keys());
         }
+        freed(self.pages.len());
         self.size = other.size;
         self.pages = other.pages;
         self.dirty = dirty;
@@ -703,6 +715,17 @@ impl Namespace {
         self.inodes.get_mut(&ino).ok_or(Error::NotFound)
     }
 
+    /// True (once) when at least `pages` content pages were freed since the
+    /// last time this said so.
+    pub fn freed_at_least(&mut self, pages: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        if FREED_PAGES.load(Ordering::Relaxed) < pages {
+            return false;
+        }
+        FREED_PAGES.store(0, Ordering::Relaxed);
+        true
+    }
+
     /// Number of inodes in the table.
     pub fn len(&self) -> usize {
         self.inodes.len()
@@ -829,6 +852,9 @@ impl Namespace {
         }
         if let Some(i) = self.inodes.get(&ino) {
             if i.nlink == 0 && i.lookups == 0 && i.opens == 0 {
+                if let Body::File(d) = &i.body {
+                    freed(d.pages.len());
+                }
                 self.inodes.remove(&ino);
                 self.hints.remove(&ino);
                 if self.track {

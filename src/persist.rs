@@ -651,6 +651,16 @@ impl Store {
         self.journal_bytes > self.snapshot_min.max(self.snapshot_bytes)
     }
 
+    /// Also compact when the snapshot holds far more than is live (large
+    /// files were removed): the state directory stays within about twice
+    /// the live state plus the journal limit. `live` estimates the bytes a
+    /// snapshot of the namespace would take now (called only when the
+    /// snapshot is large).
+    pub fn wants_snapshot_for(&self, live: impl FnOnce() -> u64) -> bool {
+        self.wants_snapshot()
+            || self.snapshot_bytes > 2 * self.snapshot_min && self.snapshot_bytes > 2 * live() + self.snapshot_min
+    }
+
     /// Write `image` (every record of the namespace, ending with a commit)
     /// as the snapshot of the next generation, then start a new journal.
     pub fn snapshot(&mut self, image: &[u8]) -> io::Result<()> {
