@@ -328,9 +328,12 @@ impl State {
         }
     }
 
-    /// Refuse with `ESTALE` when `tid` acts on an older version of the file
-    /// at `ino` than the current one (SPEC 6).
-    fn check_current(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
+    /// Refuse with `ESTALE` when `tid` acts on an older view of the file at
+    /// `ino` (SPEC 6). For a rename over (`content_counts`) any change of
+    /// content or of what the name points at makes the view stale; for an
+    /// unlink only the name being re-pointed does (a parent removing a file
+    /// its child rewrote is ordinary cleanup).
+    fn check_current(&mut self, tid: u32, ino: Ino, content_counts: bool, what: &str) -> Result<()> {
         let Ok(i) = self.ns.get(ino) else { return Ok(()) };
         if i.kind != Kind::File {
             return Ok(());
@@ -339,32 +342,16 @@ impl State {
         let Some(p) = self.proc(tid, true) else { return Ok(()) };
         let preds: Vec<(Ino, u64)> =
             self.predecessors.get(&ino).map(|v| v.iter().map(|i| (*i, 0)).collect()).unwrap_or_default();
-        match self.obs.check(p, ino, current, &preds) {
+        let verdict = if content_counts {
+            self.obs.check(p, ino, current, &preds)
+        } else {
+            let repointed_at = self.repointed.get(&ino).copied().unwrap_or(0);
+            self.obs.check_name(p, ino, repointed_at, &preds)
+        };
+        match verdict {
             Verdict::Current | Verdict::Unobserved => Ok(()),
             Verdict::Stale { seen, current } => {
                 debug!(path = %self.path_for_log(ino), pid = p.tgid, ino = ino.0, seen, current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
-                self.metrics.cas_rejections += 1;
-                Err(Error::Stale)
-            }
-        }
-    }
-
-    /// Refuse `unlink` with `ESTALE` when the name now leading to `ino` was
-    /// re-pointed since `tid` observed it; content changes do not count
-    /// (a parent removing a file its child rewrote is ordinary cleanup).
-    fn check_name_current(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
-        let Ok(i) = self.ns.get(ino) else { return Ok(()) };
-        if i.kind != Kind::File {
-            return Ok(());
-        }
-        let Some(p) = self.proc(tid, true) else { return Ok(()) };
-        let repointed_at = self.repointed.get(&ino).copied().unwrap_or(0);
-        let preds: Vec<(Ino, u64)> =
-            self.predecessors.get(&ino).map(|v| v.iter().map(|i| (*i, 0)).collect()).unwrap_or_default();
-        match self.obs.check_name(p, ino, repointed_at, &preds) {
-            Verdict::Current | Verdict::Unobserved => Ok(()),
-            Verdict::Stale { seen, current } => {
-                debug!(path = %self.path_for_log(ino), pid = p.tgid, ino = ino.0, seen, current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: name re-pointed");
                 self.metrics.cas_rejections += 1;
                 Err(Error::Stale)
             }
@@ -789,21 +776,7 @@ impl Fs {
             Some(c) => (Kind::File, c.perm(), 1),
             None => (Kind::Dir, 0o555, 2),
         };
-        Attr {
-            ino,
-            kind,
-            perm,
-            nlink,
-            uid: 0,
-            gid: 0,
-            size: 0,
-            blocks: 0,
-            rdev: 0,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-        }
+        Attr { ino, kind, perm, nlink, atime: t, mtime: t, ctime: t, crtime: t, ..Attr::absent() }
     }
 
     fn control_open(&self, ino: Ino, flags: i32) -> Result<Handle> {
@@ -1210,7 +1183,7 @@ impl Fs {
             return Err(Error::IsDir);
         }
         st.check_fenced_pid(tid, ino, "unlink")?;
-        st.check_name_current(tid, ino, "unlink")?;
+        st.check_current(tid, ino, false, "unlink")?;
         let now = now();
         let path = st.path_of(parent, name);
         if let Some(p) = &path {
@@ -1394,7 +1367,7 @@ impl Fs {
         }
         if let Some(dst) = dst {
             st.check_fenced_pid(tid, dst, "rename over")?;
-            st.check_current(tid, dst, "rename over")?;
+            st.check_current(tid, dst, true, "rename over")?;
         }
         let old_path = st.path_of(parent, name);
         let new_path = st.path_of(newparent, newname);
