@@ -29,18 +29,27 @@ const MAX_PATH_EPOCHS: usize = 16_384;
 /// Observations recorded between sweeps for exited processes.
 const SWEEP_EVERY: u64 = 4096;
 
+/// A small `/proc` file, read with one buffer large enough for all of it
+/// (`read_to_string` would start small and grow, one `read` per doubling).
+fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::with_capacity(4096);
+    std::fs::File::open(path).ok()?.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
 /// The parent of a process, from `/proc`.
 fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
     stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Resolve a request's thread id to the process identity (thread-group id
 /// and start time) from `/proc`.
 pub fn proc_of_tid(tid: u32) -> Option<Proc> {
-    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    let status = read_proc(&format!("/proc/{tid}/status"))?;
     let tgid: u32 = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()?;
-    let stat = std::fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    let stat = read_proc(&format!("/proc/{tgid}/stat"))?;
     let start = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
     Some(Proc { tgid, start })
 }
@@ -201,7 +210,7 @@ fn in_group(tid: u32, gid: u32, file_gid: u32) -> bool {
     if gid == file_gid {
         return true;
     }
-    let Ok(status) = std::fs::read_to_string(format!("/proc/{tid}/status")) else { return false };
+    let Some(status) = read_proc(&format!("/proc/{tid}/status")) else { return false };
     status
         .lines()
         .find_map(|l| l.strip_prefix("Groups:"))

@@ -34,10 +34,33 @@ const TIMER_IDLE: Duration = Duration::from_millis(50);
 /// How many interrupts for not-yet-parked requests are remembered.
 const EARLY_INTERRUPTS: usize = 256;
 
-/// Entries and attributes are never cached by the kernel: a lease's name can
-/// change its target at any moment (unlink, re-create, rename over), and a
-/// cached entry would let a process reach a stale inode.
+/// Names and attributes of anything but a directory are never cached by the
+/// kernel: a lease's name can change its target behind the kernel's back
+/// (rename over a live lease keeps the destination's inode while the kernel
+/// moves the source's entry), and a cached entry would let a process reach a
+/// stale inode. Every `stat` of a file reaches the daemon, where it counts as
+/// an observation (SPEC 6).
 const TTL: Duration = Duration::ZERO;
+
+/// How long the kernel may trust a directory's name and attributes. A lease
+/// is never a directory and a directory holding a live lease cannot move, so
+/// a directory's name changes only through this kernel's own mkdir, rmdir and
+/// rename; its attributes change only through this kernel's requests too
+/// (setattr and setxattr replies, and the kernel drops a directory's cached
+/// attributes itself after every create, link, unlink, rename and readdir in
+/// it). With `default_permissions` every directory on a path is checked
+/// against its attributes, so caching them saves one round trip per path
+/// component.
+const DIR_TTL: Duration = Duration::from_secs(1);
+
+/// The entry and attribute timeout for a name leading to `a`.
+fn ttl(a: &Attr) -> &'static Duration {
+    if a.kind == Kind::Dir {
+        &DIR_TTL
+    } else {
+        &TTL
+    }
+}
 
 /// How long the kernel may remember that a name does not exist.
 const NEGATIVE_TTL: Duration = Duration::from_secs(1);
@@ -326,7 +349,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guarded("lookup", || match self.fs.lookup(Ino(parent.0), name) {
-            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
             // "No such name" may be cached (node id 0): every name of this
             // mount is created through this kernel, whose create, link,
             // rename and mknod replace the negative entry. Programs that probe
@@ -347,7 +370,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         guarded("getattr", || match self.fs.getattr(Ino(ino.0), req.pid()) {
-            Ok(a) => reply.attr(&TTL, &attr(&a)),
+            Ok(a) => reply.attr(ttl(&a), &attr(&a)),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -382,7 +405,7 @@ impl fuser::Filesystem for LeaseFs {
                 handle: fh.map(|h| Handle(h.0)),
             };
             match self.fs.setattr(Ino(ino.0), &set, caller(req)) {
-                Ok(a) => reply.attr(&TTL, &attr(&a)),
+                Ok(a) => reply.attr(ttl(&a), &attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -406,14 +429,14 @@ impl fuser::Filesystem for LeaseFs {
         reply: ReplyEntry,
     ) {
         guarded("mknod", || match self.fs.mknod(caller(req), Ino(parent.0), name, mode, umask, rdev) {
-            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e)),
         });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         guarded("mkdir", || match self.fs.mkdir(caller(req), Ino(parent.0), name, mode, umask) {
-            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -434,7 +457,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         guarded("symlink", || match self.fs.symlink(caller(req), Ino(parent.0), link_name, target.as_os_str()) {
-            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -459,7 +482,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname) {
-            Ok(a) => reply.entry(&TTL, &attr(&a), Generation(0)),
+            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e)),
         });
     }

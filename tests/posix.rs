@@ -210,6 +210,48 @@ fn changes_are_never_stale_across_processes() {
     assert_eq!(sh_ok(&m.path, "stat -c %F f").trim(), "directory");
 }
 
+/// Directory names and attributes may be cached by the kernel (one round
+/// trip per path instead of one per component); every change made by one
+/// process must still show in the next process's `stat`, permission check
+/// and lookup, as on tmpfs.
+#[test]
+fn cached_directories_are_never_stale_across_processes() {
+    let m = Mount::new();
+    let t = crate::util::Tmpfs::new();
+    let script = |dir: &std::path::Path| {
+        let mut seen = Vec::new();
+        let mut step = |s: &str| seen.push(sh(dir, s));
+        step("mkdir -p d/e && stat -c '%h %a' d d/e");
+        let before = sh_ok(dir, "stat -c %y d");
+        step("mkdir d/g && stat -c '%h' d");
+        assert_ne!(sh_ok(dir, "stat -c %y d"), before, "mtime after mkdir inside");
+        step("touch d/f && stat -c '%h' d");
+        step("chmod 700 d && stat -c %a d");
+        step("setpriv --reuid=65534 --regid=65534 --clear-groups ls d 2>&1; echo rc=$?");
+        step("chmod 755 d && setpriv --reuid=65534 --regid=65534 --clear-groups ls d; echo rc=$?");
+        step("chown 65534:65534 d && stat -c '%u %g' d");
+        step("touch -d @1000000000 d && stat -c %Y d");
+        step("rmdir d/g && stat -c %h d");
+        step("mv d/e d/e2 && stat -c %F d/e 2>&1; stat -c %F d/e2");
+        let ino = sh_ok(dir, "mkdir x && stat -c %i x");
+        step("mkdir y && mv -T x y && stat -c %h y");
+        assert_eq!(sh_ok(dir, "stat -c %i y"), ino, "rename over an empty directory moves the source");
+        step("stat x 2>&1 | sed 's/.*: //'");
+        let old = sh_ok(dir, "stat -c %i d");
+        sh_ok(dir, "rm -r d && mkdir d");
+        assert_ne!(sh_ok(dir, "stat -c %i d"), old, "a re-created directory is a new inode");
+        step("stat -c '%h %a %u' d; ls d | wc -l");
+        seen.into_iter()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+            .map(|o| o.replace(&dir.display().to_string(), "ROOT"))
+            .collect::<Vec<_>>()
+    };
+    let ours = script(&m.path);
+    let theirs = script(&t.path);
+    assert_eq!(ours, theirs, "leasefs vs tmpfs");
+    assert!(ours[4].contains("Permission denied") && ours[4].contains("rc=2"), "{ours:?}");
+}
+
 #[test]
 fn timestamps_utime_now_omit_and_nanoseconds() {
     let m = Mount::new();
