@@ -143,8 +143,7 @@ mod tests {
 
     #[test]
     fn metrics_render_prometheus_text() {
-        let mut m = Metrics::default();
-        m.acquisitions = 3;
+        let mut m = Metrics { acquisitions: 3, ..Metrics::default() };
         m.waited(0.02);
         m.waited(7.0);
         let text = m.render(1, 0);

@@ -97,7 +97,7 @@ pub fn parse_ttl(v: &str) -> Result<Option<u64>> {
 
 /// Format a TTL the way `parse_ttl` reads it.
 pub fn format_ttl(ms: u64) -> String {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -330,7 +330,7 @@ impl State {
         let version = i.version;
         self.obs.record(p, ino, version);
         self.recorded += 1;
-        if self.recorded % SWEEP_EVERY == 0 {
+        if self.recorded.is_multiple_of(SWEEP_EVERY) {
             let resolve = self.resolve;
             self.obs.forget_dead(|p| resolve(p.tgid).is_some_and(|q| q == *p));
             self.tids.clear();
@@ -432,19 +432,37 @@ impl State {
 
     /// Write what changed since the last flush to the journal and sync it.
     fn flush(&mut self) -> Result<()> {
-        let Some(store) = self.store.as_ref() else { return Ok(()) };
+        match self.append_changes()? {
+            Some(sync) => sync().map_err(|e| {
+                tracing::error!("journal sync failed: {e}; durability is no longer promised (fail-stop)");
+                if let Some(s) = &self.store {
+                    s.fail_flag().store(true, std::sync::atomic::Ordering::Release);
+                }
+                Error::Io
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Append what changed since the last flush to the journal; the
+    /// returned sync makes it durable (none: nothing to write). Folds the
+    /// journal into a snapshot when it has grown (the snapshot is durable
+    /// when this returns).
+    fn append_changes(&mut self) -> Result<Option<crate::storage::Syncer>> {
+        let Some(store) = self.store.as_ref() else { return Ok(None) };
         if store.failed() {
             return Err(Error::Io);
         }
         let (dirty, freed) = self.ns.dirty();
         if dirty.is_empty() && freed.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         let batch = crate::persist::encode_changes(&self.ns, |ino| self.extra(ino));
         let store = self.store.as_mut().expect("checked above");
-        if let Err(e) = store.commit(&batch) {
-            return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io });
-        }
+        let sync = match store.append(&batch) {
+            Ok(sync) => sync,
+            Err(e) => return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
+        };
         self.ns.clear_dirty();
         let ns = &self.ns;
         let large = batch.len() > 4 << 20;
@@ -458,7 +476,7 @@ impl State {
             drop(batch);
             give_memory_back();
         }
-        Ok(())
+        Ok(Some(sync))
     }
 
     /// Count what the lease core decided (grants, waits, breaks).
@@ -602,6 +620,8 @@ impl State {
 #[derive(Debug)]
 pub struct Fs {
     state: Mutex<State>,
+    /// Journal syncs in flight, answered off the request path.
+    group: crate::group::GroupCommit,
 }
 
 fn now() -> SystemTime {
@@ -682,6 +702,7 @@ impl Fs {
                 store: None,
                 volatile: false,
             }),
+            group: crate::group::GroupCommit::default(),
         }
     }
 
@@ -731,14 +752,42 @@ impl Fs {
     }
 
     /// `fsync`, `fdatasync`, `fsyncdir`: make every change so far durable
-    /// (one flush covers all files). `ENOSPC` on a full state disk, `EIO`
-    /// for good after any other state-disk error.
+    /// (one flush covers all files), then call `done`: at once when there is
+    /// nothing to wait for, otherwise from the group-commit thread while
+    /// other requests go on. `ENOSPC` on a full state disk, `EIO` for good
+    /// after any other state-disk error.
+    pub fn sync_then(&self, done: crate::group::Done) {
+        let mut st = self.state.lock();
+        match st.append_changes() {
+            Err(e) => {
+                drop(st);
+                done(Err(e));
+            }
+            Ok(None) if !self.group.busy() => {
+                drop(st);
+                done(Ok(()));
+            }
+            Ok(sync) => {
+                // Queued under the state lock: callers are answered in the
+                // order their changes were appended.
+                let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+                self.group.submit(sync, &failed, done);
+            }
+        }
+    }
+
+    /// [`Fs::sync_then`], waiting for the answer.
     pub fn sync(&self) -> Result<()> {
-        self.state.lock().flush()
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.sync_then(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        rx.recv().unwrap_or(Err(Error::Io))
     }
 
     /// Clean unmount: flush and fold the journal into a snapshot.
     pub fn shutdown(&self) {
+        self.group.stop();
         let mut st = self.state.lock();
         if st.store.is_none() {
             return;
@@ -1037,6 +1086,7 @@ impl Fs {
         }
     }
 
+    #[allow(clippy::too_many_arguments)] // the arguments of mknod/mkdir/symlink/create, passed on
     fn make(
         st: &mut State,
         caller: Caller,

@@ -216,13 +216,18 @@ impl LeaseFs {
     }
 
     /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
+    /// Answered when the journal sync is done, from the group-commit
+    /// thread: other requests are served meanwhile.
     fn sync(&self, op: &str, reply: ReplyEmpty) {
-        guarded(op, || match self.fs.sync() {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+        guarded(op, || {
+            self.fs.sync_then(Box::new(move |r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }))
         });
     }
 
+    #[allow(clippy::too_many_arguments)] // the fields of a FUSE lock request, passed on
     fn lock_request(
         &self,
         w: &mut Waits,

@@ -10,6 +10,7 @@ pub mod control;
 pub mod error;
 pub mod fs;
 pub mod fuse;
+pub mod group;
 pub mod lease;
 pub mod namespace;
 pub mod observe;

@@ -194,7 +194,7 @@ impl Data {
             freed(gone.len());
             if let Some(d) = &mut self.dirty {
                 d.extend(gone.keys());
-                if size % PAGE as u64 != 0 {
+                if !size.is_multiple_of(PAGE as u64) {
                     d.insert(size / PAGE as u64);
                 }
             }
@@ -583,10 +583,10 @@ impl Namespace {
     /// (files that were unlinked while open) are dropped.
     /// `fresh` supplies the root when nothing was recovered.
     pub fn restore(mut inodes: HashMap<Ino, Inode>, next_ino: u64, mut fresh: Namespace) -> Namespace {
-        if !inodes.contains_key(&Ino::ROOT) {
-            if let Some(root) = fresh.inodes.remove(&Ino::ROOT) {
-                inodes.insert(Ino::ROOT, root);
-            }
+        if let (std::collections::hash_map::Entry::Vacant(e), Some(root)) =
+            (inodes.entry(Ino::ROOT), fresh.inodes.remove(&Ino::ROOT))
+        {
+            e.insert(root);
         }
         let mut reached = HashSet::new();
         let mut stack = vec![Ino::ROOT];
@@ -601,13 +601,12 @@ impl Namespace {
             let mut subdirs = 0;
             for (name, child) in d.iter() {
                 match inodes.get(&child).map(|i| i.kind) {
-                    Some(Kind::Dir) => {
-                        if !reached.contains(&child) {
-                            subdirs += 1;
-                            parents.insert(child, (dir, 0));
-                            stack.push(child);
-                        }
+                    Some(Kind::Dir) if !reached.contains(&child) => {
+                        subdirs += 1;
+                        parents.insert(child, (dir, 0));
+                        stack.push(child);
                     }
+                    Some(Kind::Dir) => {}
                     Some(_) => {
                         *links.entry(child).or_default() += 1;
                         reached.insert(child);

@@ -44,7 +44,7 @@ use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::namespace::{Body, Data, Ino, Inode, Kind, Namespace, PAGE};
-use crate::storage::Storage;
+use crate::storage::{Storage, Syncer};
 
 /// The journal file in the state directory.
 pub const JOURNAL: &str = "namespace.journal";
@@ -473,7 +473,9 @@ pub struct Store {
     snapshot_bytes: u64,
     /// When the last snapshot was written (by this daemon or before).
     pub last_snapshot: Option<SystemTime>,
-    failed: bool,
+    /// Set after the first I/O error, also by a group sync that failed on
+    /// another thread: durability is no longer promised.
+    failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Batches committed since start.
     pub flushes: u64,
     /// Compact when the journal exceeds this many bytes (and the snapshot).
@@ -566,7 +568,7 @@ impl Store {
             journal_bytes: keep,
             snapshot_bytes,
             last_snapshot: written_at,
-            failed: false,
+            failed: Default::default(),
             flushes: 0,
             snapshot_min: SNAPSHOT_MIN_BYTES,
         };
@@ -592,7 +594,12 @@ impl Store {
 
     /// True after an I/O error: durability is no longer promised.
     pub fn failed(&self) -> bool {
-        self.failed
+        self.failed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The flag a group sync running elsewhere sets when it fails.
+    pub fn fail_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        self.failed.clone()
     }
 
     /// Bytes in the journal.
@@ -612,27 +619,42 @@ impl Store {
 
     fn fail(&mut self, what: &str, e: &io::Error) {
         tracing::error!("{what} failed: {e}; durability is no longer promised (fail-stop)");
-        self.failed = true;
+        self.failed.store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Append one committed batch and make it durable. `ENOSPC` leaves the
     /// journal as it was (retry later); other errors are fail-stop.
     pub fn commit(&mut self, batch: &[u8]) -> io::Result<()> {
-        if self.failed {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        let r = injected("journal-eio")
-            .and_then(|()| self.storage.append(JOURNAL, batch))
-            .and_then(|()| {
-                failpoint("journal-appended");
-                self.storage.sync(JOURNAL)
-            });
-        match r {
+        let sync = self.append(batch)?;
+        match sync() {
             Ok(()) => {
                 failpoint("journal-synced");
+                Ok(())
+            }
+            Err(e) => {
+                self.fail("journal sync", &e);
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            }
+        }
+    }
+
+    /// Append one committed batch; it is durable once the returned sync has
+    /// run (on any thread, while later batches are appended). `ENOSPC`
+    /// leaves the journal as it was (retry later); other errors are
+    /// fail-stop.
+    pub fn append(&mut self, batch: &[u8]) -> io::Result<Syncer> {
+        if self.failed() {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let r = injected("journal-eio").and_then(|()| self.storage.append(JOURNAL, batch)).and_then(|()| {
+            failpoint("journal-appended");
+            self.storage.syncer(JOURNAL)
+        });
+        match r {
+            Ok(sync) => {
                 self.journal_bytes += batch.len() as u64;
                 self.flushes += 1;
-                Ok(())
+                Ok(sync)
             }
             Err(e) => {
                 let undo = self.storage.truncate(JOURNAL, self.journal_bytes).and_then(|()| self.storage.sync(JOURNAL));
@@ -664,7 +686,7 @@ impl Store {
     /// Write `image` (every record of the namespace, ending with a commit)
     /// as the snapshot of the next generation, then start a new journal.
     pub fn snapshot(&mut self, image: &[u8]) -> io::Result<()> {
-        if self.failed {
+        if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let generation = self.generation + 1;

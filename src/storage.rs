@@ -22,6 +22,13 @@ pub trait Storage: Send {
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()>;
     /// Make a file's content durable (`fdatasync`).
     fn sync(&mut self, name: &str) -> io::Result<()>;
+    /// A `sync` of `name` that may run later on another thread, while this
+    /// storage goes on appending: it covers everything appended before it
+    /// runs. Backends without a separate handle sync now.
+    fn syncer(&mut self, name: &str) -> io::Result<Syncer> {
+        self.sync(name)?;
+        Ok(Box::new(|| Ok(())))
+    }
     /// Create or replace a file with `data` (not durable until `sync`).
     fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
     /// Rename within the directory, replacing `to`.
@@ -37,6 +44,9 @@ pub trait Storage: Send {
     /// For tests that look inside a backend.
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
+
+/// A deferred `sync` (see [`Storage::syncer`]).
+pub type Syncer = Box<dyn FnOnce() -> io::Result<()> + Send>;
 
 /// A real directory.
 pub struct DirStorage {
@@ -89,6 +99,13 @@ impl Storage for DirStorage {
 
     fn sync(&mut self, name: &str) -> io::Result<()> {
         self.file(name)?.sync_data()
+    }
+
+    fn syncer(&mut self, name: &str) -> io::Result<Syncer> {
+        // A second descriptor of the same file: its fdatasync covers data
+        // appended through the first.
+        let f = self.file(name)?.try_clone()?;
+        Ok(Box::new(move || f.sync_data()))
     }
 
     fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
