@@ -24,7 +24,8 @@ pub enum ControlFile {
 
 impl ControlFile {
     /// All control files.
-    pub const ALL: [ControlFile; 4] = [ControlFile::Status, ControlFile::Leases, ControlFile::Metrics, ControlFile::Break];
+    pub const ALL: [ControlFile; 4] =
+        [ControlFile::Status, ControlFile::Leases, ControlFile::Metrics, ControlFile::Break];
 
     /// Its name in `.leasefs/`.
     pub fn name(self) -> &'static str {
@@ -105,8 +106,16 @@ impl Metrics {
         counter("leasefs_acquisitions_total", "Lock requests granted.", self.acquisitions);
         counter("leasefs_contention_total", "Lock requests that found the lease taken.", self.contention);
         counter("leasefs_breaks_total", "Leases broken by TTL expiry or by an administrator.", self.breaks);
-        counter("leasefs_fenced_operations_total", "Operations refused because the caller was fenced.", self.fenced_operations);
-        counter("leasefs_cas_rejections_total", "Renames and unlinks refused by compare-and-swap.", self.cas_rejections);
+        counter(
+            "leasefs_fenced_operations_total",
+            "Operations refused because the caller was fenced.",
+            self.fenced_operations,
+        );
+        counter(
+            "leasefs_cas_rejections_total",
+            "Renames and unlinks refused by compare-and-swap.",
+            self.cas_rejections,
+        );
         counter("leasefs_journal_commits_total", "Epoch reservations made durable in the journal.", journal_commits);
         out.push_str("# HELP leasefs_wait_seconds Time lock requests waited before being granted.\n");
         out.push_str("# TYPE leasefs_wait_seconds histogram\n");

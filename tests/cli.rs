@@ -39,7 +39,8 @@ fn mount_refuses_with_a_one_line_reason() {
 fn nonempty_and_already_mounted() {
     let m = Mount::new();
     let other_state = m.dir.path().join("other-state");
-    let (ok, err) = leasefs(&["mount", m.path.to_str().unwrap(), "--nonempty", "--state-dir", other_state.to_str().unwrap()]);
+    let (ok, err) =
+        leasefs(&["mount", m.path.to_str().unwrap(), "--nonempty", "--state-dir", other_state.to_str().unwrap()]);
     assert!(!ok && err.contains("already a mount point"), "{err}");
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().join("d");

@@ -28,9 +28,8 @@ fn sqlite_two_writers(mode: &str) {
     );
     let script = m.dir.path().join("writer.py");
     std::fs::write(&script, SQLITE_WRITER).unwrap();
-    let spawn = |w: &str| {
-        Command::new("python3").arg(&script).arg(w).current_dir(&m.path).spawn().expect("spawn writer")
-    };
+    let spawn =
+        |w: &str| Command::new("python3").arg(&script).arg(w).current_dir(&m.path).spawn().expect("spawn writer");
     let (mut a, mut b) = (spawn("1"), spawn("2"));
     for c in [&mut a, &mut b] {
         let st = crate::util::wait_timeout(c, Duration::from_secs(120), "sqlite writer");
@@ -202,7 +201,11 @@ fn pytest(suite: &Path, basetemp: &Path, args: &[&str]) {
 fn python_filelock_suite_passes_on_the_mount() {
     let Some(dir) = pysuites() else { return };
     let m = Mount::new();
-    pytest(&dir.join("filelock"), &m.p("pytest"), &["tests/test_filelock.py", "tests/test_error.py", "tests/test_async_filelock.py"]);
+    pytest(
+        &dir.join("filelock"),
+        &m.p("pytest"),
+        &["tests/test_filelock.py", "tests/test_error.py", "tests/test_async_filelock.py"],
+    );
 }
 
 #[test]
@@ -214,7 +217,11 @@ fn python_portalocker_suite_passes_on_the_mount() {
     pytest(
         &dir.join("portalocker"),
         &m.p("pytest"),
-        &["--ignore=portalocker_tests/test_redis.py", "--deselect=portalocker_tests/tests.py::test_exclusive_processes", "portalocker_tests"],
+        &[
+            "--ignore=portalocker_tests/test_redis.py",
+            "--deselect=portalocker_tests/tests.py::test_exclusive_processes",
+            "portalocker_tests",
+        ],
     );
 }
 

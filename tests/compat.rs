@@ -303,7 +303,17 @@ fn stress_ng_mmap_file_makes_progress_and_verifies() {
     let m = Mount::new();
     let o = run_timeout(
         Command::new("stress-ng")
-            .args(["--mmap", "1", "--mmap-file", "--mmap-bytes", "4M", "--mmap-ops", "2", "--verify", "--metrics-brief"])
+            .args([
+                "--mmap",
+                "1",
+                "--mmap-file",
+                "--mmap-bytes",
+                "4M",
+                "--mmap-ops",
+                "2",
+                "--verify",
+                "--metrics-brief",
+            ])
             .arg("--temp-path")
             .arg(&m.path),
         STEP,
@@ -331,7 +341,11 @@ fn fsx_style_random_io_with_mmap_matches_its_model() {
     for seed in 1..=3 {
         for (what, dir) in [("tmpfs", &t.path), ("leasefs", &m.path)] {
             let o = run_timeout(
-                Command::new("python3").arg(&fsx).arg(dir.join(format!("fsx.{seed}"))).arg("2000").arg(seed.to_string()),
+                Command::new("python3")
+                    .arg(&fsx)
+                    .arg(dir.join(format!("fsx.{seed}")))
+                    .arg("2000")
+                    .arg(seed.to_string()),
                 STEP,
             );
             assert!(
@@ -373,7 +387,11 @@ fn fio_random_writes_verify_through_pwrite_and_mmap() {
 /// The daemon's resident memory, from /proc.
 fn rss_kib(pid: i32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap()
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
 }
 
 /// Bytes in a directory (not recursive: the state dir is flat).

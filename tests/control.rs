@@ -7,7 +7,11 @@ use crate::util::{epoch, leasefs_bin, py_ok, run_timeout, sh, sh_ok, wait_timeou
 
 fn leasefs(args: &[&str]) -> (bool, String, String) {
     let o = run_timeout(Command::new(leasefs_bin()).args(args), STEP);
-    (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -102,7 +106,10 @@ fn break_fences_the_holder_and_the_next_grant_gets_epoch_plus_one() {
     assert_eq!(h.lines.lock().unwrap()[0], "refused", "the broken holder's write must be fenced");
     assert_eq!(sh_ok(&m.path, "cat L"), "", "nothing landed");
     let metrics = sh_ok(&m.path, "cat .leasefs/metrics");
-    assert!(metrics.contains("leasefs_breaks_total 1") && metrics.contains("leasefs_fenced_operations_total 1"), "{metrics}");
+    assert!(
+        metrics.contains("leasefs_breaks_total 1") && metrics.contains("leasefs_fenced_operations_total 1"),
+        "{metrics}"
+    );
 }
 
 #[test]
@@ -154,7 +161,10 @@ fn grants_breaks_fences_and_cas_rejections_are_logged_with_path_epoch_and_pid() 
         &[("RUST_LOG", "debug")],
     );
     sh_ok(&m.path, "mkdir d && touch d/L && flock d/L true");
-    let h = Bg::ready(&m.path, "exec 9<>d/L; flock 9; echo ready; while [ ! -e go ]; do sleep 0.02; done; echo x >&9; exec sleep 60");
+    let h = Bg::ready(
+        &m.path,
+        "exec 9<>d/L; flock 9; echo ready; while [ ! -e go ]; do sleep 0.02; done; echo x >&9; exec sleep 60",
+    );
     let (ok, _, err) = leasefs(&["break", m.path.to_str().unwrap(), "d/L"]);
     assert!(ok, "{err}");
     sh_ok(&m.path, "touch go");
@@ -174,14 +184,17 @@ except OSError:
     );
     let text = loop {
         let text = std::fs::read_to_string(&log).unwrap_or_default();
-        let done = ["lock granted", "lease broken", "fenced", "compare-and-swap rejected"].iter().all(|k| text.contains(k));
+        let done =
+            ["lock granted", "lease broken", "fenced", "compare-and-swap rejected"].iter().all(|k| text.contains(k));
         if done || std::time::Instant::now() > deadline {
             break text;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     drop(h);
-    for (what, path) in [("lock granted", "/d/L"), ("lease broken", "/d/L"), ("fenced", "/d/L"), ("compare-and-swap rejected", "/j")] {
+    for (what, path) in
+        [("lock granted", "/d/L"), ("lease broken", "/d/L"), ("fenced", "/d/L"), ("compare-and-swap rejected", "/j")]
+    {
         let ok = text.lines().any(|l| {
             l.contains(what) && l.contains(&format!("path={path}")) && l.contains("pid=") && l.contains("epoch")
         });

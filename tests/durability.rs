@@ -55,8 +55,7 @@ fn check_populated(dir: &std::path::Path) {
         "cat a/b/f; echo; stat -c '%h %a %F' a/b/f a/fifo; readlink a/sym; getfattr --only-values -n user.note a/b/f; echo;          getfattr --only-values -n user.leasefs.ttl a/hard; echo; getfattr --only-values -n user.leasefs.guard g; echo;          stat -c %s big; [ $(stat -c %i a/b/f) = $(stat -c %i a/hard) ] && echo same-inode",
     );
     assert_eq!(
-        out,
-        "hello\n2 640 regular file\n1 644 fifo\nb/f\nkept\n30s\nlease\n100000\nsame-inode\n",
+        out, "hello\n2 640 regular file\n1 644 fifo\nb/f\nkept\n30s\nlease\n100000\nsame-inode\n",
         "restored state differs"
     );
 }
@@ -88,7 +87,8 @@ fn fsynced_state_survives_kill_9_and_everything_survives_a_clean_unmount() {
     sh_ok(&m.path, "rm a/hard && mv a/b/f a/moved && echo more >> a/moved && rmdir a/b 2>/dev/null; mkdir e");
     m.stop();
     drop(m);
-    let files: Vec<String> = std::fs::read_dir(state.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let files: Vec<String> =
+        std::fs::read_dir(state.path()).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert!(files.contains(&"namespace.snapshot".to_string()), "{files:?}");
     let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
     assert_eq!(sh_ok(&m.path, "cat a/moved; stat -c %h a/moved; ls -d e; ls a"), "hellomore\n1\ne\nfifo\nmoved\nsym\n");
@@ -270,10 +270,7 @@ fn a_corrupt_journal_stops_start_up_with_file_and_offset() {
     let other = tempfile::tempdir().unwrap();
     let mp = other.path().join("mnt");
     std::fs::create_dir(&mp).unwrap();
-    let o = run_timeout(
-        Command::new(leasefs_bin()).arg("mount").arg(&mp).arg("--state-dir").arg(state.path()),
-        STEP,
-    );
+    let o = run_timeout(Command::new(leasefs_bin()).arg("mount").arg(&mp).arg("--state-dir").arg(state.path()), STEP);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("epochs.journal") && err.contains("offset 0"), "{err}");
 }
@@ -350,7 +347,12 @@ fn crash_loop_short_run_has_no_regressions_and_no_losses() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
     assert!(out.contains("iterations 5 ") && out.contains("regressions 0 losses 0"), "{out}");
-    let acked: u64 = out.split("acked ").nth(out.matches("acked ").count()).and_then(|s| s.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or(0);
+    let acked: u64 = out
+        .split("acked ")
+        .nth(out.matches("acked ").count())
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
     assert!(acked > 0, "the workers acknowledged nothing: {out}");
 }
 

@@ -119,7 +119,16 @@ print("again", code(lambda: os.write(fd, b"back\n")))
     let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
         lines,
-        ["write ESTALE", "truncate ESTALE", "xattr ESTALE", "rename ESTALE", "unlink ESTALE", "unlock ok", "epoch 1", "again ok"],
+        [
+            "write ESTALE",
+            "truncate ESTALE",
+            "xattr ESTALE",
+            "rename ESTALE",
+            "unlink ESTALE",
+            "unlock ok",
+            "epoch 1",
+            "again ok"
+        ],
     );
     assert_eq!(sh_ok(&m.path, "cat L"), "mine\nback\n", "no fenced write landed");
 }
@@ -160,8 +169,5 @@ except OSError as e:
     p.signal(libc::SIGCONT);
     assert!(p.wait(Duration::from_secs(10)).success());
     assert_eq!(p.output(), ["ESTALE"]);
-    assert_eq!(
-        sh_ok(&m.path, "cat state.json"),
-        "{\"by\": \"primary\", \"n\": 1}\n{\"by\": \"standby\", \"n\": 1}\n"
-    );
+    assert_eq!(sh_ok(&m.path, "cat state.json"), "{\"by\": \"primary\", \"n\": 1}\n{\"by\": \"standby\", \"n\": 1}\n");
 }

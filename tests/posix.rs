@@ -323,10 +323,7 @@ fn statfs_reports_name_limit() {
 #[test]
 fn inode_numbers_are_not_reused() {
     let m = Mount::new();
-    let out = sh_ok(
-        &m.path,
-        "for i in 1 2 3 4 5; do touch f; stat -c %i f; rm f; done",
-    );
+    let out = sh_ok(&m.path, "for i in 1 2 3 4 5; do touch f; stat -c %i f; rm f; done");
     let inos: Vec<&str> = out.lines().collect();
     let uniq: std::collections::HashSet<_> = inos.iter().collect();
     assert_eq!(uniq.len(), inos.len(), "inode numbers reused: {inos:?}");

@@ -8,10 +8,10 @@ mod util;
 
 mod cas;
 mod cli;
-mod control;
 mod clients;
 mod compat;
 mod conformance;
+mod control;
 mod differential;
 mod durability;
 mod fencing;

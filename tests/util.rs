@@ -333,8 +333,13 @@ impl Bg {
 
     /// Start a program directly (its pid is the program's).
     pub fn exec(dir: &Path, prog: &str, args: &[&str]) -> Bg {
-        let child =
-            Command::new(prog).args(args).current_dir(dir).stdin(Stdio::null()).process_group(0).spawn().expect("spawn");
+        let child = Command::new(prog)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
         Bg { child, lines: Default::default() }
     }
 
@@ -425,7 +430,8 @@ pub fn epoch(dir: &Path, file: &str) -> u64 {
 /// True when `cmd` is installed; in CI a missing tool fails the test instead
 /// of skipping it.
 pub fn have(cmd: &str) -> bool {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {cmd}")).output().is_ok_and(|o| o.status.success());
+    let found =
+        Command::new("sh").arg("-c").arg(format!("command -v {cmd}")).output().is_ok_and(|o| o.status.success());
     if !found {
         assert!(std::env::var_os("CI").is_none(), "CI must install {cmd} (see .ci/run)");
         eprintln!("{cmd} not installed: skipping");

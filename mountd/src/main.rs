@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
 use leasefs::fs::Fs;
+use leasefs::fuse::session::{self, MountOptions, Served};
 use leasefs::fuse::LeaseFs;
-use leasefs::session::{self, MountOptions, Served};
 use tracing::{error, info};
 
 /// Environment variable naming the pipe fd on which a daemon started by
@@ -197,14 +197,24 @@ fn leases(args: &ShowArgs) -> ExitCode {
         Ok(t) => t,
         Err(code) => return code,
     };
-    println!("{:<32} {:>8} {:>8} {:>8}  {:<28} {:>7} {:>10}", "PATH", "INODE", "EPOCH", "VERSION", "HOLDERS", "WAITERS", "TTL");
+    println!(
+        "{:<32} {:>8} {:>8} {:>8}  {:<28} {:>7} {:>10}",
+        "PATH", "INODE", "EPOCH", "VERSION", "HOLDERS", "WAITERS", "TTL"
+    );
     for line in text.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
         let holders: Vec<String> = v["holders"]
             .as_array()
             .map(|hs| {
                 hs.iter()
-                    .map(|h| format!("{}:{}/{}", h["pid"], h["kind"].as_str().unwrap_or("?"), h["mode"].as_str().unwrap_or("?")))
+                    .map(|h| {
+                        format!(
+                            "{}:{}/{}",
+                            h["pid"],
+                            h["kind"].as_str().unwrap_or("?"),
+                            h["mode"].as_str().unwrap_or("?")
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -295,7 +305,7 @@ fn serve(args: &MountArgs) -> ExitCode {
     let fs = Arc::new(Fs::with_lease_ttl(uid, gid, args.lease_ttl.and_then(|t| t.0)));
     // Epochs are durable in the state directory: refuse to start when it is
     // locked by another daemon or its journal is corrupt.
-    match leasefs::store::EpochJournal::open(&args.state_dir) {
+    match leasefs::store::epochs::EpochJournal::open(&args.state_dir) {
         Ok((journal, recovered)) => {
             info!(state_dir = %args.state_dir.display(), ceiling = recovered.ceiling, records = recovered.records, "epochs recovered");
             fs.set_journal(journal, recovered.ceiling);
@@ -309,10 +319,10 @@ fn serve(args: &MountArgs) -> ExitCode {
     // The namespace: recovered from the state directory, or (`--volatile`)
     // kept in memory, with any earlier durable namespace discarded so a
     // later durable mount cannot resurrect stale contents.
-    let mut storage = leasefs::storage::DirStorage::new(&args.state_dir);
+    let mut storage = leasefs::store::storage::DirStorage::new(&args.state_dir);
     if args.volatile {
-        use leasefs::storage::Storage;
-        for f in [leasefs::persist::JOURNAL, leasefs::persist::SNAPSHOT] {
+        use leasefs::store::storage::Storage;
+        for f in [leasefs::store::snapshot::JOURNAL, leasefs::store::snapshot::SNAPSHOT] {
             if let Err(e) = storage.remove(f) {
                 eprintln!("leasefs: {}: {e}", args.state_dir.join(f).display());
                 return ExitCode::FAILURE;
@@ -321,7 +331,7 @@ fn serve(args: &MountArgs) -> ExitCode {
         fs.set_volatile();
     } else {
         let started = std::time::Instant::now();
-        match leasefs::persist::Store::open(Box::new(storage)) {
+        match leasefs::store::snapshot::Store::open(Box::new(storage)) {
             Ok((store, recovered)) => {
                 let (inodes, batches, cut) = (recovered.inodes.len(), recovered.batches, recovered.cut);
                 fs.set_store(store, recovered);
@@ -464,7 +474,9 @@ fn unmount(args: &UnmountArgs) -> ExitCode {
         }
         return ExitCode::FAILURE;
     }
-    let Some(pid) = pid else { return ExitCode::SUCCESS };
+    let Some(pid) = pid else {
+        return ExitCode::SUCCESS;
+    };
     let deadline = Instant::now() + Duration::from_secs(args.timeout);
     while Path::new(&format!("/proc/{pid}")).exists() && !is_zombie(pid) {
         if Instant::now() > deadline {

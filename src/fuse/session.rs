@@ -322,10 +322,7 @@ pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf
     let fd: OwnedFd = dev.into();
     // SAFETY: getuid/getgid/getpid have no preconditions.
     let (uid, gid, pid) = unsafe { (libc::getuid(), libc::getgid(), libc::getpid()) };
-    let mut data = format!(
-        "fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions",
-        fd.as_raw_fd()
-    );
+    let mut data = format!("fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions", fd.as_raw_fd());
     if opts.allow_other {
         data.push_str(",allow_other");
     }
@@ -454,8 +451,8 @@ impl<FS: fuser::Filesystem> Served<FS> {
         config.acl = fuser::SessionACL::All;
         // One thread: per-inode lock requests must be handled in arrival order.
         config.n_threads = Some(1);
-        let mut session = fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config)
-            .map_err(|e| fail("FUSE handshake", e))?;
+        let mut session =
+            fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config).map_err(|e| fail("FUSE handshake", e))?;
         session.set_request_hook(request_hook(hook, dev.clone()));
         info!(mountpoint = %path.display(), "mounted");
         Ok(Served { session, path })

@@ -22,7 +22,7 @@ use std::sync::{mpsc, Arc};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::storage::Syncer;
+use crate::store::storage::Syncer;
 
 /// How a flush's caller is answered.
 pub type Done = Box<dyn FnOnce(Result<()>) + Send>;
@@ -67,8 +67,7 @@ impl GroupCommit {
             let (send, recv) = mpsc::channel::<Job>();
             let in_flight = self.in_flight.clone();
             let flag = failed.clone();
-            match std::thread::Builder::new().name("group-commit".into()).spawn(move || run(&recv, &in_flight, &flag))
-            {
+            match std::thread::Builder::new().name("group-commit".into()).spawn(move || run(&recv, &in_flight, &flag)) {
                 Ok(t) => {
                     *self.thread.lock() = Some(t);
                     *tx = Some(send);
@@ -125,7 +124,7 @@ fn answer(round: Vec<Job>, failed: &AtomicBool, in_flight: &AtomicUsize) {
         callers.push(job.done);
     }
     if result.is_ok() {
-        crate::persist::failpoint("journal-synced");
+        crate::store::snapshot::failpoint("journal-synced");
     }
     for done in callers {
         done(result);
@@ -142,7 +141,7 @@ mod tests {
     use super::*;
     use crate::fs::{Caller, Fs, WriteOpts};
     use crate::namespace::Ino;
-    use crate::storage::{MemStorage, Storage};
+    use crate::store::storage::{MemStorage, Storage};
 
     /// Memory storage whose deferred syncs wait for the test to open a gate
     /// (and then fail if the test says so).
@@ -204,7 +203,8 @@ mod tests {
     fn gated_fs() -> (Arc<Fs>, Gate) {
         let gate: Gate = Default::default();
         let (store, rec) =
-            crate::persist::Store::open(Box::new(Gated { mem: MemStorage::recording(), gate: gate.clone() })).unwrap();
+            crate::store::snapshot::Store::open(Box::new(Gated { mem: MemStorage::recording(), gate: gate.clone() }))
+                .unwrap();
         let fs = Arc::new(Fs::new(0, 0));
         fs.set_store(store, rec);
         (fs, gate)

@@ -15,6 +15,11 @@ use std::time::SystemTime;
 
 use crate::error::{Error, Result};
 
+mod data;
+
+pub use data::Data;
+use data::{freed, FREED_PAGES};
+
 /// An inode number as the kernel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Ino(pub u64);
@@ -107,205 +112,6 @@ impl Attr {
     }
 }
 
-/// Content pages freed (truncated, punched, replaced or dropped with their
-/// file) since the memory was last handed back to the system.
-static FREED_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn freed(pages: usize) {
-    FREED_PAGES.fetch_add(pages as u64, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Contents of a regular file: sparse pages, so holes and huge sizes cost
-/// nothing.
-#[derive(Debug, Default, Clone)]
-pub struct Data {
-    size: u64,
-    pages: BTreeMap<u64, Box<[u8; PAGE]>>,
-    /// Pages changed since the last flush, when the namespace is durable.
-    dirty: Option<BTreeSet<u64>>,
-}
-
-impl Data {
-    /// Current size in bytes.
-    pub fn size(&self) -> u64 {
-        self.size
-    }
-
-    /// Pages actually stored (for `st_blocks` and `statfs`).
-    pub fn pages(&self) -> u64 {
-        self.pages.len() as u64
-    }
-
-    /// Read up to `len` bytes at `offset`; holes read as zeros.
-    pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        if offset >= self.size {
-            return Vec::new();
-        }
-        let end = self.size.min(offset.saturating_add(len as u64));
-        let mut out = vec![0u8; (end - offset) as usize];
-        let first = offset / PAGE as u64;
-        let last = (end - 1) / PAGE as u64;
-        for (&idx, page) in self.pages.range(first..=last) {
-            let page_start = idx * PAGE as u64;
-            let from = offset.max(page_start);
-            let to = end.min(page_start + PAGE as u64);
-            out[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
-        }
-        out
-    }
-
-    /// Write `buf` at `offset`, growing the file as needed.
-    pub fn write(&mut self, offset: u64, buf: &[u8]) -> Result<()> {
-        if buf.is_empty() {
-            return Ok(());
-        }
-        let end = offset.checked_add(buf.len() as u64).ok_or(Error::FileTooBig)?;
-        if end > MAX_FILE_SIZE {
-            return Err(Error::FileTooBig);
-        }
-        let mut pos = offset;
-        let mut rest = buf;
-        while !rest.is_empty() {
-            let idx = pos / PAGE as u64;
-            let in_page = (pos % PAGE as u64) as usize;
-            let n = rest.len().min(PAGE - in_page);
-            if let Some(d) = &mut self.dirty {
-                d.insert(idx);
-            }
-            let page = self.pages.entry(idx).or_insert_with(|| Box::new([0u8; PAGE]));
-            page[in_page..in_page + n].copy_from_slice(&rest[..n]);
-            pos += n as u64;
-            rest = &rest[n..];
-        }
-        self.size = self.size.max(end);
-        Ok(())
-    }
-
-    /// Set the size; bytes beyond a shrink are gone and read as zeros if the
-    /// file grows again.
-    pub fn truncate(&mut self, size: u64) -> Result<()> {
-        if size > MAX_FILE_SIZE {
-            return Err(Error::FileTooBig);
-        }
-        if size < self.size {
-            let keep = size.div_ceil(PAGE as u64);
-            let gone = self.pages.split_off(&keep);
-            freed(gone.len());
-            if let Some(d) = &mut self.dirty {
-                d.extend(gone.keys());
-                if !size.is_multiple_of(PAGE as u64) {
-                    d.insert(size / PAGE as u64);
-                }
-            }
-            let tail = (size % PAGE as u64) as usize;
-            if tail != 0 {
-                if let Some(page) = self.pages.get_mut(&(size / PAGE as u64)) {
-                    page[tail..].fill(0);
-                }
-            }
-        }
-        self.size = size;
-        Ok(())
-    }
-
-    /// Zero a range without changing the size (punch hole).
-    pub fn zero_range(&mut self, offset: u64, len: u64) {
-        let end = offset.saturating_add(len).min(self.size);
-        let mut pos = offset;
-        while pos < end {
-            let idx = pos / PAGE as u64;
-            let in_page = (pos % PAGE as u64) as usize;
-            let n = ((end - pos) as usize).min(PAGE - in_page);
-            if let Some(d) = &mut self.dirty {
-                d.insert(idx);
-            }
-            if in_page == 0 && n == PAGE {
-                if self.pages.remove(&idx).is_some() {
-                    freed(1);
-                }
-            } else if let Some(page) = self.pages.get_mut(&idx) {
-                page[in_page..in_page + n].fill(0);
-            }
-            pos += n as u64;
-        }
-    }
-
-    /// `SEEK_DATA`: the first offset at or after `from` inside a stored
-    /// page; `None` (ENXIO) at or past the end or when only holes follow.
-    pub fn seek_data(&self, from: u64) -> Option<u64> {
-        if from >= self.size {
-            return None;
-        }
-        let (&idx, _) = self.pages.range(from / PAGE as u64..).next()?;
-        let off = (idx * PAGE as u64).max(from);
-        (off < self.size).then_some(off)
-    }
-
-    /// `SEEK_HOLE`: the first offset at or after `from` in a hole (the end
-    /// of the file counts as one); `None` (ENXIO) at or past the end.
-    pub fn seek_hole(&self, from: u64) -> Option<u64> {
-        if from >= self.size {
-            return None;
-        }
-        let mut idx = from / PAGE as u64;
-        for (&i, _) in self.pages.range(idx..) {
-            if i != idx {
-                break;
-            }
-            idx += 1;
-        }
-        Some((idx * PAGE as u64).max(from).min(self.size))
-    }
-
-    /// Replace the whole content with `other`'s.
-    pub fn replace_with(&mut self, other: Data) {
-        let mut dirty = self.dirty.take();
-        if let Some(d) = &mut dirty {
-            d.extend(self.pages.keys());
-            d.extend(other.pages.keys());
-        }
-        freed(self.pages.len());
-        self.size = other.size;
-        self.pages = other.pages;
-        self.dirty = dirty;
-    }
-
-    /// The page at `idx`, if stored (for persisting).
-    pub fn page(&self, idx: u64) -> Option<&[u8; PAGE]> {
-        self.pages.get(&idx).map(|p| &**p)
-    }
-
-    /// Stored page indices (for persisting).
-    pub fn page_indices(&self) -> impl Iterator<Item = u64> + '_ {
-        self.pages.keys().copied()
-    }
-
-    /// Put a recovered page back (an empty slice makes a hole).
-    pub fn restore_page(&mut self, idx: u64, bytes: &[u8]) {
-        if bytes.is_empty() {
-            self.pages.remove(&idx);
-        } else {
-            let mut page = Box::new([0u8; PAGE]);
-            let n = bytes.len().min(PAGE);
-            page[..n].copy_from_slice(&bytes[..n]);
-            self.pages.insert(idx, page);
-        }
-    }
-
-    /// Set a recovered size: pages beyond it are dropped.
-    pub fn restore_size(&mut self, size: u64) {
-        let keep = size.div_ceil(PAGE as u64);
-        self.pages.split_off(&keep);
-        self.size = size;
-    }
-
-    /// Pages changed since the last flush.
-    pub fn dirty_pages(&self) -> impl Iterator<Item = u64> + '_ {
-        self.dirty.iter().flatten().copied()
-    }
-}
-
 /// Entries of a directory with stable readdir cookies.
 #[derive(Debug, Clone)]
 pub struct Dir {
@@ -386,11 +192,7 @@ impl Dir {
 
     /// Entries strictly after `cookie`, at most `max`.
     pub fn after(&self, cookie: u64, max: usize) -> Vec<(u64, OsString, Ino)> {
-        self.entries
-            .range(cookie.saturating_add(1)..)
-            .take(max)
-            .map(|(&c, (n, i))| (c, n.clone(), *i))
-            .collect()
+        self.entries.range(cookie.saturating_add(1)..).take(max).map(|(&c, (n, i))| (c, n.clone(), *i)).collect()
     }
 
     /// Names changed since the last flush.
@@ -575,7 +377,15 @@ impl Namespace {
         };
         let mut inodes = HashMap::new();
         inodes.insert(Ino::ROOT, root);
-        Namespace { inodes, next_ino: 2, track: false, dirty: HashSet::new(), fresh: HashSet::new(), freed: HashSet::new(), hints: HashMap::new() }
+        Namespace {
+            inodes,
+            next_ino: 2,
+            track: false,
+            dirty: HashSet::new(),
+            fresh: HashSet::new(),
+            freed: HashSet::new(),
+            hints: HashMap::new(),
+        }
     }
 
     /// A namespace rebuilt from recovered inodes: link counts and directory
@@ -597,7 +407,9 @@ impl Namespace {
             if !reached.insert(dir) {
                 continue;
             }
-            let Some(Body::Dir(d)) = inodes.get(&dir).map(|i| &i.body) else { continue };
+            let Some(Body::Dir(d)) = inodes.get(&dir).map(|i| &i.body) else {
+                continue;
+            };
             let mut subdirs = 0;
             for (name, child) in d.iter() {
                 match inodes.get(&child).map(|i| i.kind) {
@@ -638,7 +450,15 @@ impl Namespace {
             i.opens = 0;
         }
         let next_ino = next_ino.max(inodes.keys().map(|i| i.0 + 1).max().unwrap_or(2));
-        Namespace { inodes, next_ino, track: false, dirty: HashSet::new(), fresh: HashSet::new(), freed: HashSet::new(), hints }
+        Namespace {
+            inodes,
+            next_ino,
+            track: false,
+            dirty: HashSet::new(),
+            fresh: HashSet::new(),
+            freed: HashSet::new(),
+            hints,
+        }
     }
 
     /// Note that `name` in `parent` now leads to the non-directory `ino`.
@@ -914,134 +734,4 @@ pub fn check_name(name: &OsStr) -> Result<()> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sparse_data_reads_holes_as_zeros() {
-        let mut d = Data::default();
-        d.write(10_000, b"abc").unwrap();
-        assert_eq!(d.size(), 10_003);
-        assert_eq!(d.pages(), 1);
-        assert_eq!(d.read(9_998, 10), b"\0\0abc");
-        d.truncate(10_001).unwrap();
-        d.truncate(20_000).unwrap();
-        assert_eq!(d.read(10_000, 3), b"a\0\0");
-        d.truncate(1 << 40).unwrap();
-        assert_eq!(d.size(), 1 << 40);
-        assert_eq!(d.truncate(MAX_FILE_SIZE + 1), Err(Error::FileTooBig));
-        d.zero_range(10_000, 1);
-        assert_eq!(d.read(10_000, 1), b"\0");
-    }
-
-    fn new_file(ns: &mut Namespace, parent: Ino, name: &str) -> Ino {
-        let new = NewInode { kind: Kind::File, perm: 0o644, uid: 0, gid: 0, rdev: 0, symlink: None };
-        let ino = ns.alloc(new, parent, SystemTime::now());
-        ns.link(parent, OsStr::new(name), ino).unwrap();
-        ino
-    }
-
-    #[test]
-    fn path_hints_follow_the_last_name_and_are_verified() {
-        let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
-        let d = ns.alloc(
-            NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None },
-            Ino::ROOT,
-            SystemTime::now(),
-        );
-        ns.link(Ino::ROOT, OsStr::new("d"), d).unwrap();
-        let f = new_file(&mut ns, d, "a");
-        assert_eq!(ns.path_hint(f), Some(std::path::PathBuf::from("d/a")));
-        ns.link(Ino::ROOT, OsStr::new("b"), f).unwrap();
-        assert_eq!(ns.path_hint(f), Some(std::path::PathBuf::from("b")), "the last name given wins");
-        ns.unlink(Ino::ROOT, OsStr::new("b")).unwrap();
-        assert_eq!(ns.path_hint(f), None, "a removed name is not trusted (callers walk the tree)");
-        assert_eq!(ns.path_hint(d), None, "directories have no hint");
-    }
-
-    #[test]
-    fn dirty_tracking_records_pages_names_and_drops() {
-        let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
-        ns.set_tracking();
-        let f = new_file(&mut ns, Ino::ROOT, "f");
-        ns.get_mut(f).unwrap().data_mut().unwrap().write(5000, b"x").unwrap();
-        assert!(ns.dirty().0.contains(&f) && ns.dirty().0.contains(&Ino::ROOT));
-        assert_eq!(ns.get(f).unwrap().data().unwrap().dirty_pages().collect::<Vec<_>>(), vec![1]);
-        ns.clear_dirty();
-        assert!(ns.dirty().0.is_empty());
-        ns.get_mut(f).unwrap().data_mut().unwrap().truncate(0).unwrap();
-        assert_eq!(ns.get(f).unwrap().data().unwrap().dirty_pages().collect::<Vec<_>>(), vec![1], "dropped pages are dirty");
-        ns.unlink(Ino::ROOT, OsStr::new("f")).unwrap();
-        let names: Vec<_> = ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().cloned().collect();
-        assert_eq!(names, vec![OsString::from("f")]);
-        assert!(ns.dirty().1.contains(&f) && !ns.dirty().0.contains(&f), "a dropped inode is recorded as freed");
-    }
-
-    #[test]
-    fn seek_data_and_hole_follow_stored_pages() {
-        let mut d = Data::default();
-        assert_eq!((d.seek_data(0), d.seek_hole(0)), (None, None), "empty file: ENXIO");
-        d.write(0, b"a").unwrap();
-        d.write(3 * PAGE as u64 + 10, b"b").unwrap();
-        d.truncate(8 * PAGE as u64).unwrap();
-        assert_eq!(d.seek_data(0), Some(0));
-        assert_eq!(d.seek_hole(0), Some(PAGE as u64));
-        assert_eq!(d.seek_data(1), Some(1));
-        assert_eq!(d.seek_data(PAGE as u64), Some(3 * PAGE as u64));
-        assert_eq!(d.seek_hole(3 * PAGE as u64 + 5), Some(4 * PAGE as u64));
-        assert_eq!(d.seek_data(4 * PAGE as u64), None, "only holes follow");
-        assert_eq!(d.seek_hole(5 * PAGE as u64 + 1), Some(5 * PAGE as u64 + 1));
-        assert_eq!(d.seek_hole(8 * PAGE as u64), None, "at the end: ENXIO");
-        // A data page running to the end: the hole is the end of file.
-        let mut e = Data::default();
-        e.write(0, &[1u8; 100]).unwrap();
-        assert_eq!(e.seek_hole(0), Some(100));
-    }
-
-    /// A file created and removed between two flushes leaves nothing to
-    /// record (churn of unique names must not grow the journal), while
-    /// removing a name the last flush saw is recorded.
-    #[test]
-    fn churn_between_flushes_records_nothing() {
-        let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
-        ns.set_tracking();
-        let kept = new_file(&mut ns, Ino::ROOT, "kept");
-        ns.clear_dirty();
-        for i in 0..100 {
-            let name = format!("t{i}");
-            new_file(&mut ns, Ino::ROOT, &name);
-            ns.unlink(Ino::ROOT, OsStr::new(&name)).unwrap();
-        }
-        assert!(ns.dirty().1.is_empty(), "never-flushed inodes need no free record");
-        assert_eq!(ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().count(), 0);
-        ns.unlink(Ino::ROOT, OsStr::new("kept")).unwrap();
-        let names: Vec<_> = ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().cloned().collect();
-        assert_eq!(names, vec![OsString::from("kept")]);
-        assert!(ns.dirty().1.contains(&kept));
-        // Re-created under the same name before the next flush: recorded.
-        new_file(&mut ns, Ino::ROOT, "kept");
-        assert_eq!(ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().count(), 1);
-    }
-
-    #[test]
-    fn readdir_cookies_survive_removal_and_insertion() {
-        let mut d = Dir::new(Ino::ROOT);
-        for (n, i) in [("a", 2), ("b", 3), ("c", 4)] {
-            d.insert(n.into(), Ino(i));
-        }
-        let first = d.after(0, 2);
-        assert_eq!(first.len(), 2);
-        let resume = first[1].0;
-        d.remove(OsStr::new("a"));
-        d.insert("d".into(), Ino(5));
-        let rest: Vec<_> = d.after(resume, 10).into_iter().map(|e| e.1).collect();
-        assert_eq!(rest, vec![OsString::from("c"), OsString::from("d")]);
-    }
-
-    #[test]
-    fn names_are_checked() {
-        assert_eq!(check_name(OsStr::new(&"x".repeat(256))), Err(Error::NameTooLong));
-        assert!(check_name(OsStr::new(&"x".repeat(255))).is_ok());
-        assert_eq!(check_name(OsStr::new("a/b")), Err(Error::Invalid));
-    }
-}
+mod tests;

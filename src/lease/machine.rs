@@ -114,17 +114,13 @@ pub struct Request {
 impl Request {
     fn conflicts_with_lock(&self, l: &Lock) -> bool {
         let Some(mode) = self.mode else { return false };
-        l.owner != self.owner
-            && l.range.overlaps(&self.range)
-            && (l.mode == Mode::Exclusive || mode == Mode::Exclusive)
+        l.owner != self.owner && l.range.overlaps(&self.range) && (l.mode == Mode::Exclusive || mode == Mode::Exclusive)
     }
 
     fn conflicts_with_request(&self, o: &Request) -> bool {
         match (self.mode, o.mode) {
             (Some(a), Some(b)) => {
-                o.owner != self.owner
-                    && o.range.overlaps(&self.range)
-                    && (a == Mode::Exclusive || b == Mode::Exclusive)
+                o.owner != self.owner && o.range.overlaps(&self.range) && (a == Mode::Exclusive || b == Mode::Exclusive)
             }
             _ => false,
         }
@@ -401,7 +397,9 @@ impl Locks {
     pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
         let now = self.now;
         let ttl = self.effective_ttl(ino);
-        let Some(l) = self.leases.get_mut(&ino) else { return false };
+        let Some(l) = self.leases.get_mut(&ino) else {
+            return false;
+        };
         let holds = l.locks.iter().any(|k| Some(k.handle) == handle || pids.contains(&k.pid));
         if holds {
             if let Some(ttl) = ttl {
@@ -459,7 +457,9 @@ impl Locks {
 
     /// Fence and remove every holder except `keep`.
     fn break_holders(&mut self, ino: Ino, keep: Option<Owner>, effects: &mut Vec<Effect>) {
-        let Some(l) = self.leases.get_mut(&ino) else { return };
+        let Some(l) = self.leases.get_mut(&ino) else {
+            return;
+        };
         let epoch = l.epoch;
         let (gone, kept): (Vec<Lock>, Vec<Lock>) = l.locks.drain(..).partition(|k| Some(k.owner) != keep);
         l.locks = kept;
@@ -623,7 +623,9 @@ impl Locks {
 
     fn release_where(&mut self, ino: Ino, gone: impl Fn(&Lock) -> bool) -> Vec<Effect> {
         let mut effects = Vec::new();
-        let Some(lease) = self.leases.get_mut(&ino) else { return effects };
+        let Some(lease) = self.leases.get_mut(&ino) else {
+            return effects;
+        };
         let before = lease.locks.len();
         lease.locks.retain(|l| !gone(l));
         if lease.locks.is_empty() {
@@ -640,7 +642,9 @@ impl Locks {
     fn drain(&mut self, ino: Ino, effects: &mut Vec<Effect>) {
         let now = self.now;
         let ttl = self.leases.get(&ino).and_then(|l| l.ttl).or(self.default_ttl);
-        let Some(lease) = self.leases.get_mut(&ino) else { return };
+        let Some(lease) = self.leases.get_mut(&ino) else {
+            return;
+        };
         loop {
             let mut granted = None;
             for (i, w) in lease.waiters.iter().enumerate() {
@@ -683,219 +687,5 @@ impl Locks {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const I: Ino = Ino(7);
-
-    fn flock(owner: u64, mode: Option<Mode>) -> Request {
-        Request { owner: Owner(owner), kind: LockKind::Flock, mode, range: Range::WHOLE, pid: owner as u32, handle: owner }
-    }
-
-    fn posix(owner: u64, mode: Option<Mode>, start: u64, end: u64) -> Request {
-        Request { owner: Owner(owner), kind: LockKind::Posix, mode, range: Range { start, end }, pid: owner as u32, handle: owner }
-    }
-
-    #[test]
-    fn exclusive_conflicts_and_epoch_per_new_holder() {
-        let mut t = Locks::new();
-        let (o, e) = t.set(I, flock(1, Some(Mode::Exclusive)), None);
-        assert_eq!(o, Outcome::Granted);
-        assert_eq!(e, vec![Effect::Epoch(I, Epoch(1))]);
-        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
-        assert_eq!(t.set(I, flock(2, Some(Mode::Shared)), None).0, Outcome::Refused(Error::WouldBlock));
-        // Re-lock by the holder keeps the epoch.
-        assert_eq!(t.set(I, flock(1, Some(Mode::Exclusive)), None).1, vec![]);
-        assert_eq!(t.epoch(I), Epoch(1));
-        t.set(I, flock(1, None), None);
-        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Granted);
-        assert_eq!(t.epoch(I), Epoch(2));
-    }
-
-    #[test]
-    fn shared_locks_coexist_and_do_not_advance_the_epoch() {
-        let mut t = Locks::new();
-        assert_eq!(t.set(I, flock(1, Some(Mode::Shared)), None).0, Outcome::Granted);
-        assert_eq!(t.set(I, flock(2, Some(Mode::Shared)), None).0, Outcome::Granted);
-        assert_eq!(t.set(I, posix(3, Some(Mode::Exclusive), 0, 10), None).0, Outcome::Refused(Error::WouldBlock));
-        assert_eq!(t.epoch(I), Epoch(0));
-    }
-
-    #[test]
-    fn waiters_are_granted_in_arrival_order_and_shared_cannot_starve_exclusive() {
-        let mut t = Locks::new();
-        t.set(I, flock(1, Some(Mode::Shared)), None);
-        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2))).0, Outcome::Parked);
-        // A new shared request must queue behind the exclusive waiter.
-        assert_eq!(t.set(I, flock(3, Some(Mode::Shared)), Some(WaitId(3))).0, Outcome::Parked);
-        assert_eq!(t.set(I, flock(4, Some(Mode::Exclusive)), Some(WaitId(4))).0, Outcome::Parked);
-        let e = t.release_handle(I, 1, Some(Owner(1)));
-        assert_eq!(e, vec![Effect::Epoch(I, Epoch(1)), Effect::Grant(WaitId(2))]);
-        let e = t.set(I, flock(2, None), None).1;
-        assert_eq!(e, vec![Effect::Grant(WaitId(3))]);
-        let e = t.set(I, flock(3, None), None).1;
-        assert_eq!(e, vec![Effect::Epoch(I, Epoch(2)), Effect::Grant(WaitId(4))]);
-    }
-
-    #[test]
-    fn interrupt_ends_a_wait_and_unblocks_those_queued_behind() {
-        let mut t = Locks::new();
-        t.set(I, flock(1, Some(Mode::Shared)), None);
-        t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2)));
-        t.set(I, flock(3, Some(Mode::Shared)), Some(WaitId(3)));
-        let e = t.interrupt(WaitId(2)).unwrap();
-        assert_eq!(e, vec![Effect::Refuse(WaitId(2), Error::Interrupted), Effect::Grant(WaitId(3))]);
-        assert!(t.interrupt(WaitId(2)).is_none());
-    }
-
-    #[test]
-    fn posix_ranges_split_and_merge() {
-        let mut t = Locks::new();
-        t.set(I, posix(1, Some(Mode::Exclusive), 0, 99), None);
-        t.set(I, posix(1, None, 40, 59), None);
-        assert_eq!(t.set(I, posix(2, Some(Mode::Exclusive), 40, 59), None).0, Outcome::Granted);
-        assert_eq!(t.set(I, posix(2, Some(Mode::Exclusive), 30, 45), None).0, Outcome::Refused(Error::WouldBlock));
-        let l = t.test(I, &posix(3, Some(Mode::Shared), 60, 60)).unwrap();
-        assert_eq!((l.range.start, l.range.end, l.pid), (60, 99, 1));
-        t.set(I, posix(2, None, 0, OFFSET_MAX), None);
-        t.set(I, posix(1, Some(Mode::Exclusive), 40, 59), None);
-        let l = t.test(I, &posix(3, Some(Mode::Shared), 0, 0)).unwrap();
-        assert_eq!((l.range.start, l.range.end), (0, 99), "adjacent ranges merge");
-        assert_eq!(t.epoch(I), Epoch(0), "byte ranges do not advance the epoch");
-    }
-
-    #[test]
-    fn whole_file_posix_write_lock_and_flock_conflict_and_advance_epoch() {
-        let mut t = Locks::new();
-        t.set(I, posix(1, Some(Mode::Exclusive), 0, OFFSET_MAX), None);
-        assert_eq!(t.epoch(I), Epoch(1));
-        assert_eq!(t.set(I, flock(2, Some(Mode::Shared)), None).0, Outcome::Refused(Error::WouldBlock));
-        t.release_owner(I, Owner(1));
-        assert!(!t.is_live(I));
-        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Granted);
-        assert_eq!(t.epoch(I), Epoch(2));
-    }
-
-    #[test]
-    fn deadlock_cycle_is_refused() {
-        let (a, b) = (Ino(1), Ino(2));
-        let mut t = Locks::new();
-        t.set(a, posix(1, Some(Mode::Exclusive), 0, 0), None);
-        t.set(b, posix(2, Some(Mode::Exclusive), 0, 0), None);
-        assert_eq!(t.set(b, posix(1, Some(Mode::Exclusive), 0, 0), Some(WaitId(10))).0, Outcome::Parked);
-        assert_eq!(t.set(a, posix(2, Some(Mode::Exclusive), 0, 0), Some(WaitId(11))).0, Outcome::Refused(Error::Deadlock));
-    }
-
-    #[test]
-    fn upgrade_by_a_holder_is_not_queued_behind_waiters() {
-        let mut t = Locks::new();
-        t.set(I, flock(1, Some(Mode::Shared)), None);
-        t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2)));
-        assert_eq!(t.set(I, flock(1, Some(Mode::Exclusive)), None).0, Outcome::Granted);
-        assert_eq!(t.epoch(I), Epoch(1));
-        // Downgrade keeps the holder; the exclusive waiter still waits.
-        assert_eq!(t.set(I, flock(1, Some(Mode::Shared)), None).1, vec![]);
-        assert_eq!(t.lease(I).unwrap().waiters(), 1);
-    }
-
-    #[test]
-    fn ttl_breaks_for_a_contender_and_fences_the_holder() {
-        let mut t = Locks::with_default_ttl(Some(1000));
-        t.tick(0);
-        t.set(I, flock(1, Some(Mode::Exclusive)), None);
-        t.tick(500);
-        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
-        assert!(t.renew(I, Some(1), &[]), "a write through the holder's descriptor renews");
-        t.tick(1400);
-        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::WouldBlock));
-        t.tick(1600);
-        // Past the TTL: the contender breaks the lease and gets epoch + 1.
-        let (o, e) = t.set(I, flock(2, Some(Mode::Exclusive)), None);
-        assert_eq!(o, Outcome::Granted);
-        assert!(e.contains(&Effect::Epoch(I, Epoch(2))), "{e:?}");
-        assert!(t.fenced_handle(I, 1).is_some(), "the broken holder is fenced");
-        // Its unlock is a no-op; it may contend again like anyone.
-        assert_eq!(t.set(I, flock(1, None), None).0, Outcome::Granted);
-        assert_eq!(t.epoch(I), Epoch(2));
-    }
-
-    #[test]
-    fn ttl_without_contention_keeps_the_incumbent_and_waiters_are_granted_at_expiry() {
-        let mut t = Locks::with_default_ttl(Some(1000));
-        t.tick(0);
-        t.set(I, flock(1, Some(Mode::Exclusive)), None);
-        t.tick(5000);
-        assert!(t.tick(5000).is_empty(), "no contender: nothing happens");
-        assert!(t.renew(I, Some(1), &[]), "a late renewal keeps the incumbent");
-        assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(9))).0, Outcome::Parked);
-        assert_eq!(t.next_deadline(), Some(6000));
-        assert!(t.tick(5999).is_empty());
-        let e = t.tick(6000);
-        assert!(e.contains(&Effect::Grant(WaitId(9))), "{e:?}");
-        assert_eq!(t.epoch(I), Epoch(2));
-    }
-
-    /// Model test: random operations from several owners; after every step
-    /// no two owners hold conflicting locks and the epoch never decreases.
-    #[test]
-    fn model_no_two_exclusive_holders_and_monotonic_epochs() {
-        let mut seed = 0x1234_5678_9abc_def1u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        let mut t = Locks::new();
-        let mut last_epoch = Epoch(0);
-        let mut parked: Vec<WaitId> = Vec::new();
-        for step in 0..20_000u64 {
-            let owner = next() % 5;
-            let mode = match next() % 3 {
-                0 => None,
-                1 => Some(Mode::Shared),
-                _ => Some(Mode::Exclusive),
-            };
-            let req = if next() % 2 == 0 {
-                flock(owner, mode)
-            } else {
-                let s = next() % 8;
-                let e = if next() % 4 == 0 { OFFSET_MAX } else { s + next() % 8 };
-                posix(owner + 10, mode, s, e)
-            };
-            let effects = match next() % 6 {
-                0 => t.release_handle(I, owner, Some(Owner(owner))),
-                1 => t.release_owner(I, Owner(owner + 10)),
-                2 if !parked.is_empty() => {
-                    let id = parked.remove((next() % parked.len() as u64) as usize);
-                    t.interrupt(id).unwrap_or_default()
-                }
-                _ => {
-                    let wait = (next() % 2 == 0 && !t.waiting.contains_key(&req.owner)).then_some(WaitId(step));
-                    let (o, e) = t.set(I, req, wait);
-                    if o == Outcome::Parked {
-                        parked.push(WaitId(step));
-                    }
-                    e
-                }
-            };
-            for e in effects {
-                if let Effect::Grant(id) | Effect::Refuse(id, _) = e {
-                    parked.retain(|p| *p != id);
-                }
-            }
-            let locks = t.lease(I).map(|l| l.locks().to_vec()).unwrap_or_default();
-            for a in &locks {
-                for b in &locks {
-                    let conflict = a.owner != b.owner
-                        && a.range.overlaps(&b.range)
-                        && (a.mode == Mode::Exclusive || b.mode == Mode::Exclusive);
-                    assert!(!conflict, "step {step}: {a:?} and {b:?} both held");
-                }
-            }
-            assert!(t.epoch(I) >= last_epoch, "step {step}: epoch went backwards");
-            last_epoch = t.epoch(I);
-        }
-        assert!(last_epoch.0 > 100, "the model exercised acquisitions: {last_epoch:?}");
-    }
-}
+#[path = "machine_tests.rs"]
+mod tests;

@@ -94,7 +94,9 @@ impl Observations {
     /// May `p` replace or remove the lease now at `ino` (version `current`),
     /// whose name earlier pointed at the inodes in `predecessors`?
     pub fn check(&self, p: Proc, ino: Ino, current: u64, predecessors: &[(Ino, u64)]) -> Verdict {
-        let Some(seen) = self.procs.get(&p) else { return Verdict::Unobserved };
+        let Some(seen) = self.procs.get(&p) else {
+            return Verdict::Unobserved;
+        };
         if let Some(&(v, _)) = seen.versions.get(&ino) {
             return if v == current { Verdict::Current } else { Verdict::Stale { seen: v, current } };
         }
@@ -112,9 +114,15 @@ impl Observations {
     /// inode (rename over a live lease, re-attach) when its version became
     /// `repointed_at`. Content changes alone keep POSIX behaviour.
     pub fn check_name(&self, p: Proc, ino: Ino, repointed_at: u64, predecessors: &[(Ino, u64)]) -> Verdict {
-        let Some(seen) = self.procs.get(&p) else { return Verdict::Unobserved };
+        let Some(seen) = self.procs.get(&p) else {
+            return Verdict::Unobserved;
+        };
         if let Some(&(v, _)) = seen.versions.get(&ino) {
-            return if v >= repointed_at { Verdict::Current } else { Verdict::Stale { seen: v, current: repointed_at } };
+            return if v >= repointed_at {
+                Verdict::Current
+            } else {
+                Verdict::Stale { seen: v, current: repointed_at }
+            };
         }
         match predecessors.iter().find_map(|(i, _)| seen.versions.get(i)) {
             Some(&(v, _)) => Verdict::Stale { seen: v, current: repointed_at },

@@ -62,7 +62,8 @@ impl DirStorage {
 
     fn file(&mut self, name: &str) -> io::Result<&mut File> {
         if !self.open.contains_key(name) {
-            let f = OpenOptions::new().create(true).truncate(false).read(true).append(true).open(self.dir.join(name))?;
+            let f =
+                OpenOptions::new().create(true).truncate(false).read(true).append(true).open(self.dir.join(name))?;
             self.open.insert(name.to_string(), f);
         }
         Ok(self.open.get_mut(name).expect("just inserted"))

@@ -5,6 +5,8 @@
 //! core is caught here: the request is answered with `EIO` and the mount stays
 //! up.
 
+pub mod session;
+
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;
 use std::io;
@@ -15,17 +17,17 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek,
-    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
+    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use tracing::{debug, error, warn};
 
 use crate::error::Error;
 use crate::fs::{Caller, Fs, Handle, SetAttr, SetTime, WriteOpts};
+use crate::fuse::session::{Intercept, Notices, TmpfileReply, TmpfileRequest};
 use crate::lease::{Effect, LockKind, Mode, Outcome, Owner, Range, Request as LockRequest, WaitId};
 use crate::namespace::{Attr, Ino, Kind};
-use crate::session::{Intercept, Notices, TmpfileReply, TmpfileRequest};
 
 /// `fuse_lk_in.lk_flags` bit marking a `flock(2)` request.
 const FUSE_LK_FLOCK: u32 = 1;
@@ -156,9 +158,8 @@ impl Intercept for Interceptor {
     fn tmpfile(&self, r: TmpfileRequest) -> Result<TmpfileReply, i32> {
         let direct_io = self.waits.lock().direct_io;
         let caller = Caller { uid: r.uid, gid: r.gid, pid: r.pid };
-        let guarded = catch_unwind(AssertUnwindSafe(|| {
-            self.fs.tmpfile(caller, Ino(r.parent), r.mode, r.umask, r.flags as i32)
-        }));
+        let guarded =
+            catch_unwind(AssertUnwindSafe(|| self.fs.tmpfile(caller, Ino(r.parent), r.mode, r.umask, r.flags as i32)));
         match guarded {
             Ok(Ok((attr, h))) => Ok(TmpfileReply { attr, fh: h.0, direct_io }),
             Ok(Err(e)) => Err(e.errno()),
@@ -176,7 +177,9 @@ impl Intercept for Interceptor {
         // filesystem.
         let (fs, waits) = (Arc::downgrade(&self.fs), Arc::downgrade(&self.waits));
         let spawned = std::thread::Builder::new().name("lease-timer".into()).spawn(move || loop {
-            let (Some(fs), Some(waits)) = (fs.upgrade(), waits.upgrade()) else { return };
+            let (Some(fs), Some(waits)) = (fs.upgrade(), waits.upgrade()) else {
+                return;
+            };
             let next = {
                 let mut w = waits.lock();
                 let (effects, next) = fs.tick();
@@ -423,16 +426,7 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn mknod(
-        &self,
-        req: &Request,
-        parent: INodeNo,
-        name: &OsStr,
-        mode: u32,
-        umask: u32,
-        rdev: u32,
-        reply: ReplyEntry,
-    ) {
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         guarded("mknod", || match self.fs.mknod(caller(req), Ino(parent.0), name, mode, umask, rdev) {
             Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
             Err(e) => reply.error(errno(e)),
@@ -493,13 +487,15 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        guarded("open", || match self.fs.open(Ino(ino.0), flags.0, req.pid()) {
-            // Control files have no size: their reads must reach the daemon.
-            Ok(h) if crate::control::is_control(Ino(ino.0)) || self.direct_io => {
-                reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO)
+        guarded("open", || {
+            match self.fs.open(Ino(ino.0), flags.0, req.pid()) {
+                // Control files have no size: their reads must reach the daemon.
+                Ok(h) if crate::control::is_control(Ino(ino.0)) || self.direct_io => {
+                    reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO)
+                }
+                Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
+                Err(e) => reply.error(errno(e)),
             }
-            Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
-            Err(e) => reply.error(errno(e)),
         });
     }
 

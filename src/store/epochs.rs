@@ -31,14 +31,14 @@
 //!
 //! The journal lives behind the [`Storage`] trait, so unit tests check the
 //! image a crash would leave at every write and sync. The namespace,
-//! contents, xattrs, TTLs and guards are kept by [`crate::persist`].
+//! contents, xattrs, TTLs and guards are kept by [`crate::store::snapshot`].
 
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
-use crate::storage::{DirStorage, Storage};
+use crate::store::storage::{DirStorage, Storage};
 
 /// How far a reservation runs ahead of the epoch that needed it.
 pub const RESERVE_AHEAD: u64 = 1024;
@@ -55,7 +55,7 @@ pub const COMPACT_AT: u64 = 64 * 1024;
 
 /// CRC-32 (IEEE).
 pub fn crc32(data: &[u8]) -> u32 {
-    crate::persist::crc32(data)
+    crate::store::snapshot::crc32(data)
 }
 
 fn hex(b: &[u8]) -> String {
@@ -384,7 +384,7 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::MemStorage;
+    use crate::store::storage::MemStorage;
 
     fn mem(j: &EpochJournal) -> usize {
         j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().images.len())
@@ -468,7 +468,9 @@ mod tests {
         j.ensure(1).unwrap();
         let ops = j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().ops);
         // The append goes through, its sync fails with ENOSPC.
-        j.with_storage(|s| s.as_any_mut().downcast_mut::<MemStorage>().unwrap().fail_at = Some((ops + 2, libc::ENOSPC)));
+        j.with_storage(|s| {
+            s.as_any_mut().downcast_mut::<MemStorage>().unwrap().fail_at = Some((ops + 2, libc::ENOSPC))
+        });
         assert_eq!(j.ensure(RESERVE_AHEAD + 2).unwrap_err().raw_os_error(), Some(libc::ENOSPC));
         j.ensure(RESERVE_AHEAD + 2).unwrap();
         let bytes = j.with_storage(|s| s.read(JOURNAL).unwrap().unwrap());

@@ -1,0 +1,178 @@
+//! The `.leasefs/` control files: lookup, attributes, rendering at open
+//! (`status`, `leases`, `metrics`) and the commands written to them.
+
+use super::*;
+
+impl Fs {
+    pub(super) fn control_lookup(&self, parent: Ino, name: &OsStr) -> Result<Option<Attr>> {
+        if parent == Ino::ROOT && name == control::DIR_NAME {
+            return Ok(Some(self.control_attr(control::DIR_INO)));
+        }
+        if parent == control::DIR_INO {
+            let c = name.to_str().and_then(ControlFile::by_name).ok_or(Error::NotFound)?;
+            return Ok(Some(self.control_attr(c.ino())));
+        }
+        Ok(None)
+    }
+
+    pub(super) fn control_attr(&self, ino: Ino) -> Attr {
+        let st = self.state.lock();
+        let root = st.ns.get(Ino::ROOT).map(|r| r.attr()).ok();
+        let t = root.map_or_else(now, |r| r.ctime);
+        let (kind, perm, nlink) = match ControlFile::by_ino(ino) {
+            Some(c) => (Kind::File, c.perm(), 1),
+            None => (Kind::Dir, 0o555, 2),
+        };
+        Attr { ino, kind, perm, nlink, atime: t, mtime: t, ctime: t, crtime: t, ..Attr::absent() }
+    }
+
+    pub(super) fn control_open(&self, ino: Ino, flags: i32) -> Result<Handle> {
+        let content = match ControlFile::by_ino(ino) {
+            None => None,
+            Some(ControlFile::Break) => {
+                if flags & libc::O_ACCMODE == libc::O_RDONLY {
+                    return Err(Error::Access);
+                }
+                Some(Vec::new())
+            }
+            Some(c) => {
+                if flags & libc::O_ACCMODE != libc::O_RDONLY {
+                    return Err(Error::Access);
+                }
+                Some(self.render(c).into_bytes())
+            }
+        };
+        let mut st = self.state.lock();
+        let h = Handle(st.next_handle);
+        st.next_handle += 1;
+        st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content });
+        Ok(h)
+    }
+
+    /// A write to `.leasefs/break`: the mount-relative path of the lease to
+    /// break at once. Root only.
+    pub fn control_write(&self, ino: Ino, data: &[u8], caller: Caller) -> Result<(u32, Vec<Effect>)> {
+        if ControlFile::by_ino(ino) != Some(ControlFile::Break) {
+            return Err(Error::NotPermitted);
+        }
+        if caller.uid != 0 {
+            return Err(Error::NotPermitted);
+        }
+        let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?.trim();
+        let rel = text.trim_start_matches('/');
+        let mut st = self.state.lock();
+        let target = if rel.is_empty() { None } else { st.resolve_path(std::path::Path::new(rel)) };
+        let lease = target.or_else(|| st.detached.get(std::path::Path::new(rel)).copied()).ok_or(Error::NotFound)?;
+        st.clock();
+        st.reserve(lease)?;
+        let effects = st.locks.break_now(lease);
+        st.account(&effects);
+        tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.locks.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
+        Ok((data.len() as u32, effects))
+    }
+
+    /// Every file's paths that currently lead to `ino`s of interest.
+    pub(super) fn paths_of(st: &State, wanted: &std::collections::HashSet<Ino>) -> HashMap<Ino, PathBuf> {
+        let mut out = HashMap::new();
+        let mut stack = vec![(Ino::ROOT, PathBuf::new())];
+        while let Some((dir, path)) = stack.pop() {
+            let Ok(d) = st.ns.get(dir).and_then(|i| i.dir()) else {
+                continue;
+            };
+            for (name, child) in d.iter() {
+                let p = path.join(name);
+                if wanted.contains(&child) {
+                    out.entry(child).or_insert_with(|| p.clone());
+                }
+                if st.ns.get(child).is_ok_and(|c| c.kind == Kind::Dir) {
+                    stack.push((child, p));
+                }
+            }
+        }
+        for (p, ino) in &st.detached {
+            out.entry(*ino).or_insert_with(|| p.clone());
+        }
+        out
+    }
+
+    /// Render a read-only control file.
+    pub(super) fn render(&self, c: ControlFile) -> String {
+        let st = self.state.lock();
+        let now = st.start.elapsed().as_millis() as u64;
+        let leases = st.locks.leases();
+        match c {
+            ControlFile::Status => {
+                let held = leases.iter().filter(|(_, l)| !l.locks().is_empty()).count();
+                let awaited = leases.iter().filter(|(_, l)| l.waiters() > 0).count();
+                let ttl = leases.iter().filter(|(i, _)| st.locks.effective_ttl(*i).is_some()).count();
+                let status = serde_json::json!({
+                    "version": crate::VERSION,
+                    "backend": "local",
+                    "pid": std::process::id(),
+                    "mount_point": st.mount_point.to_string_lossy(),
+                    "uptime_secs": st.start.elapsed().as_secs_f64(),
+                    "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
+                    "inodes": st.ns.len(),
+                    "observations": st.obs.len(),
+                    "state_dir": st.journal.as_ref().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
+                    "journal_bytes": st.journal.as_ref().map(|j| j.size()),
+                    "journal_commits": st.journal.as_ref().map(|j| j.commits()),
+                    "epoch_ceiling": st.journal.as_ref().map(|j| j.ceiling()),
+                    "journal_compactions": st.journal.as_ref().map(|j| j.compactions()),
+                    "durability": match &st.store {
+                        Some(s) if s.failed() => "failed",
+                        Some(_) => "durable",
+                        None if st.volatile => "volatile",
+                        None => "memory",
+                    },
+                    "namespace_journal_bytes": st.store.as_ref().map(|s| s.journal_bytes()),
+                    "namespace_flushes": st.store.as_ref().map(|s| s.flushes),
+                    "snapshot": st.store.as_ref().map(|s| serde_json::json!({
+                        "generation": s.generation(),
+                        "bytes": s.snapshot_bytes(),
+                        "written_at": s.last_snapshot.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+                    })),
+                });
+                format!(
+                    "{status}
+"
+                )
+            }
+            ControlFile::Leases => {
+                let wanted: std::collections::HashSet<Ino> = leases
+                    .iter()
+                    .filter(|(i, l)| {
+                        l.is_live()
+                            || l.ttl().is_some()
+                            || st.locks.effective_ttl(*i).is_some() && !l.locks().is_empty()
+                    })
+                    .map(|(i, _)| *i)
+                    .collect();
+                let paths = Self::paths_of(&st, &wanted);
+                let mut rows: Vec<(String, String)> = Vec::new();
+                for (ino, l) in leases.iter().filter(|(i, _)| wanted.contains(i)) {
+                    let path = paths.get(ino).map(|p| format!("/{}", p.display())).unwrap_or_default();
+                    let holders: Vec<serde_json::Value> = l.locks().iter().map(|k| holder_value(k, now)).collect();
+                    let row = serde_json::json!({
+                        "path": path,
+                        "inode": ino.0,
+                        "epoch": l.epoch().0,
+                        "version": st.ns.get(*ino).map(|i| i.version).unwrap_or(0),
+                        "holders": holders,
+                        "waiters": l.waiters(),
+                        "ttl_ms": st.locks.effective_ttl(*ino),
+                        "expires_in_ms": l.expires().map(|e| e as i64 - now as i64),
+                    });
+                    rows.push((path, row.to_string()));
+                }
+                rows.sort();
+                rows.into_iter().map(|(_, r)| r + "\n").collect()
+            }
+            ControlFile::Metrics => {
+                let live = leases.iter().filter(|(_, l)| l.is_live()).count();
+                st.metrics.render(live, st.journal.as_ref().map_or(0, |j| j.commits()))
+            }
+            ControlFile::Break => String::new(),
+        }
+    }
+}

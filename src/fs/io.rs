@@ -1,0 +1,296 @@
+//! Attributes and I/O: getattr/setattr, open and release (guards, fences
+//! checked per handle), read, write (suid/sgid kill, `O_APPEND`), fallocate,
+//! lseek, readdir, statfs.
+
+use super::*;
+
+impl Fs {
+    /// Attributes of an inode (`stat`: an observation by `tid`).
+    pub fn getattr(&self, ino: Ino, tid: u32) -> Result<Attr> {
+        if control::is_control(ino) {
+            return Ok(self.control_attr(ino));
+        }
+        let mut st = self.state.lock();
+        let a = st.ns.get(ino)?.attr();
+        st.observe(tid, ino);
+        Ok(a)
+    }
+
+    /// Change attributes (chmod, chown, truncate, utimensat).
+    pub fn setattr(&self, ino: Ino, set: &SetAttr, caller: Caller) -> Result<Attr> {
+        let tid = caller.pid;
+        if control::is_control(ino) {
+            // `echo PATH > .leasefs/break` opens with O_TRUNC: let that be.
+            let only_truncate = set.size == Some(0) && set.mode.is_none() && set.uid.is_none() && set.gid.is_none();
+            return if ControlFile::by_ino(ino) == Some(ControlFile::Break) && only_truncate {
+                Ok(self.control_attr(ino))
+            } else {
+                Err(Error::NotPermitted)
+            };
+        }
+        let mut st = self.state.lock();
+        st.clock();
+        if set.size.is_some() {
+            match set.handle {
+                Some(h) => Self::check_handle(&mut st, ino, h, "truncate")?,
+                None => st.check_fenced_pid(tid, ino, "truncate")?,
+            }
+        }
+        if set.atime.is_some() || set.mtime.is_some() {
+            // touch/utimensat by the holder renews its lease.
+            let pids = st.lineage(tid);
+            st.locks.renew(ino, set.handle.map(|h| h.0), &pids);
+        }
+        let now = now();
+        let i = st.ns.get_mut(ino)?;
+        if let Some(size) = set.size {
+            i.data_mut()?.truncate(size)?;
+            i.change_content(now);
+            if set.mode.is_none() {
+                i.perm = after_unprivileged_change(i.perm, i.gid, caller);
+            }
+        }
+        if let Some(mode) = set.mode {
+            i.perm = (mode & 0o7777) as u16;
+        }
+        if let Some(uid) = set.uid {
+            i.uid = uid;
+        }
+        if let Some(gid) = set.gid {
+            i.gid = gid;
+        }
+        if let Some(t) = set.atime {
+            i.atime = resolve(t, now);
+        }
+        if let Some(t) = set.mtime {
+            i.mtime = resolve(t, now);
+        }
+        i.ctime = set.ctime.unwrap_or(now);
+        let a = i.attr();
+        if set.size.is_some() {
+            st.observe(tid, ino);
+            st.collect(ino);
+        }
+        Ok(a)
+    }
+
+    /// Writes through a fenced descriptor, or through a guarded file's
+    /// descriptor whose lease moved on since open, fail with `ESTALE`.
+    pub(super) fn check_handle(st: &mut State, ino: Ino, h: Handle, what: &str) -> Result<()> {
+        if let Some(f) = st.locks.fenced_handle(ino, h.0) {
+            debug!(path = %st.path_for_log(ino), ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.locks.epoch(ino).0, op = what, "fenced");
+            st.metrics.fenced_operations += 1;
+            return Err(Error::Stale);
+        }
+        if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
+            let now = st.locks.epoch(lease);
+            if now != epoch || st.locks.held_by(lease, &[pid]).is_none() {
+                debug!(path = %st.path_for_log(ino), lease = %st.path_for_log(lease), pid, held = epoch.0, current = now.0, op = what, "guard fenced");
+                st.metrics.fenced_operations += 1;
+                return Err(Error::Stale);
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn open_locked(st: &mut State, ino: Ino, flags: i32, tid: u32) -> Result<Handle> {
+        let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
+        let mut guard = None;
+        if writes {
+            if let Some(path) = st.guards.get(&ino).cloned() {
+                // A guarded file opens for writing only under its lease.
+                let pids = st.lineage(tid);
+                let lease = st.resolve_path(&path).ok_or(Error::NoLock)?;
+                let Some(holder) = st.locks.held_by(lease, &pids) else {
+                    debug!(ino = ino.0, pids = ?pids, lease = %path.display(), "guarded open refused: lease not held");
+                    return Err(Error::NoLock);
+                };
+                guard = Some((lease, st.locks.epoch(lease), holder));
+            }
+        }
+        let opener = st.proc(tid, false);
+        let i = st.ns.get_mut(ino)?;
+        i.opens += 1;
+        let h = Handle(st.next_handle);
+        st.next_handle += 1;
+        st.handles.insert(h, OpenFile { ino, opener, guard, control: None });
+        Ok(h)
+    }
+
+    /// `open` / `opendir` by thread `tid` (an observation).
+    pub fn open(&self, ino: Ino, flags: i32, tid: u32) -> Result<Handle> {
+        if control::is_control(ino) {
+            return self.control_open(ino, flags);
+        }
+        let mut st = self.state.lock();
+        let h = Self::open_locked(&mut st, ino, flags, tid)?;
+        st.observe(tid, ino);
+        Ok(h)
+    }
+
+    /// `release` / `releasedir`: the last close of an open file description.
+    /// Every lock taken through it goes; returns what that unblocked.
+    pub fn release(&self, h: Handle, flock_owner: Option<Owner>) -> Result<Vec<Effect>> {
+        let mut st = self.state.lock();
+        let f = st.handles.remove(&h).ok_or(Error::BadHandle)?;
+        if let Err(e) = st.reserve(f.ino) {
+            tracing::error!(ino = f.ino.0, "cannot make the next epoch durable: {e}");
+        }
+        let effects = st.locks.release_handle(f.ino, h.0, flock_owner);
+        st.account(&effects);
+        if let Ok(i) = st.ns.get_mut(f.ino) {
+            i.opens = i.opens.saturating_sub(1);
+        }
+        st.ns.maybe_drop(f.ino);
+        st.collect(f.ino);
+        Ok(effects)
+    }
+
+    /// A process closed a descriptor (FLUSH): its POSIX locks on the file go.
+    pub fn flush(&self, ino: Ino, owner: Owner) -> Vec<Effect> {
+        let mut st = self.state.lock();
+        if let Err(e) = st.reserve(ino) {
+            tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
+        }
+        let effects = st.locks.release_owner(ino, owner);
+        st.account(&effects);
+        st.collect(ino);
+        effects
+    }
+
+    /// Inodes whose kernel page cache must be dropped.
+    pub fn take_invalidations(&self) -> Vec<Ino> {
+        std::mem::take(&mut self.state.lock().invalidate)
+    }
+
+    /// `read` by thread `tid` (an observation).
+    pub fn read(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
+        let mut st = self.state.lock();
+        if control::is_control(ino) {
+            let c = st.handles.get(&h).and_then(|f| f.control.as_ref()).ok_or(Error::BadHandle)?;
+            let from = (offset as usize).min(c.len());
+            let to = from.saturating_add(size as usize).min(c.len());
+            return Ok(c[from..to].to_vec());
+        }
+        let d = st.ns.get(ino)?.data()?.read(offset, size as usize);
+        st.observe(tid, ino);
+        Ok(d)
+    }
+
+    /// `write`; returns the number of bytes written.
+    pub fn write(&self, ino: Ino, h: Handle, offset: u64, data: &[u8], how: WriteOpts) -> Result<u32> {
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
+        }
+        let mut st = self.state.lock();
+        st.clock();
+        Self::check_handle(&mut st, ino, h, "write")?;
+        // A write through the holder's descriptor renews its lease.
+        st.locks.renew(ino, Some(h.0), &[]);
+        let opener = st.handles.get(&h).and_then(|f| f.opener);
+        let i = st.ns.get_mut(ino)?;
+        let d = i.data_mut()?;
+        // O_APPEND writes land at the daemon's end of file, which other
+        // writers may have moved since the kernel last saw the size.
+        let offset = if how.append { d.size() } else { offset };
+        d.write(offset, data)?;
+        i.change_content(now());
+        if how.kill_suidgid && i.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0 {
+            let file_gid = i.gid;
+            let member = how.tid != 0 && !how.writeback && in_group(how.tid, how.gid, file_gid);
+            let i = st.ns.get_mut(ino)?;
+            i.perm = kill_suidgid(i.perm, member);
+        }
+        // Writeback carries no meaningful caller: the pages were dirtied
+        // through the opener's mapping, so the opener's own view stays
+        // current (its own writes never make it stale).
+        match (how.writeback || how.tid == 0, opener) {
+            (true, Some(p)) => st.observe_as(p, ino),
+            _ => st.observe(how.tid, ino),
+        }
+        Ok(data.len() as u32)
+    }
+
+    /// `fallocate`: mode 0 and `FALLOC_FL_KEEP_SIZE` reserve (a no-op in
+    /// memory beyond growing the size), `PUNCH_HOLE|KEEP_SIZE` zeroes.
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32, caller: Caller) -> Result<()> {
+        let tid = caller.pid;
+        let mut st = self.state.lock();
+        let i = st.ns.get_mut(ino)?;
+        i.perm = after_unprivileged_change(i.perm, i.gid, caller);
+        let i = st.ns.get_mut(ino)?;
+        let d = i.data_mut()?;
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        match mode {
+            0 => {
+                if end > d.size() {
+                    d.truncate(end)?;
+                }
+            }
+            libc::FALLOC_FL_KEEP_SIZE => {}
+            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => d.zero_range(offset, len),
+            _ => return Err(Error::NotSupported),
+        }
+        i.change_content(now());
+        st.observe(tid, ino);
+        st.collect(ino);
+        Ok(())
+    }
+
+    /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel handles the
+    /// other whences itself) over the sparse pages.
+    pub fn lseek(&self, ino: Ino, offset: i64, whence: i32) -> Result<u64> {
+        let from = u64::try_from(offset).map_err(|_| Error::NoSuchOffset)?;
+        let st = self.state.lock();
+        let d = st.ns.get(ino)?.data()?;
+        match whence {
+            libc::SEEK_DATA => d.seek_data(from).ok_or(Error::NoSuchOffset),
+            libc::SEEK_HOLE => d.seek_hole(from).ok_or(Error::NoSuchOffset),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    /// `readdir`: entries after `offset` (0 starts over), including `.` and `..`.
+    pub fn readdir(&self, ino: Ino, offset: u64, max: usize) -> Result<Vec<DirEntry>> {
+        if ino == control::DIR_INO {
+            let mut out = vec![
+                DirEntry { cookie: 1, ino, kind: Kind::Dir, name: ".".into() },
+                DirEntry { cookie: 2, ino: Ino::ROOT, kind: Kind::Dir, name: "..".into() },
+            ];
+            for (i, c) in ControlFile::ALL.into_iter().enumerate() {
+                out.push(DirEntry { cookie: 3 + i as u64, ino: c.ino(), kind: Kind::File, name: c.name().into() });
+            }
+            out.retain(|e| e.cookie > offset);
+            return Ok(out);
+        }
+        let st = self.state.lock();
+        let i = st.ns.get(ino)?;
+        let d = i.dir()?;
+        let mut out = Vec::new();
+        if offset < 1 {
+            out.push(DirEntry { cookie: 1, ino, kind: Kind::Dir, name: ".".into() });
+        }
+        if offset < 2 {
+            out.push(DirEntry { cookie: 2, ino: d.parent, kind: Kind::Dir, name: "..".into() });
+        }
+        for (cookie, name, child) in d.after(offset.max(2), max) {
+            let kind = st.ns.get(child).map_or(Kind::File, |c| c.kind);
+            out.push(DirEntry { cookie, ino: child, kind, name });
+        }
+        Ok(out)
+    }
+
+    /// `statfs`.
+    pub fn statfs(&self) -> StatFs {
+        let st = self.state.lock();
+        let used = st.ns.pages();
+        StatFs {
+            blocks: TOTAL_BLOCKS,
+            bfree: TOTAL_BLOCKS.saturating_sub(used),
+            files: TOTAL_FILES,
+            ffree: TOTAL_FILES - st.ns.len() as u64,
+            bsize: PAGE as u32,
+            namelen: crate::namespace::NAME_MAX as u32,
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! Lock requests, tests, interrupts, the lease timer and breaking, each
+//! answered by the lease state machine and accounted for in the metrics.
+
+use super::*;
+
+impl Fs {
+    /// Run lease timers: break leases whose TTL ran out while someone
+    /// waits. Returns what to answer and when to call again.
+    pub fn tick(&self) -> (Vec<Effect>, Option<std::time::Duration>) {
+        let mut st = self.state.lock();
+        let now = st.start.elapsed().as_millis() as u64;
+        let waited: Vec<Ino> = st.locks.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        for ino in waited {
+            if let Err(e) = st.reserve(ino) {
+                tracing::error!(
+                    ino = ino.0,
+                    "cannot make the next epoch durable ({e}); expired leases stay with their holders"
+                );
+                return (Vec::new(), Some(std::time::Duration::from_millis(100)));
+            }
+        }
+        let effects = st.locks.tick(now);
+        st.account(&effects);
+        let next = st.locks.next_deadline().map(|d| std::time::Duration::from_millis(d.saturating_sub(now)));
+        (effects, next)
+    }
+
+    /// Break a lease at once (administrator).
+    pub fn break_lease(&self, ino: Ino) -> Vec<Effect> {
+        let mut st = self.state.lock();
+        st.clock();
+        if st.reserve(ino).is_err() {
+            return Vec::new();
+        }
+        let effects = st.locks.break_now(ino);
+        st.account(&effects);
+        effects
+    }
+
+    /// The lease version of a file (SPEC 6).
+    pub fn version(&self, ino: Ino) -> Result<u64> {
+        Ok(self.state.lock().ns.get(ino)?.version)
+    }
+
+    /// Lock, unlock, or park a waiter (`wait`); see [`Locks::set`].
+    pub fn setlk(&self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
+        let mut st = self.state.lock();
+        st.ns.get(ino)?;
+        let now = st.start.elapsed().as_millis() as u64;
+        st.locks.advance(now);
+        // Durable before visible: a request that could advance the epoch
+        // waits for the reservation (refused with ENOSPC/EIO if the state
+        // directory cannot take it).
+        if req.mode.is_some() {
+            st.reserve(ino)?;
+        } else if let Err(e) = st.reserve(ino) {
+            tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
+        }
+        let (outcome, effects) = st.locks.set(ino, req, wait);
+        match outcome {
+            Outcome::Granted if req.mode.is_some() => st.metrics.acquisitions += 1,
+            Outcome::Parked => {
+                st.metrics.contention += 1;
+                if let Some(id) = wait {
+                    st.parked_at.insert(id, now);
+                }
+            }
+            Outcome::Refused(_) => st.metrics.contention += 1,
+            Outcome::Granted => {}
+        }
+        st.account(&effects);
+        st.collect(ino);
+        Ok((outcome, effects))
+    }
+
+    /// The lock that would block `req` (`F_GETLK`).
+    pub fn getlk(&self, ino: Ino, req: &Request) -> Result<Option<Lock>> {
+        let st = self.state.lock();
+        st.ns.get(ino)?;
+        Ok(st.locks.test(ino, req))
+    }
+
+    /// A signal interrupted a parked lock request.
+    pub fn interrupt(&self, id: WaitId) -> Option<Vec<Effect>> {
+        let mut st = self.state.lock();
+        let waited: Vec<Ino> = st.locks.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        for ino in waited {
+            let _ = st.reserve(ino);
+        }
+        let effects = st.locks.interrupt(id)?;
+        st.account(&effects);
+        Some(effects)
+    }
+
+    /// The epoch of the lease at `ino`.
+    pub fn epoch(&self, ino: Ino) -> Epoch {
+        self.state.lock().locks.epoch(ino)
+    }
+}

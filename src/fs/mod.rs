@@ -1,0 +1,876 @@
+//! Filesystem operations over the namespace, callable without the kernel.
+//!
+//! Every method takes the caller's identity and returns `Result<_, Error>`;
+//! the FUSE adapter only decodes requests and encodes replies. Permission
+//! checks are the kernel's (`default_permissions`); this layer enforces what
+//! the kernel cannot know: names, emptiness, types, ownership inheritance.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use parking_lot::Mutex;
+
+use crate::control::{self, ControlFile, Metrics};
+use crate::error::{Error, Result};
+use crate::lease::observe::{Observations, Proc, Verdict};
+use crate::lease::{Effect, Epoch, Lock, Locks, Outcome, Owner, Request, WaitId};
+use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
+use tracing::debug;
+
+mod control_files;
+mod io;
+mod locks;
+mod names;
+mod xattr;
+
+/// How many earlier targets of a name are remembered per inode.
+const MAX_PREDECESSORS: usize = 16;
+/// How many removed names remember their last target.
+const MAX_REMOVED_NAMES: usize = 16_384;
+/// How many removed or replaced paths remember their exact epoch; past
+/// that they are folded into the mount-wide floor for new paths.
+const MAX_PATH_EPOCHS: usize = 16_384;
+/// Observations recorded between sweeps for exited processes.
+const SWEEP_EVERY: u64 = 4096;
+
+/// A small `/proc` file, read with one buffer large enough for all of it
+/// (`read_to_string` would start small and grow, one `read` per doubling).
+fn read_proc(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut text = String::with_capacity(4096);
+    std::fs::File::open(path).ok()?.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// The parent of a process, from `/proc`.
+fn parent_pid(pid: u32) -> Option<u32> {
+    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Resolve a request's thread id to the process identity (thread-group id
+/// and start time) from `/proc`.
+pub fn proc_of_tid(tid: u32) -> Option<Proc> {
+    let status = read_proc(&format!("/proc/{tid}/status"))?;
+    let tgid: u32 = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()?;
+    let stat = read_proc(&format!("/proc/{tgid}/stat"))?;
+    let start = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
+    Some(Proc { tgid, start })
+}
+
+/// Prefix of the extended attributes leasefs computes itself.
+pub const XATTR_PREFIX: &str = "user.leasefs.";
+/// The lease's epoch (fencing token), decimal text, read-only.
+pub const XATTR_EPOCH: &str = "user.leasefs.epoch";
+/// The lease version (SPEC 6), decimal text, read-only.
+pub const XATTR_VERSION: &str = "user.leasefs.version";
+/// The holders, JSON, read-only.
+pub const XATTR_HOLDER: &str = "user.leasefs.holder";
+/// The file's own TTL (`500ms`, `30s`, `2m`, plain seconds; `0`/`off` removes it).
+pub const XATTR_TTL: &str = "user.leasefs.ttl";
+/// Setting it renews the caller's hold on the lease.
+pub const XATTR_RENEW: &str = "user.leasefs.renew";
+/// The mount-relative path of the lease that fences writes to this file.
+pub const XATTR_GUARD: &str = "user.leasefs.guard";
+
+/// Parse a TTL: `500ms`, `30s`, `2m`, `1h`, or plain (possibly fractional)
+/// seconds; `0` and `off` mean none. Anything else is `EINVAL`.
+pub fn parse_ttl(v: &str) -> Result<Option<u64>> {
+    let v = v.trim();
+    if v == "off" || v == "0" {
+        return Ok(None);
+    }
+    let (num, scale) = if let Some(n) = v.strip_suffix("ms") {
+        (n, 1.0)
+    } else if let Some(n) = v.strip_suffix('s') {
+        (n, 1000.0)
+    } else if let Some(n) = v.strip_suffix('m') {
+        (n, 60_000.0)
+    } else if let Some(n) = v.strip_suffix('h') {
+        (n, 3_600_000.0)
+    } else {
+        (v, 1000.0)
+    };
+    let n: f64 = num.parse().map_err(|_| Error::Invalid)?;
+    if !n.is_finite() || n < 0.0 || n * scale > 1e15 {
+        return Err(Error::Invalid);
+    }
+    let ms = (n * scale).round() as u64;
+    Ok(if ms == 0 { None } else { Some(ms) })
+}
+
+/// Format a TTL the way `parse_ttl` reads it.
+pub fn format_ttl(ms: u64) -> String {
+    if ms.is_multiple_of(1000) {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// Who is asking.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+    /// Process (thread) id from the request header.
+    pub pid: u32,
+}
+
+impl Caller {
+    /// The superuser, for tests and internal calls.
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0, pid: 0 };
+}
+
+/// An open file handle number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Handle(pub u64);
+
+/// A time given to `setattr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(SystemTime),
+}
+
+/// The changes of a `setattr` call; `None` leaves a field alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    pub ctime: Option<SystemTime>,
+    pub handle: Option<Handle>,
+}
+
+/// One directory entry as returned by `readdir`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntry {
+    /// Cookie to resume after this entry.
+    pub cookie: u64,
+    pub ino: Ino,
+    pub kind: Kind,
+    pub name: OsString,
+}
+
+/// `statfs` answer.
+#[derive(Debug, Clone, Copy)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+}
+
+/// How one `write` request arrived.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOpts {
+    /// The thread that wrote (request header).
+    pub tid: u32,
+    /// `O_APPEND` as of this write: `fcntl(F_SETFL)` may have set or
+    /// cleared it since open, so the flags stored at open do not decide.
+    pub append: bool,
+    /// The kernel leaves clearing suid/sgid to the filesystem
+    /// (`FUSE_WRITE_KILL_SUIDGID`: a writer without `CAP_FSETID`).
+    pub kill_suidgid: bool,
+    /// The writer's group (request header), for the sgid rule.
+    pub gid: u32,
+    /// Writeback of cached pages (a shared mapping), sent by the kernel on
+    /// behalf of whoever opened the handle.
+    pub writeback: bool,
+}
+
+/// The bits an unprivileged write leaves, as the kernel decides them
+/// (`file_remove_privs`): suid always goes; sgid goes when it means
+/// set-group-ID (group-executable) or the writer is not in the file's group.
+pub fn kill_suidgid(perm: u16, writer_in_group: bool) -> u16 {
+    let mut p = perm & !(libc::S_ISUID as u16);
+    if p & libc::S_ISGID as u16 != 0 && (p & libc::S_IXGRP as u16 != 0 || !writer_in_group) {
+        p &= !(libc::S_ISGID as u16);
+    }
+    p
+}
+
+/// What an unprivileged caller's truncate or `fallocate` leaves of the
+/// mode. The kernel sends the mode change itself for suid and for
+/// group-executable sgid, but not for the newer rule (sgid without
+/// group-execute goes when the caller is not in the file's group), so the
+/// daemon applies the whole rule. Root stands for `CAP_FSETID`.
+fn after_unprivileged_change(perm: u16, file_gid: u32, caller: Caller) -> u16 {
+    if caller.uid == 0 || perm & (libc::S_ISUID | libc::S_ISGID) as u16 == 0 {
+        return perm;
+    }
+    kill_suidgid(perm, in_group(caller.pid, caller.gid, file_gid))
+}
+
+/// True when thread `tid` (with primary group `gid`) is a member of group
+/// `file_gid`, supplementary groups included (from `/proc`).
+fn in_group(tid: u32, gid: u32, file_gid: u32) -> bool {
+    if gid == file_gid {
+        return true;
+    }
+    let Some(status) = read_proc(&format!("/proc/{tid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Groups:"))
+        .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(file_gid)))
+}
+
+/// Rename flags (`renameat2`).
+pub const RENAME_NOREPLACE: u32 = 1;
+/// Rename flags (`renameat2`).
+pub const RENAME_EXCHANGE: u32 = 2;
+
+const XATTR_CREATE: i32 = 1;
+const XATTR_REPLACE: i32 = 2;
+const XATTR_SIZE_MAX: usize = 65_536;
+const TOTAL_BLOCKS: u64 = 1 << 28;
+const TOTAL_FILES: u64 = 1 << 32;
+
+#[derive(Debug)]
+struct OpenFile {
+    ino: Ino,
+    /// The process that opened it: writes the kernel sends on its behalf
+    /// later (writeback of a shared mapping) are that process's own.
+    opener: Option<Proc>,
+    /// For a guarded file opened for writing: the lease, the epoch it had
+    /// at open, and the process that held it.
+    guard: Option<(Ino, Epoch, u32)>,
+    /// A control file's content, rendered at open.
+    control: Option<Vec<u8>>,
+}
+
+#[derive(Debug)]
+struct State {
+    ns: Namespace,
+    handles: HashMap<Handle, OpenFile>,
+    next_handle: u64,
+    locks: Locks,
+    /// Live leases whose name was unlinked, by path: re-creating the path
+    /// re-attaches the same inode (SPEC 4).
+    detached: HashMap<PathBuf, Ino>,
+    /// The highest epoch each removed or replaced path carried, so a
+    /// re-created or re-targeted path never goes back (SPEC 5). Bounded:
+    /// forgotten paths resume above `new_path_floor`.
+    path_epochs: HashMap<PathBuf, Epoch>,
+    /// Where every path without a remembered epoch starts: at or above the
+    /// epoch of every path that was forgotten, and after a restart the
+    /// recovered ceiling (SPEC 5: state bounded by what is live).
+    new_path_floor: Epoch,
+    /// Inodes whose cached pages the kernel must drop (content replaced
+    /// behind open descriptors).
+    invalidate: Vec<Ino>,
+    /// What each process last observed of each file (SPEC 6).
+    obs: Observations,
+    /// Inodes a name pointed at before it pointed at this one.
+    predecessors: HashMap<Ino, Vec<Ino>>,
+    /// Open `O_TMPFILE` files that were never linked: `link()` may give
+    /// them their first name (the kernel allows it unless `O_EXCL`).
+    tmpfiles: std::collections::HashSet<Ino>,
+    /// The version at which a name was last re-pointed at the same inode
+    /// (rename over a live lease, re-attach after unlink): observations
+    /// older than it are stale for `unlink` (SPEC 6).
+    repointed: HashMap<Ino, u64>,
+    /// The last inode each removed name pointed at.
+    removed: HashMap<PathBuf, Ino>,
+    /// Thread id → process identity cache.
+    tids: HashMap<u32, Proc>,
+    recorded: u64,
+    resolve: fn(u32) -> Option<Proc>,
+    /// Guarded files and the mount-relative path of their lease.
+    guards: HashMap<Ino, PathBuf>,
+    /// The clock leases run on.
+    start: std::time::Instant,
+    metrics: Metrics,
+    /// When each parked lock request started waiting (lease clock, ms).
+    parked_at: HashMap<WaitId, u64>,
+    /// Mount point and daemon pid, for `.leasefs/status`.
+    mount_point: PathBuf,
+    /// Durable epoch reservations (none: epochs live in memory only).
+    journal: Option<crate::store::epochs::EpochJournal>,
+    /// The durable namespace (none: contents live in memory only).
+    store: Option<crate::store::snapshot::Store>,
+    /// `--volatile`: the namespace is deliberately not kept.
+    volatile: bool,
+}
+
+impl State {
+    /// The process behind a request's thread id, cached; `fresh` re-reads it
+    /// (before a compare-and-swap check, so a reused pid is never trusted).
+    fn proc(&mut self, tid: u32, fresh: bool) -> Option<Proc> {
+        if tid == 0 {
+            return None;
+        }
+        if !fresh {
+            if let Some(p) = self.tids.get(&tid) {
+                return Some(*p);
+            }
+        }
+        let p = (self.resolve)(tid)?;
+        if self.tids.len() > 8192 {
+            self.tids.clear();
+        }
+        self.tids.insert(tid, p);
+        Some(p)
+    }
+
+    /// `tid` observed the regular file `ino` at its current version.
+    fn observe(&mut self, tid: u32, ino: Ino) {
+        let Some(p) = self.proc(tid, false) else {
+            return;
+        };
+        self.observe_as(p, ino);
+    }
+
+    /// The process `p` observed the regular file `ino` at its current version.
+    fn observe_as(&mut self, p: Proc, ino: Ino) {
+        let Ok(i) = self.ns.get(ino) else { return };
+        if i.kind != Kind::File {
+            return;
+        }
+        let version = i.version;
+        self.obs.record(p, ino, version);
+        self.recorded += 1;
+        if self.recorded.is_multiple_of(SWEEP_EVERY) {
+            let resolve = self.resolve;
+            self.obs.forget_dead(|p| resolve(p.tgid).is_some_and(|q| q == *p));
+            self.tids.clear();
+        }
+    }
+
+    /// Refuse with `ESTALE` when `tid` acts on an older view of the file at
+    /// `ino` (SPEC 6). For a rename over (`content_counts`) any change of
+    /// content or of what the name points at makes the view stale; for an
+    /// unlink only the name being re-pointed does (a parent removing a file
+    /// its child rewrote is ordinary cleanup).
+    fn check_current(&mut self, tid: u32, ino: Ino, content_counts: bool, what: &str) -> Result<()> {
+        let Ok(i) = self.ns.get(ino) else {
+            return Ok(());
+        };
+        if i.kind != Kind::File {
+            return Ok(());
+        }
+        let current = i.version;
+        let Some(p) = self.proc(tid, true) else {
+            return Ok(());
+        };
+        let preds: Vec<(Ino, u64)> =
+            self.predecessors.get(&ino).map(|v| v.iter().map(|i| (*i, 0)).collect()).unwrap_or_default();
+        let verdict = if content_counts {
+            self.obs.check(p, ino, current, &preds)
+        } else {
+            let repointed_at = self.repointed.get(&ino).copied().unwrap_or(0);
+            self.obs.check_name(p, ino, repointed_at, &preds)
+        };
+        match verdict {
+            Verdict::Current | Verdict::Unobserved => Ok(()),
+            Verdict::Stale { seen, current } => {
+                debug!(path = %self.path_for_log(ino), pid = p.tgid, ino = ino.0, seen, current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
+                self.metrics.cas_rejections += 1;
+                Err(Error::Stale)
+            }
+        }
+    }
+
+    /// The name leading to `ino` was re-pointed at it again (same inode):
+    /// earlier observers of the name hold a stale view.
+    fn repoint(&mut self, ino: Ino) {
+        if let Ok(i) = self.ns.get(ino) {
+            self.repointed.insert(ino, i.version);
+        }
+    }
+
+    /// The name now pointing at `new` pointed at `old` before.
+    fn succeed(&mut self, old: Ino, new: Ino) {
+        if old == new {
+            return;
+        }
+        let mut chain = self.predecessors.get(&old).cloned().unwrap_or_default();
+        chain.push(old);
+        let entry = self.predecessors.entry(new).or_default();
+        entry.extend(chain);
+        if entry.len() > MAX_PREDECESSORS {
+            let cut = entry.len() - MAX_PREDECESSORS;
+            entry.drain(..cut);
+        }
+    }
+
+    /// A file's path for debug logs (computed only when debug logging is on).
+    fn path_for_log(&self, ino: Ino) -> String {
+        if !tracing::enabled!(tracing::Level::DEBUG) {
+            return String::new();
+        }
+        if let Some(p) = self.ns.path_hint(ino) {
+            return format!("/{}", p.display());
+        }
+        let wanted = std::iter::once(ino).collect();
+        Fs::paths_of(self, &wanted).get(&ino).map(|p| format!("/{}", p.display())).unwrap_or_default()
+    }
+
+    /// Make the next epoch of `ino` durable before any operation can hand it
+    /// out (SPEC 5): the journal's mount-wide ceiling must cover it. Costs a
+    /// journal sync only when the ceiling is used up, never per new path.
+    fn reserve(&mut self, ino: Ino) -> Result<()> {
+        let Some(j) = self.journal.as_mut() else {
+            return Ok(());
+        };
+        let need = self.locks.epoch(ino).0 + 1;
+        let ceiling = j.ceiling();
+        if need <= ceiling {
+            if ceiling - need < crate::store::epochs::RESERVE_AHEAD / 2 {
+                // Running low: raise it in the background, off this path.
+                j.reserve_ahead(ceiling + 1);
+            }
+            return Ok(());
+        }
+        match j.ensure(need) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
+        }
+    }
+
+    /// Lease settings of `ino` for the durable store.
+    fn extra(&self, ino: Ino) -> crate::store::snapshot::Extra {
+        crate::store::snapshot::Extra {
+            ttl_ms: self.locks.lease(ino).and_then(|l| l.ttl()),
+            guard: self.guards.get(&ino).cloned(),
+        }
+    }
+
+    /// Write what changed since the last flush to the journal and sync it.
+    fn flush(&mut self) -> Result<()> {
+        match self.append_changes()? {
+            Some(sync) => sync().map_err(|e| {
+                tracing::error!("journal sync failed: {e}; durability is no longer promised (fail-stop)");
+                if let Some(s) = &self.store {
+                    s.fail_flag().store(true, std::sync::atomic::Ordering::Release);
+                }
+                Error::Io
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Append what changed since the last flush to the journal; the
+    /// returned sync makes it durable (none: nothing to write). Folds the
+    /// journal into a snapshot when it has grown (the snapshot is durable
+    /// when this returns).
+    fn append_changes(&mut self) -> Result<Option<crate::store::storage::Syncer>> {
+        let Some(store) = self.store.as_ref() else {
+            return Ok(None);
+        };
+        if store.failed() {
+            return Err(Error::Io);
+        }
+        let (dirty, freed) = self.ns.dirty();
+        if dirty.is_empty() && freed.is_empty() {
+            return Ok(None);
+        }
+        let batch = crate::store::snapshot::encode_changes(&self.ns, |ino| self.extra(ino));
+        let store = self.store.as_mut().expect("checked above");
+        let sync = match store.append(&batch) {
+            Ok(sync) => sync,
+            Err(e) => return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
+        };
+        self.ns.clear_dirty();
+        let ns = &self.ns;
+        let large = batch.len() > 4 << 20;
+        if store.wants_snapshot_for(|| ns.pages() * PAGE as u64 + ns.len() as u64 * 128) {
+            let img = crate::store::snapshot::encode_all(&self.ns, |ino| self.extra(ino));
+            // Failures are logged by the store; a full disk postpones it.
+            let _ = self.store.as_mut().expect("checked above").snapshot(&img);
+        }
+        if large {
+            // The batch (and snapshot) buffers were as large as the data.
+            drop(batch);
+            give_memory_back();
+        }
+        Ok(Some(sync))
+    }
+
+    /// Count what the lease core decided (grants, waits, breaks).
+    fn account(&mut self, effects: &[Effect]) {
+        let now = self.start.elapsed().as_millis() as u64;
+        for e in effects {
+            match e {
+                Effect::Grant(id) => {
+                    self.metrics.acquisitions += 1;
+                    if let Some(t) = self.parked_at.remove(id) {
+                        self.metrics.waited(now.saturating_sub(t) as f64 / 1000.0);
+                    }
+                }
+                Effect::Refuse(id, _) => {
+                    self.parked_at.remove(id);
+                }
+                Effect::Broken(..) => self.metrics.breaks += 1,
+                Effect::Epoch(..) => {}
+            }
+        }
+    }
+
+    /// Milliseconds on the lease clock; also advances the lease table's clock.
+    fn clock(&mut self) -> u64 {
+        let now = self.start.elapsed().as_millis() as u64;
+        self.locks.advance(now);
+        now
+    }
+
+    /// The calling process and its ancestors: a holder's shell running
+    /// `touch`, `setfattr` or `echo >> file` acts for the holder.
+    fn lineage(&mut self, tid: u32) -> Vec<u32> {
+        let Some(p) = self.proc(tid, false) else {
+            return Vec::new();
+        };
+        let mut out = vec![p.tgid];
+        let mut pid = p.tgid;
+        for _ in 0..32 {
+            let Some(ppid) = parent_pid(pid) else { break };
+            if ppid <= 1 {
+                break;
+            }
+            out.push(ppid);
+            pid = ppid;
+        }
+        out
+    }
+
+    /// Refuse with `ESTALE` when the process was fenced off this lease.
+    fn check_fenced_pid(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
+        if !self.locks.has_fenced(ino) {
+            return Ok(());
+        }
+        let pids = self.lineage(tid);
+        if let Some(f) = self.locks.fenced_pid(ino, &pids) {
+            debug!(path = %self.path_for_log(ino), pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
+            self.metrics.fenced_operations += 1;
+            return Err(Error::Stale);
+        }
+        Ok(())
+    }
+
+    /// The inode at a mount-relative path.
+    fn resolve_path(&self, path: &std::path::Path) -> Option<Ino> {
+        let mut ino = Ino::ROOT;
+        for c in path.components() {
+            match c {
+                std::path::Component::Normal(n) => ino = self.ns.child(ino, n).ok()?,
+                std::path::Component::CurDir => {}
+                _ => return None,
+            }
+        }
+        Some(ino)
+    }
+
+    fn path_of(&self, parent: Ino, name: &OsStr) -> Option<PathBuf> {
+        let mut p: PathBuf = self.ns.dir_path(parent)?.into_iter().collect();
+        p.push(name);
+        Some(p)
+    }
+
+    /// Remember the epoch a path carried.
+    fn remember_epoch(&mut self, path: Option<PathBuf>, ino: Ino) {
+        let e = self.locks.epoch(ino);
+        if let (Some(p), true) = (path, e > self.new_path_floor) {
+            if self.path_epochs.len() >= MAX_PATH_EPOCHS && !self.path_epochs.contains_key(&p) {
+                // Forget them all at once: every forgotten path resumes
+                // above the highest epoch any of them had.
+                let highest = self.path_epochs.values().copied().max().unwrap_or_default();
+                self.new_path_floor = self.new_path_floor.max(highest);
+                self.path_epochs = HashMap::new();
+            }
+            let slot = self.path_epochs.entry(p).or_default();
+            *slot = (*slot).max(e);
+        }
+    }
+
+    /// The lowest epoch an inode newly named by `path` may carry.
+    fn path_floor(&self, path: Option<&PathBuf>) -> Epoch {
+        let known = path.and_then(|p| self.path_epochs.get(p)).copied().unwrap_or_default();
+        known.max(self.new_path_floor)
+    }
+
+    /// Never let an inode named by `path` carry a lower epoch than the path did.
+    fn floor_epoch(&mut self, path: Option<&PathBuf>, ino: Ino) {
+        let floor = self.path_floor(path);
+        if floor.0 > 0 {
+            self.locks.raise_epoch(ino, floor);
+        }
+    }
+
+    /// Drop lease state of inodes that are gone, and detached names whose
+    /// lease is no longer live; hand memory of removed contents back to the
+    /// system once a few MiB were freed (the allocator keeps freed pages
+    /// otherwise, and the daemon's RSS would stay at its high-water mark).
+    fn collect(&mut self, ino: Ino) {
+        if self.ns.freed_at_least(1024) {
+            give_memory_back();
+        }
+        if self.ns.get(ino).is_err() {
+            self.locks.forget(ino);
+            self.predecessors.remove(&ino);
+            self.repointed.remove(&ino);
+            self.tmpfiles.remove(&ino);
+        }
+        let (ns, locks) = (&self.ns, &self.locks);
+        self.detached.retain(|_, i| locks.is_live(*i) && ns.get(*i).is_ok());
+    }
+
+    /// True when `ino` or anything below it is a live lease.
+    fn holds_live_lease(&self, ino: Ino) -> bool {
+        if self.locks.is_live(ino) {
+            return true;
+        }
+        match self.ns.get(ino).map(|i| &i.body) {
+            Ok(Body::Dir(d)) => d.iter().any(|(_, c)| self.holds_live_lease(c)),
+            _ => false,
+        }
+    }
+}
+
+/// The filesystem core.
+#[derive(Debug)]
+pub struct Fs {
+    state: Mutex<State>,
+    /// Journal syncs in flight, answered off the request path.
+    group: crate::store::group::GroupCommit,
+}
+
+fn now() -> SystemTime {
+    SystemTime::now()
+}
+
+fn resolve(t: SetTime, now: SystemTime) -> SystemTime {
+    match t {
+        SetTime::Now => now,
+        SetTime::At(t) => t,
+    }
+}
+
+impl Fs {
+    /// A filesystem with an empty root owned by `uid:gid` (mode 0755).
+    /// A filesystem whose leases carry `ttl_ms` unless a file sets its own.
+    pub fn with_lease_ttl(uid: u32, gid: u32, ttl_ms: Option<u64>) -> Fs {
+        let fs = Fs::new(uid, gid);
+        fs.state.lock().locks = Locks::with_default_ttl(ttl_ms);
+        fs
+    }
+
+    pub fn new(uid: u32, gid: u32) -> Fs {
+        Fs {
+            state: Mutex::new(State {
+                ns: Namespace::new(0o755, uid, gid, now()),
+                handles: HashMap::new(),
+                next_handle: 1,
+                locks: Locks::new(),
+                detached: HashMap::new(),
+                path_epochs: HashMap::new(),
+                new_path_floor: Epoch(0),
+                invalidate: Vec::new(),
+                obs: Observations::new(),
+                predecessors: HashMap::new(),
+                repointed: HashMap::new(),
+                tmpfiles: std::collections::HashSet::new(),
+                removed: HashMap::new(),
+                tids: HashMap::new(),
+                recorded: 0,
+                resolve: proc_of_tid,
+                guards: HashMap::new(),
+                start: std::time::Instant::now(),
+                metrics: Metrics::default(),
+                parked_at: HashMap::new(),
+                mount_point: PathBuf::new(),
+                journal: None,
+                store: None,
+                volatile: false,
+            }),
+            group: crate::store::group::GroupCommit::default(),
+        }
+    }
+
+    /// Keep epochs durable in `journal`; `ceiling` is the recovered one,
+    /// above which every path resumes.
+    pub fn set_journal(&self, journal: crate::store::epochs::EpochJournal, ceiling: u64) {
+        let mut st = self.state.lock();
+        st.new_path_floor = st.new_path_floor.max(Epoch(ceiling));
+        st.journal = Some(journal);
+    }
+
+    /// Keep the namespace durable in `store`, starting from what it
+    /// recovered. Call after [`Fs::set_journal`], so restored leases start
+    /// at their path's epoch floor.
+    pub fn set_store(&self, store: crate::store::snapshot::Store, rec: crate::store::snapshot::Recovered) {
+        let mut st = self.state.lock();
+        let root = st.ns.get(Ino::ROOT).map(|r| (r.perm, r.uid, r.gid)).unwrap_or((0o755, 0, 0));
+        let fresh = std::mem::replace(&mut st.ns, Namespace::new(root.0, root.1, root.2, now()));
+        st.ns = Namespace::restore(rec.inodes, rec.next_ino, fresh);
+        for (ino, x) in rec.extras {
+            if st.ns.get(ino).is_err() {
+                continue;
+            }
+            if let Some(t) = x.ttl_ms {
+                st.locks.set_ttl(ino, Some(t));
+            }
+            if let Some(g) = x.guard {
+                st.guards.insert(ino, g);
+            }
+        }
+        // Restored files resume above the recovered epoch ceiling: any epoch
+        // up to it may have been handed out before the restart.
+        let floor = st.new_path_floor;
+        if floor.0 > 0 {
+            let files: Vec<Ino> = st.ns.inodes().filter(|i| i.kind != Kind::Dir).map(|i| i.ino).collect();
+            for ino in files {
+                st.locks.raise_epoch(ino, floor);
+            }
+        }
+        st.ns.set_tracking();
+        st.store = Some(store);
+    }
+
+    /// `--volatile`: contents live in memory only (epochs stay durable).
+    pub fn set_volatile(&self) {
+        self.state.lock().volatile = true;
+    }
+
+    /// `fsync`, `fdatasync`, `fsyncdir`: make every change so far durable
+    /// (one flush covers all files), then call `done`: at once when there is
+    /// nothing to wait for, otherwise from the group-commit thread while
+    /// other requests go on. `ENOSPC` on a full state disk, `EIO` for good
+    /// after any other state-disk error.
+    pub fn sync_then(&self, done: crate::store::group::Done) {
+        let mut st = self.state.lock();
+        match st.append_changes() {
+            Err(e) => {
+                drop(st);
+                done(Err(e));
+            }
+            Ok(None) if !self.group.busy() => {
+                drop(st);
+                done(Ok(()));
+            }
+            Ok(sync) => {
+                // Queued under the state lock: callers are answered in the
+                // order their changes were appended.
+                let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+                self.group.submit(sync, &failed, done);
+            }
+        }
+    }
+
+    /// [`Fs::sync_then`], waiting for the answer.
+    pub fn sync(&self) -> Result<()> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.sync_then(Box::new(move |r| {
+            let _ = tx.send(r);
+        }));
+        rx.recv().unwrap_or(Err(Error::Io))
+    }
+
+    /// Clean unmount: flush and fold the journal into a snapshot.
+    pub fn shutdown(&self) {
+        self.group.stop();
+        let mut st = self.state.lock();
+        if st.store.is_none() {
+            return;
+        }
+        if let Err(e) = st.flush() {
+            tracing::error!("final flush failed: {e:?}");
+            return;
+        }
+        let img = crate::store::snapshot::encode_all(&st.ns, |ino| st.extra(ino));
+        if let Some(store) = st.store.as_mut() {
+            match store.snapshot(&img) {
+                Ok(()) => tracing::info!(bytes = img.len(), "snapshot written"),
+                Err(e) => tracing::error!("snapshot at unmount failed: {e}"),
+            }
+        }
+    }
+
+    /// A file's path for debug logs (empty unless debug logging is on).
+    pub fn describe(&self, ino: Ino) -> String {
+        self.state.lock().path_for_log(ino)
+    }
+
+    /// Record where the filesystem is mounted (for `.leasefs/status`).
+    pub fn set_mount_point(&self, p: PathBuf) {
+        self.state.lock().mount_point = p;
+    }
+
+    /// Replace how thread ids map to processes (tests).
+    pub fn set_proc_resolver(&self, resolve: fn(u32) -> Option<Proc>) {
+        let mut st = self.state.lock();
+        st.resolve = resolve;
+        st.tids.clear();
+    }
+}
+
+/// Return free heap memory to the system.
+fn give_memory_back() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only walks the allocator's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Names inside `.leasefs/`, and `.leasefs` itself in the root, are not
+/// part of the namespace: creating, removing or moving them is refused.
+fn refuse_control_name(parent: Ino, name: &OsStr) -> Result<()> {
+    if parent == control::DIR_INO {
+        return Err(Error::NotPermitted);
+    }
+    if parent == Ino::ROOT && name == control::DIR_NAME {
+        return Err(Error::Exists);
+    }
+    Ok(())
+}
+
+/// One holder as JSON (for `user.leasefs.holder` and `.leasefs/leases`).
+fn holder_value(k: &Lock, now: u64) -> serde_json::Value {
+    serde_json::json!({
+        "pid": k.pid,
+        "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
+        "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
+        "start": k.range.start,
+        "end": k.range.end,
+        "since_ms_ago": now.saturating_sub(k.since),
+    })
+}
+
+/// `user.leasefs.holder`: the holders as JSON.
+fn holder_json(locks: &Locks, ino: Ino, now: u64) -> String {
+    let holders: Vec<serde_json::Value> =
+        locks.lease(ino).map(|l| l.locks().iter().map(|k| holder_value(k, now)).collect()).unwrap_or_default();
+    serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
+}
+
+fn is_leasefs_xattr(name: &OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    name.as_bytes().starts_with(XATTR_PREFIX.as_bytes())
+}
+
+fn check_xattr_name(name: &OsStr) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() > 255 {
+        return Err(Error::Range);
+    }
+    // POSIX ACLs (system.*) are not supported, as on a filesystem without acl.
+    if ["user.", "trusted.", "security."].iter().any(|p| b.starts_with(p.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Error::NotSupported)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,441 @@
+//! Operations on names: lookup, create (with the lease rules for `O_EXCL`
+//! and re-attaching a live lease after unlink), link, unlink and rename
+//! (compare-and-swap, rename over a live lease, `EBUSY` for moving one).
+
+use super::*;
+
+impl Fs {
+    /// Resolve `name` in `parent` and take a kernel reference on it.
+    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
+        if let Some(a) = self.control_lookup(parent, name)? {
+            return Ok(a);
+        }
+        let mut st = self.state.lock();
+        let ino = st.ns.child(parent, name)?;
+        st.ns.add_lookup(ino);
+        Ok(st.ns.get(ino)?.attr())
+    }
+
+    /// Drop `n` kernel references.
+    pub fn forget(&self, ino: Ino, n: u64) {
+        let mut st = self.state.lock();
+        st.ns.forget(ino, n);
+        st.collect(ino);
+    }
+
+    /// Target of a symlink.
+    pub fn readlink(&self, ino: Ino) -> Result<OsString> {
+        match &self.state.lock().ns.get(ino)?.body {
+            Body::Symlink(t) => Ok(t.clone()),
+            _ => Err(Error::Invalid),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // the arguments of mknod/mkdir/symlink/create, passed on
+    pub(super) fn make(
+        st: &mut State,
+        caller: Caller,
+        parent: Ino,
+        name: &OsStr,
+        kind: Kind,
+        perm: u32,
+        rdev: u32,
+        symlink: Option<OsString>,
+    ) -> Result<Attr> {
+        check_name(name)?;
+        refuse_control_name(parent, name)?;
+        let now = now();
+        let p = st.ns.get(parent)?;
+        if p.nlink == 0 {
+            // A removed directory accepts no new entries.
+            return Err(Error::NotFound);
+        }
+        if p.dir()?.get(name).is_some() {
+            return Err(Error::Exists);
+        }
+        let mut perm = (perm & 0o7777) as u16;
+        let mut gid = caller.gid;
+        // A setgid directory hands its group down, and its setgid bit to subdirectories.
+        if p.perm & libc::S_ISGID as u16 != 0 {
+            gid = p.gid;
+            if kind == Kind::Dir {
+                perm |= libc::S_ISGID as u16;
+            }
+        }
+        let path = st.path_of(parent, name);
+        if kind == Kind::File {
+            // A live lease whose name was removed comes back with its inode,
+            // holders, waiters and epoch (SPEC 4), also while other hard
+            // links still name it. Without other names its content starts
+            // empty like any newly created file; with them it keeps the
+            // content those names still show.
+            if let Some(ino) = path.as_ref().and_then(|p| st.detached.remove(p)) {
+                if st.locks.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
+                    let orphan = st.ns.get(ino)?.nlink == 0;
+                    st.ns.link(parent, name, ino)?;
+                    st.ns.add_lookup(ino);
+                    let i = st.ns.get_mut(ino)?;
+                    if orphan {
+                        i.data_mut()?.truncate(0)?;
+                    }
+                    i.change_content(now);
+                    st.ns.get_mut(parent)?.touch_content(now);
+                    st.repoint(ino);
+                    return Ok(st.ns.get(ino)?.attr());
+                }
+            }
+        }
+        let ino = st.ns.alloc(NewInode { kind, perm, uid: caller.uid, gid, rdev, symlink }, parent, now);
+        st.ns.link(parent, name, ino)?;
+        st.ns.add_lookup(ino);
+        st.floor_epoch(path.as_ref(), ino);
+        if let Some(old) = path.as_ref().and_then(|p| st.removed.remove(p)) {
+            // The name points at something new: whoever looked at the old
+            // target has a stale view.
+            st.succeed(old, ino);
+        }
+        st.ns.get_mut(parent)?.touch_content(now);
+        Ok(st.ns.get(ino)?.attr())
+    }
+
+    /// `mknod`: regular files, FIFOs, sockets and (inert) device nodes.
+    pub fn mknod(&self, caller: Caller, parent: Ino, name: &OsStr, mode: u32, umask: u32, rdev: u32) -> Result<Attr> {
+        let kind = Kind::from_mode(mode).ok_or(Error::Invalid)?;
+        if matches!(kind, Kind::Dir | Kind::Symlink) {
+            return Err(Error::Invalid);
+        }
+        let mut st = self.state.lock();
+        Self::make(&mut st, caller, parent, name, kind, mode & !umask, rdev, None)
+    }
+
+    /// `mkdir`.
+    pub fn mkdir(&self, caller: Caller, parent: Ino, name: &OsStr, mode: u32, umask: u32) -> Result<Attr> {
+        let mut st = self.state.lock();
+        Self::make(&mut st, caller, parent, name, Kind::Dir, mode & !umask & 0o7777, 0, None)
+    }
+
+    /// `symlink`.
+    pub fn symlink(&self, caller: Caller, parent: Ino, name: &OsStr, target: &OsStr) -> Result<Attr> {
+        if target.len() >= libc::PATH_MAX as usize {
+            return Err(Error::NameTooLong);
+        }
+        let mut st = self.state.lock();
+        Self::make(&mut st, caller, parent, name, Kind::Symlink, 0o777, 0, Some(target.to_os_string()))
+    }
+
+    /// `create`: make a regular file and open it.
+    pub fn create(
+        &self,
+        caller: Caller,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Attr, Handle)> {
+        let mut st = self.state.lock();
+        let attr = match Self::make(&mut st, caller, parent, name, Kind::File, mode & !umask, 0, None) {
+            Ok(a) => {
+                // O_CREAT|O_EXCL that creates the file acquires the lease (the
+                // lockfile idiom). A re-attached live lease keeps its holder.
+                if flags & libc::O_EXCL != 0 && !st.locks.is_live(a.ino) {
+                    st.reserve(a.ino)?;
+                    st.locks.acquire_by_create(a.ino);
+                }
+                a
+            }
+            Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
+                // The kernel raced with another creator: open the existing file.
+                let ino = st.ns.child(parent, name)?;
+                st.ns.add_lookup(ino);
+                st.ns.get(ino)?.attr()
+            }
+            Err(e) => return Err(e),
+        };
+        let h = Self::open_locked(&mut st, attr.ino, flags, caller.pid)?;
+        st.observe(caller.pid, attr.ino);
+        Ok((attr, h))
+    }
+
+    /// `O_TMPFILE`: an open regular file in `parent` without a name
+    /// (nlink 0) until `linkat` gives it one; dropped at its last close.
+    pub fn tmpfile(&self, caller: Caller, parent: Ino, mode: u32, umask: u32, flags: i32) -> Result<(Attr, Handle)> {
+        let mut st = self.state.lock();
+        let p = st.ns.get(parent)?;
+        if p.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        let mut gid = caller.gid;
+        if p.perm & libc::S_ISGID as u16 != 0 {
+            gid = p.gid;
+        }
+        let perm = (mode & !umask & 0o7777) as u16;
+        let ino = st.ns.alloc(
+            NewInode { kind: Kind::File, perm, uid: caller.uid, gid, rdev: 0, symlink: None },
+            parent,
+            now(),
+        );
+        st.ns.add_lookup(ino);
+        st.tmpfiles.insert(ino);
+        let h = Self::open_locked(&mut st, ino, flags, caller.pid)?;
+        st.observe(caller.pid, ino);
+        Ok((st.ns.get(ino)?.attr(), h))
+    }
+
+    /// `unlink` by thread `tid`; `ESTALE` when it acts on an old view.
+    pub fn unlink(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<()> {
+        refuse_control_name(parent, name)?;
+        let mut st = self.state.lock();
+        let ino = st.ns.child(parent, name)?;
+        if st.ns.get(ino)?.kind == Kind::Dir {
+            return Err(Error::IsDir);
+        }
+        st.check_fenced_pid(tid, ino, "unlink")?;
+        st.check_current(tid, ino, false, "unlink")?;
+        let now = now();
+        let path = st.path_of(parent, name);
+        if let Some(p) = &path {
+            if st.removed.len() >= MAX_REMOVED_NAMES {
+                st.removed.clear();
+            }
+            st.removed.insert(p.clone(), ino);
+        }
+        st.remember_epoch(path.clone(), ino);
+        if st.locks.is_live(ino) {
+            // The name goes (POSIX), the lease stays bound to the path.
+            if let Some(p) = path {
+                st.detached.insert(p, ino);
+            }
+        }
+        st.ns.get_mut(ino)?.ctime = now;
+        st.ns.unlink(parent, name)?;
+        st.ns.get_mut(parent)?.touch_content(now);
+        st.collect(ino);
+        Ok(())
+    }
+
+    /// `rmdir`.
+    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
+        refuse_control_name(parent, name)?;
+        let mut st = self.state.lock();
+        if name == "." {
+            return Err(Error::Invalid);
+        }
+        if name == ".." {
+            return Err(Error::NotEmpty);
+        }
+        let ino = st.ns.child(parent, name)?;
+        let d = st.ns.get(ino)?.dir()?;
+        if !d.is_empty() {
+            return Err(Error::NotEmpty);
+        }
+        let now = now();
+        st.ns.get_mut(ino)?.ctime = now;
+        st.ns.unlink(parent, name)?;
+        st.ns.get_mut(parent)?.touch_content(now);
+        Ok(())
+    }
+
+    /// `link`: a new name for an existing non-directory.
+    pub fn link(&self, ino: Ino, parent: Ino, name: &OsStr) -> Result<Attr> {
+        check_name(name)?;
+        refuse_control_name(parent, name)?;
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
+        }
+        let mut st = self.state.lock();
+        let i = st.ns.get(ino)?;
+        if i.kind == Kind::Dir {
+            return Err(Error::NotPermitted);
+        }
+        if i.nlink == 0 && !st.tmpfiles.contains(&ino) {
+            return Err(Error::NotFound);
+        }
+        let p = st.ns.get(parent)?;
+        if p.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        if p.dir()?.get(name).is_some() {
+            return Err(Error::Exists);
+        }
+        let now = now();
+        let path = st.path_of(parent, name);
+        st.ns.link(parent, name, ino)?;
+        st.ns.add_lookup(ino);
+        st.tmpfiles.remove(&ino);
+        st.ns.get_mut(parent)?.touch_content(now);
+        // link() creating the name acquires the lease (the dotlock idiom).
+        let floor = st.path_floor(path.as_ref());
+        st.locks.raise_epoch(ino, floor);
+        if let Err(e) = st.reserve(ino) {
+            // Undo the name: the acquisition could not be made durable.
+            let _ = st.ns.unlink(parent, name);
+            return Err(e);
+        }
+        st.locks.acquire_by_link(ino, floor);
+        // The name now leads to `ino`: whoever looked at what it named
+        // before holds a stale view (the dotlock-breaking race).
+        if let Some(old) = path.as_ref().and_then(|p| st.removed.remove(p)) {
+            st.succeed(old, ino);
+        }
+        let i = st.ns.get_mut(ino)?;
+        i.ctime = now;
+        Ok(i.attr())
+    }
+
+    /// `rename` / `renameat2` with `RENAME_NOREPLACE` and `RENAME_EXCHANGE`.
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        newparent: Ino,
+        newname: &OsStr,
+        flags: u32,
+        tid: u32,
+    ) -> Result<()> {
+        check_name(name)?;
+        check_name(newname)?;
+        refuse_control_name(parent, name)?;
+        refuse_control_name(newparent, newname)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags & RENAME_NOREPLACE != 0 && flags & RENAME_EXCHANGE != 0
+        {
+            return Err(Error::Invalid);
+        }
+        let mut st = self.state.lock();
+        let src = st.ns.child(parent, name)?;
+        let dst = match st.ns.child(newparent, newname) {
+            Ok(i) => Some(i),
+            Err(Error::NotFound) => None,
+            Err(e) => return Err(e),
+        };
+        let src_dir = st.ns.get(src)?.kind == Kind::Dir;
+        let now = now();
+
+        if flags & RENAME_EXCHANGE != 0 {
+            let dst = dst.ok_or(Error::NotFound)?;
+            if src == dst {
+                return Ok(());
+            }
+            // Moving a live lease would let newcomers lock a fresh file at
+            // its old name (SPEC 4).
+            if st.holds_live_lease(src) || st.holds_live_lease(dst) {
+                return Err(Error::Busy);
+            }
+            let dst_dir = st.ns.get(dst)?.kind == Kind::Dir;
+            // Neither may end up inside itself.
+            if src_dir && st.ns.is_ancestor(src, newparent) || dst_dir && st.ns.is_ancestor(dst, parent) {
+                return Err(Error::Invalid);
+            }
+            st.ns.get_mut(parent)?.dir_mut()?.insert(name.to_os_string(), dst);
+            st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+            st.ns.hint(dst, parent, name);
+            st.ns.hint(src, newparent, newname);
+            if parent != newparent {
+                if src_dir {
+                    Self::reparent(&mut st.ns, src, parent, newparent)?;
+                }
+                if dst_dir {
+                    Self::reparent(&mut st.ns, dst, newparent, parent)?;
+                }
+            }
+            for ino in [src, dst, parent, newparent] {
+                st.ns.get_mut(ino)?.ctime = now;
+            }
+            st.ns.get_mut(parent)?.mtime = now;
+            st.ns.get_mut(newparent)?.mtime = now;
+            return Ok(());
+        }
+
+        if let Some(dst) = dst {
+            if flags & RENAME_NOREPLACE != 0 {
+                return Err(Error::Exists);
+            }
+            if dst == src {
+                // Two names of one inode: POSIX says do nothing.
+                return Ok(());
+            }
+            let d = st.ns.get(dst)?;
+            match (src_dir, d.kind == Kind::Dir) {
+                (true, false) => return Err(Error::NotDir),
+                (false, true) => return Err(Error::IsDir),
+                (true, true) if !d.dir()?.is_empty() => return Err(Error::NotEmpty),
+                _ => {}
+            }
+        }
+        if src_dir && st.ns.is_ancestor(src, newparent) {
+            return Err(Error::Invalid);
+        }
+        if st.ns.get(newparent)?.nlink == 0 {
+            return Err(Error::NotFound);
+        }
+        st.check_fenced_pid(tid, src, "rename")?;
+        if st.holds_live_lease(src) {
+            return Err(Error::Busy);
+        }
+        if let Some(dst) = dst {
+            st.check_fenced_pid(tid, dst, "rename over")?;
+            st.check_current(tid, dst, true, "rename over")?;
+        }
+        let old_path = st.path_of(parent, name);
+        let new_path = st.path_of(newparent, newname);
+        if let Some(dst) = dst {
+            let live = st.locks.is_live(dst);
+            let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
+            if live && both_files {
+                // Rename over a live lease replaces its content and keeps
+                // its inode, holders, waiters and epoch (SPEC 4). Anything
+                // else is renamed over exactly as POSIX says.
+                let data = st.ns.get(src)?.data()?.clone();
+                let d = st.ns.get_mut(dst)?;
+                d.data_mut()?.replace_with(data);
+                d.change_content(now);
+                st.remember_epoch(old_path, src);
+                st.ns.get_mut(src)?.ctime = now;
+                st.ns.unlink(parent, name)?;
+                st.ns.get_mut(parent)?.touch_content(now);
+                st.ns.get_mut(newparent)?.touch_content(now);
+                st.invalidate.push(dst);
+                st.repoint(dst);
+                st.collect(src);
+                // Its own rename is an observation of the new version.
+                st.observe(tid, dst);
+                return Ok(());
+            }
+            st.remember_epoch(new_path.clone(), dst);
+            // Whoever looked at the replaced file now has a stale view of
+            // this name (versions count content changes; re-pointing a name
+            // is tracked through predecessors, so other hard links of the
+            // moved file are unaffected).
+            st.succeed(dst, src);
+            st.ns.get_mut(dst)?.ctime = now;
+            st.ns.unlink(newparent, newname)?;
+            st.collect(dst);
+        }
+        st.remember_epoch(old_path, src);
+        st.ns.get_mut(parent)?.dir_mut()?.remove(name);
+        st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+        st.ns.hint(src, newparent, newname);
+        if src_dir && parent != newparent {
+            Self::reparent(&mut st.ns, src, parent, newparent)?;
+        }
+        st.floor_epoch(new_path.as_ref(), src);
+        if dst.is_none() {
+            if let Some(old) = new_path.as_ref().and_then(|p| st.removed.remove(p)) {
+                st.succeed(old, src);
+            }
+        }
+        st.ns.get_mut(src)?.ctime = now;
+        st.ns.get_mut(parent)?.touch_content(now);
+        st.ns.get_mut(newparent)?.touch_content(now);
+        st.observe(tid, src);
+        Ok(())
+    }
+
+    pub(super) fn reparent(ns: &mut Namespace, dir: Ino, from: Ino, to: Ino) -> Result<()> {
+        ns.get_mut(from)?.nlink -= 1;
+        ns.get_mut(to)?.nlink += 1;
+        ns.get_mut(dir)?.dir_mut()?.parent = to;
+        Ok(())
+    }
+}

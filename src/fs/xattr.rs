@@ -1,0 +1,140 @@
+//! Extended attributes: stored ones, and the computed `user.leasefs.*`
+//! (epoch, version, holder, ttl, renew, guard).
+
+use super::*;
+
+impl Fs {
+    /// `setxattr` by thread `tid`.
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32, tid: u32) -> Result<()> {
+        check_xattr_name(name)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Error::TooBig);
+        }
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
+        }
+        let mut st = self.state.lock();
+        st.clock();
+        st.ns.get(ino)?;
+        st.check_fenced_pid(tid, ino, "setxattr")?;
+        if is_leasefs_xattr(name) {
+            let text = std::str::from_utf8(value).map_err(|_| Error::Invalid)?.trim_end_matches('\0');
+            return match name.to_str() {
+                Some(XATTR_TTL) => {
+                    let ttl = parse_ttl(text)?;
+                    st.locks.set_ttl(ino, ttl);
+                    st.ns.mark_dirty(ino);
+                    Ok(())
+                }
+                Some(XATTR_RENEW) => {
+                    let pids = st.lineage(tid);
+                    if st.locks.renew(ino, None, &pids) {
+                        Ok(())
+                    } else {
+                        Err(Error::NoLock)
+                    }
+                }
+                Some(XATTR_GUARD) => {
+                    let path = PathBuf::from(text);
+                    let ok = !text.is_empty()
+                        && text.len() < 4096
+                        && path
+                            .components()
+                            .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+                    if !ok {
+                        return Err(Error::Invalid);
+                    }
+                    st.guards.insert(ino, path);
+                    st.ns.mark_dirty(ino);
+                    Ok(())
+                }
+                _ => Err(Error::NotPermitted),
+            };
+        }
+        let i = st.ns.get_mut(ino)?;
+        let exists = i.xattrs.contains_key(name);
+        if flags & XATTR_CREATE != 0 && exists {
+            return Err(Error::Exists);
+        }
+        if flags & XATTR_REPLACE != 0 && !exists {
+            return Err(Error::NoAttr);
+        }
+        i.xattrs.insert(name.to_os_string(), value.to_vec());
+        i.ctime = now();
+        Ok(())
+    }
+
+    /// `getxattr`.
+    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
+        check_xattr_name(name)?;
+        if control::is_control(ino) {
+            return Err(Error::NoAttr);
+        }
+        let st = self.state.lock();
+        let i = st.ns.get(ino)?;
+        match name.to_str() {
+            Some(XATTR_EPOCH) => return Ok(st.locks.epoch(ino).0.to_string().into_bytes()),
+            Some(XATTR_VERSION) => return Ok(i.version.to_string().into_bytes()),
+            Some(XATTR_HOLDER) => {
+                let now = st.start.elapsed().as_millis() as u64;
+                return Ok(holder_json(&st.locks, ino, now).into_bytes());
+            }
+            Some(XATTR_TTL) => {
+                let ttl = st.locks.lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
+                return Ok(format_ttl(ttl).into_bytes());
+            }
+            Some(XATTR_GUARD) => {
+                let g = st.guards.get(&ino).ok_or(Error::NoAttr)?;
+                return Ok(g.to_string_lossy().into_owned().into_bytes());
+            }
+            Some(XATTR_RENEW) => return Err(Error::NoAttr),
+            _ => {}
+        }
+        st.ns.get(ino)?.xattrs.get(name).cloned().ok_or(Error::NoAttr)
+    }
+
+    /// `listxattr`: NUL-terminated names.
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
+        use std::os::unix::ffi::OsStrExt;
+        if control::is_control(ino) {
+            return Ok(Vec::new());
+        }
+        let st = self.state.lock();
+        let mut out = Vec::new();
+        for name in st.ns.get(ino)?.xattrs.keys() {
+            out.extend_from_slice(name.as_bytes());
+            out.push(0);
+        }
+        Ok(out)
+    }
+
+    /// `removexattr` by thread `tid`.
+    pub fn removexattr(&self, ino: Ino, name: &OsStr, tid: u32) -> Result<()> {
+        check_xattr_name(name)?;
+        if control::is_control(ino) {
+            return Err(Error::NotPermitted);
+        }
+        let mut st = self.state.lock();
+        st.ns.get(ino)?;
+        st.check_fenced_pid(tid, ino, "removexattr")?;
+        if is_leasefs_xattr(name) {
+            return match name.to_str() {
+                Some(XATTR_TTL) => {
+                    st.clock();
+                    st.locks.set_ttl(ino, None);
+                    st.ns.mark_dirty(ino);
+                    Ok(())
+                }
+                Some(XATTR_GUARD) => {
+                    st.ns.mark_dirty(ino);
+                    st.guards.remove(&ino).map(|_| ()).ok_or(Error::NoAttr)
+                }
+                _ => Err(Error::NotPermitted),
+            };
+        }
+        let i = st.ns.get_mut(ino)?;
+        i.xattrs.remove(name).ok_or(Error::NoAttr)?;
+        i.ctime = now();
+        Ok(())
+    }
+}

@@ -1,0 +1,11 @@
+//! The lease rules: everything SPEC sections 4 to 7 call lease behaviour.
+//!
+//! - [`machine`]: the pure state machine of holders, waiters, epochs, TTLs
+//!   and fences (no I/O, no clock, no fuser types; it returns effects).
+//! - [`observe`]: what each process last observed of each lease, and the
+//!   compare-and-swap verdicts drawn from it.
+
+pub mod machine;
+pub mod observe;
+
+pub use machine::*;

@@ -1,0 +1,203 @@
+//! Contents of regular files: sparse 4 KiB pages (holes and huge sizes cost
+//! nothing), with the pages changed since the last flush.
+
+use super::*;
+
+/// Content pages freed (truncated, punched, replaced or dropped with their
+/// file) since the memory was last handed back to the system.
+pub(super) static FREED_PAGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(super) fn freed(pages: usize) {
+    FREED_PAGES.fetch_add(pages as u64, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Contents of a regular file: sparse pages, so holes and huge sizes cost
+/// nothing.
+#[derive(Debug, Default, Clone)]
+pub struct Data {
+    pub(super) size: u64,
+    pub(super) pages: BTreeMap<u64, Box<[u8; PAGE]>>,
+    /// Pages changed since the last flush, when the namespace is durable.
+    pub(super) dirty: Option<BTreeSet<u64>>,
+}
+
+impl Data {
+    /// Current size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Pages actually stored (for `st_blocks` and `statfs`).
+    pub fn pages(&self) -> u64 {
+        self.pages.len() as u64
+    }
+
+    /// Read up to `len` bytes at `offset`; holes read as zeros.
+    pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
+        if offset >= self.size {
+            return Vec::new();
+        }
+        let end = self.size.min(offset.saturating_add(len as u64));
+        let mut out = vec![0u8; (end - offset) as usize];
+        let first = offset / PAGE as u64;
+        let last = (end - 1) / PAGE as u64;
+        for (&idx, page) in self.pages.range(first..=last) {
+            let page_start = idx * PAGE as u64;
+            let from = offset.max(page_start);
+            let to = end.min(page_start + PAGE as u64);
+            out[(from - offset) as usize..(to - offset) as usize]
+                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
+        }
+        out
+    }
+
+    /// Write `buf` at `offset`, growing the file as needed.
+    pub fn write(&mut self, offset: u64, buf: &[u8]) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let end = offset.checked_add(buf.len() as u64).ok_or(Error::FileTooBig)?;
+        if end > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let mut pos = offset;
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let idx = pos / PAGE as u64;
+            let in_page = (pos % PAGE as u64) as usize;
+            let n = rest.len().min(PAGE - in_page);
+            if let Some(d) = &mut self.dirty {
+                d.insert(idx);
+            }
+            let page = self.pages.entry(idx).or_insert_with(|| Box::new([0u8; PAGE]));
+            page[in_page..in_page + n].copy_from_slice(&rest[..n]);
+            pos += n as u64;
+            rest = &rest[n..];
+        }
+        self.size = self.size.max(end);
+        Ok(())
+    }
+
+    /// Set the size; bytes beyond a shrink are gone and read as zeros if the
+    /// file grows again.
+    pub fn truncate(&mut self, size: u64) -> Result<()> {
+        if size > MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        if size < self.size {
+            let keep = size.div_ceil(PAGE as u64);
+            let gone = self.pages.split_off(&keep);
+            freed(gone.len());
+            if let Some(d) = &mut self.dirty {
+                d.extend(gone.keys());
+                if !size.is_multiple_of(PAGE as u64) {
+                    d.insert(size / PAGE as u64);
+                }
+            }
+            let tail = (size % PAGE as u64) as usize;
+            if tail != 0 {
+                if let Some(page) = self.pages.get_mut(&(size / PAGE as u64)) {
+                    page[tail..].fill(0);
+                }
+            }
+        }
+        self.size = size;
+        Ok(())
+    }
+
+    /// Zero a range without changing the size (punch hole).
+    pub fn zero_range(&mut self, offset: u64, len: u64) {
+        let end = offset.saturating_add(len).min(self.size);
+        let mut pos = offset;
+        while pos < end {
+            let idx = pos / PAGE as u64;
+            let in_page = (pos % PAGE as u64) as usize;
+            let n = ((end - pos) as usize).min(PAGE - in_page);
+            if let Some(d) = &mut self.dirty {
+                d.insert(idx);
+            }
+            if in_page == 0 && n == PAGE {
+                if self.pages.remove(&idx).is_some() {
+                    freed(1);
+                }
+            } else if let Some(page) = self.pages.get_mut(&idx) {
+                page[in_page..in_page + n].fill(0);
+            }
+            pos += n as u64;
+        }
+    }
+
+    /// `SEEK_DATA`: the first offset at or after `from` inside a stored
+    /// page; `None` (ENXIO) at or past the end or when only holes follow.
+    pub fn seek_data(&self, from: u64) -> Option<u64> {
+        if from >= self.size {
+            return None;
+        }
+        let (&idx, _) = self.pages.range(from / PAGE as u64..).next()?;
+        let off = (idx * PAGE as u64).max(from);
+        (off < self.size).then_some(off)
+    }
+
+    /// `SEEK_HOLE`: the first offset at or after `from` in a hole (the end
+    /// of the file counts as one); `None` (ENXIO) at or past the end.
+    pub fn seek_hole(&self, from: u64) -> Option<u64> {
+        if from >= self.size {
+            return None;
+        }
+        let mut idx = from / PAGE as u64;
+        for (&i, _) in self.pages.range(idx..) {
+            if i != idx {
+                break;
+            }
+            idx += 1;
+        }
+        Some((idx * PAGE as u64).max(from).min(self.size))
+    }
+
+    /// Replace the whole content with `other`'s.
+    pub fn replace_with(&mut self, other: Data) {
+        let mut dirty = self.dirty.take();
+        if let Some(d) = &mut dirty {
+            d.extend(self.pages.keys());
+            d.extend(other.pages.keys());
+        }
+        freed(self.pages.len());
+        self.size = other.size;
+        self.pages = other.pages;
+        self.dirty = dirty;
+    }
+
+    /// The page at `idx`, if stored (for persisting).
+    pub fn page(&self, idx: u64) -> Option<&[u8; PAGE]> {
+        self.pages.get(&idx).map(|p| &**p)
+    }
+
+    /// Stored page indices (for persisting).
+    pub fn page_indices(&self) -> impl Iterator<Item = u64> + '_ {
+        self.pages.keys().copied()
+    }
+
+    /// Put a recovered page back (an empty slice makes a hole).
+    pub fn restore_page(&mut self, idx: u64, bytes: &[u8]) {
+        if bytes.is_empty() {
+            self.pages.remove(&idx);
+        } else {
+            let mut page = Box::new([0u8; PAGE]);
+            let n = bytes.len().min(PAGE);
+            page[..n].copy_from_slice(&bytes[..n]);
+            self.pages.insert(idx, page);
+        }
+    }
+
+    /// Set a recovered size: pages beyond it are dropped.
+    pub fn restore_size(&mut self, size: u64) {
+        let keep = size.div_ceil(PAGE as u64);
+        self.pages.split_off(&keep);
+        self.size = size;
+    }
+
+    /// Pages changed since the last flush.
+    pub fn dirty_pages(&self) -> impl Iterator<Item = u64> + '_ {
+        self.dirty.iter().flatten().copied()
+    }
+}

@@ -1,0 +1,133 @@
+use super::*;
+
+#[test]
+fn sparse_data_reads_holes_as_zeros() {
+    let mut d = Data::default();
+    d.write(10_000, b"abc").unwrap();
+    assert_eq!(d.size(), 10_003);
+    assert_eq!(d.pages(), 1);
+    assert_eq!(d.read(9_998, 10), b"\0\0abc");
+    d.truncate(10_001).unwrap();
+    d.truncate(20_000).unwrap();
+    assert_eq!(d.read(10_000, 3), b"a\0\0");
+    d.truncate(1 << 40).unwrap();
+    assert_eq!(d.size(), 1 << 40);
+    assert_eq!(d.truncate(MAX_FILE_SIZE + 1), Err(Error::FileTooBig));
+    d.zero_range(10_000, 1);
+    assert_eq!(d.read(10_000, 1), b"\0");
+}
+
+fn new_file(ns: &mut Namespace, parent: Ino, name: &str) -> Ino {
+    let new = NewInode { kind: Kind::File, perm: 0o644, uid: 0, gid: 0, rdev: 0, symlink: None };
+    let ino = ns.alloc(new, parent, SystemTime::now());
+    ns.link(parent, OsStr::new(name), ino).unwrap();
+    ino
+}
+
+#[test]
+fn path_hints_follow_the_last_name_and_are_verified() {
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    let d = ns.alloc(
+        NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None },
+        Ino::ROOT,
+        SystemTime::now(),
+    );
+    ns.link(Ino::ROOT, OsStr::new("d"), d).unwrap();
+    let f = new_file(&mut ns, d, "a");
+    assert_eq!(ns.path_hint(f), Some(std::path::PathBuf::from("d/a")));
+    ns.link(Ino::ROOT, OsStr::new("b"), f).unwrap();
+    assert_eq!(ns.path_hint(f), Some(std::path::PathBuf::from("b")), "the last name given wins");
+    ns.unlink(Ino::ROOT, OsStr::new("b")).unwrap();
+    assert_eq!(ns.path_hint(f), None, "a removed name is not trusted (callers walk the tree)");
+    assert_eq!(ns.path_hint(d), None, "directories have no hint");
+}
+
+#[test]
+fn dirty_tracking_records_pages_names_and_drops() {
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let f = new_file(&mut ns, Ino::ROOT, "f");
+    ns.get_mut(f).unwrap().data_mut().unwrap().write(5000, b"x").unwrap();
+    assert!(ns.dirty().0.contains(&f) && ns.dirty().0.contains(&Ino::ROOT));
+    assert_eq!(ns.get(f).unwrap().data().unwrap().dirty_pages().collect::<Vec<_>>(), vec![1]);
+    ns.clear_dirty();
+    assert!(ns.dirty().0.is_empty());
+    ns.get_mut(f).unwrap().data_mut().unwrap().truncate(0).unwrap();
+    assert_eq!(
+        ns.get(f).unwrap().data().unwrap().dirty_pages().collect::<Vec<_>>(),
+        vec![1],
+        "dropped pages are dirty"
+    );
+    ns.unlink(Ino::ROOT, OsStr::new("f")).unwrap();
+    let names: Vec<_> = ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().cloned().collect();
+    assert_eq!(names, vec![OsString::from("f")]);
+    assert!(ns.dirty().1.contains(&f) && !ns.dirty().0.contains(&f), "a dropped inode is recorded as freed");
+}
+
+#[test]
+fn seek_data_and_hole_follow_stored_pages() {
+    let mut d = Data::default();
+    assert_eq!((d.seek_data(0), d.seek_hole(0)), (None, None), "empty file: ENXIO");
+    d.write(0, b"a").unwrap();
+    d.write(3 * PAGE as u64 + 10, b"b").unwrap();
+    d.truncate(8 * PAGE as u64).unwrap();
+    assert_eq!(d.seek_data(0), Some(0));
+    assert_eq!(d.seek_hole(0), Some(PAGE as u64));
+    assert_eq!(d.seek_data(1), Some(1));
+    assert_eq!(d.seek_data(PAGE as u64), Some(3 * PAGE as u64));
+    assert_eq!(d.seek_hole(3 * PAGE as u64 + 5), Some(4 * PAGE as u64));
+    assert_eq!(d.seek_data(4 * PAGE as u64), None, "only holes follow");
+    assert_eq!(d.seek_hole(5 * PAGE as u64 + 1), Some(5 * PAGE as u64 + 1));
+    assert_eq!(d.seek_hole(8 * PAGE as u64), None, "at the end: ENXIO");
+    // A data page running to the end: the hole is the end of file.
+    let mut e = Data::default();
+    e.write(0, &[1u8; 100]).unwrap();
+    assert_eq!(e.seek_hole(0), Some(100));
+}
+
+/// A file created and removed between two flushes leaves nothing to
+/// record (churn of unique names must not grow the journal), while
+/// removing a name the last flush saw is recorded.
+#[test]
+fn churn_between_flushes_records_nothing() {
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let kept = new_file(&mut ns, Ino::ROOT, "kept");
+    ns.clear_dirty();
+    for i in 0..100 {
+        let name = format!("t{i}");
+        new_file(&mut ns, Ino::ROOT, &name);
+        ns.unlink(Ino::ROOT, OsStr::new(&name)).unwrap();
+    }
+    assert!(ns.dirty().1.is_empty(), "never-flushed inodes need no free record");
+    assert_eq!(ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().count(), 0);
+    ns.unlink(Ino::ROOT, OsStr::new("kept")).unwrap();
+    let names: Vec<_> = ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().cloned().collect();
+    assert_eq!(names, vec![OsString::from("kept")]);
+    assert!(ns.dirty().1.contains(&kept));
+    // Re-created under the same name before the next flush: recorded.
+    new_file(&mut ns, Ino::ROOT, "kept");
+    assert_eq!(ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().count(), 1);
+}
+
+#[test]
+fn readdir_cookies_survive_removal_and_insertion() {
+    let mut d = Dir::new(Ino::ROOT);
+    for (n, i) in [("a", 2), ("b", 3), ("c", 4)] {
+        d.insert(n.into(), Ino(i));
+    }
+    let first = d.after(0, 2);
+    assert_eq!(first.len(), 2);
+    let resume = first[1].0;
+    d.remove(OsStr::new("a"));
+    d.insert("d".into(), Ino(5));
+    let rest: Vec<_> = d.after(resume, 10).into_iter().map(|e| e.1).collect();
+    assert_eq!(rest, vec![OsString::from("c"), OsString::from("d")]);
+}
+
+#[test]
+fn names_are_checked() {
+    assert_eq!(check_name(OsStr::new(&"x".repeat(256))), Err(Error::NameTooLong));
+    assert!(check_name(OsStr::new(&"x".repeat(255))).is_ok());
+    assert_eq!(check_name(OsStr::new("a/b")), Err(Error::Invalid));
+}
