@@ -113,12 +113,12 @@ impl Fs {
                     "uptime_secs": st.start.elapsed().as_secs_f64(),
                     "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
                     "inodes": st.ns.len(),
-                    "observations": st.obs.len(),
-                    "state_dir": st.journal.as_ref().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
-                    "journal_bytes": st.journal.as_ref().map(|j| j.size()),
-                    "journal_commits": st.journal.as_ref().map(|j| j.commits()),
-                    "epoch_ceiling": st.journal.as_ref().map(|j| j.ceiling()),
-                    "journal_compactions": st.journal.as_ref().map(|j| j.compactions()),
+                    "observations": st.views.len(),
+                    "state_dir": st.floors.journal().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
+                    "journal_bytes": st.floors.journal().map(|j| j.size()),
+                    "journal_commits": st.floors.journal().map(|j| j.commits()),
+                    "epoch_ceiling": st.floors.journal().map(|j| j.ceiling()),
+                    "journal_compactions": st.floors.journal().map(|j| j.compactions()),
                     "durability": match &st.store {
                         Some(s) if s.failed() => "failed",
                         Some(_) => "durable",
@@ -170,7 +170,7 @@ impl Fs {
             }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
-                st.metrics.render(live, st.journal.as_ref().map_or(0, |j| j.commits()))
+                st.metrics.render(live, st.floors.journal().map_or(0, |j| j.commits()))
             }
             ControlFile::Break => String::new(),
         }

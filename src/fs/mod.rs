@@ -14,7 +14,9 @@ use parking_lot::Mutex;
 
 use crate::control::{self, ControlFile, Metrics};
 use crate::error::{Error, Result};
-use crate::lease::observe::{Observations, Proc, Verdict};
+use crate::lease::floors::Floors;
+use crate::lease::observe::Proc;
+use crate::lease::views::{read_proc, Views};
 use crate::lease::{Effect, Epoch, Lock, Locks, Outcome, Owner, Request, WaitId};
 use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
 use tracing::debug;
@@ -24,41 +26,6 @@ mod io;
 mod locks;
 mod names;
 mod xattr;
-
-/// How many earlier targets of a name are remembered per inode.
-const MAX_PREDECESSORS: usize = 16;
-/// How many removed names remember their last target.
-const MAX_REMOVED_NAMES: usize = 16_384;
-/// How many removed or replaced paths remember their exact epoch; past
-/// that they are folded into the mount-wide floor for new paths.
-const MAX_PATH_EPOCHS: usize = 16_384;
-/// Observations recorded between sweeps for exited processes.
-const SWEEP_EVERY: u64 = 4096;
-
-/// A small `/proc` file, read with one buffer large enough for all of it
-/// (`read_to_string` would start small and grow, one `read` per doubling).
-fn read_proc(path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut text = String::with_capacity(4096);
-    std::fs::File::open(path).ok()?.read_to_string(&mut text).ok()?;
-    Some(text)
-}
-
-/// The parent of a process, from `/proc`.
-fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
-}
-
-/// Resolve a request's thread id to the process identity (thread-group id
-/// and start time) from `/proc`.
-pub fn proc_of_tid(tid: u32) -> Option<Proc> {
-    let status = read_proc(&format!("/proc/{tid}/status"))?;
-    let tgid: u32 = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()?;
-    let stat = read_proc(&format!("/proc/{tgid}/stat"))?;
-    let start = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
-    Some(Proc { tgid, start })
-}
 
 /// Prefix of the extended attributes leasefs computes itself.
 pub const XATTR_PREFIX: &str = "user.leasefs.";
@@ -258,34 +225,16 @@ struct State {
     /// Live leases whose name was unlinked, by path: re-creating the path
     /// re-attaches the same inode (SPEC 4).
     detached: HashMap<PathBuf, Ino>,
-    /// The highest epoch each removed or replaced path carried, so a
-    /// re-created or re-targeted path never goes back (SPEC 5). Bounded:
-    /// forgotten paths resume above `new_path_floor`.
-    path_epochs: HashMap<PathBuf, Epoch>,
-    /// Where every path without a remembered epoch starts: at or above the
-    /// epoch of every path that was forgotten, and after a restart the
-    /// recovered ceiling (SPEC 5: state bounded by what is live).
-    new_path_floor: Epoch,
+    /// Epoch floors of paths and the durable ceiling (SPEC 5).
+    floors: Floors,
+    /// What each process observed, and what names pointed at (SPEC 6).
+    views: Views,
     /// Inodes whose cached pages the kernel must drop (content replaced
     /// behind open descriptors).
     invalidate: Vec<Ino>,
-    /// What each process last observed of each file (SPEC 6).
-    obs: Observations,
-    /// Inodes a name pointed at before it pointed at this one.
-    predecessors: HashMap<Ino, Vec<Ino>>,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
     /// them their first name (the kernel allows it unless `O_EXCL`).
     tmpfiles: std::collections::HashSet<Ino>,
-    /// The version at which a name was last re-pointed at the same inode
-    /// (rename over a live lease, re-attach after unlink): observations
-    /// older than it are stale for `unlink` (SPEC 6).
-    repointed: HashMap<Ino, u64>,
-    /// The last inode each removed name pointed at.
-    removed: HashMap<PathBuf, Ino>,
-    /// Thread id → process identity cache.
-    tids: HashMap<u32, Proc>,
-    recorded: u64,
-    resolve: fn(u32) -> Option<Proc>,
     /// Guarded files and the mount-relative path of their lease.
     guards: HashMap<Ino, PathBuf>,
     /// The clock leases run on.
@@ -295,8 +244,6 @@ struct State {
     parked_at: HashMap<WaitId, u64>,
     /// Mount point and daemon pid, for `.leasefs/status`.
     mount_point: PathBuf,
-    /// Durable epoch reservations (none: epochs live in memory only).
-    journal: Option<crate::store::epochs::EpochJournal>,
     /// The durable namespace (none: contents live in memory only).
     store: Option<crate::store::snapshot::Store>,
     /// `--volatile`: the namespace is deliberately not kept.
@@ -304,23 +251,9 @@ struct State {
 }
 
 impl State {
-    /// The process behind a request's thread id, cached; `fresh` re-reads it
-    /// (before a compare-and-swap check, so a reused pid is never trusted).
+    /// The process behind a request's thread id (cached unless `fresh`).
     fn proc(&mut self, tid: u32, fresh: bool) -> Option<Proc> {
-        if tid == 0 {
-            return None;
-        }
-        if !fresh {
-            if let Some(p) = self.tids.get(&tid) {
-                return Some(*p);
-            }
-        }
-        let p = (self.resolve)(tid)?;
-        if self.tids.len() > 8192 {
-            self.tids.clear();
-        }
-        self.tids.insert(tid, p);
-        Some(p)
+        self.views.proc(tid, fresh)
     }
 
     /// `tid` observed the regular file `ino` at its current version.
@@ -334,24 +267,14 @@ impl State {
     /// The process `p` observed the regular file `ino` at its current version.
     fn observe_as(&mut self, p: Proc, ino: Ino) {
         let Ok(i) = self.ns.get(ino) else { return };
-        if i.kind != Kind::File {
-            return;
-        }
-        let version = i.version;
-        self.obs.record(p, ino, version);
-        self.recorded += 1;
-        if self.recorded.is_multiple_of(SWEEP_EVERY) {
-            let resolve = self.resolve;
-            self.obs.forget_dead(|p| resolve(p.tgid).is_some_and(|q| q == *p));
-            self.tids.clear();
+        if i.kind == Kind::File {
+            let version = i.version;
+            self.views.observe(p, ino, version);
         }
     }
 
     /// Refuse with `ESTALE` when `tid` acts on an older view of the file at
-    /// `ino` (SPEC 6). For a rename over (`content_counts`) any change of
-    /// content or of what the name points at makes the view stale; for an
-    /// unlink only the name being re-pointed does (a parent removing a file
-    /// its child rewrote is ordinary cleanup).
+    /// `ino` (SPEC 6; `content_counts` for a rename over, not for unlink).
     fn check_current(&mut self, tid: u32, ino: Ino, content_counts: bool, what: &str) -> Result<()> {
         let Ok(i) = self.ns.get(ino) else {
             return Ok(());
@@ -359,49 +282,26 @@ impl State {
         if i.kind != Kind::File {
             return Ok(());
         }
-        let current = i.version;
-        let Some(p) = self.proc(tid, true) else {
-            return Ok(());
-        };
-        let preds: Vec<(Ino, u64)> =
-            self.predecessors.get(&ino).map(|v| v.iter().map(|i| (*i, 0)).collect()).unwrap_or_default();
-        let verdict = if content_counts {
-            self.obs.check(p, ino, current, &preds)
-        } else {
-            let repointed_at = self.repointed.get(&ino).copied().unwrap_or(0);
-            self.obs.check_name(p, ino, repointed_at, &preds)
-        };
-        match verdict {
-            Verdict::Current | Verdict::Unobserved => Ok(()),
-            Verdict::Stale { seen, current } => {
-                debug!(path = %self.path_for_log(ino), pid = p.tgid, ino = ino.0, seen, current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
-                self.metrics.cas_rejections += 1;
-                Err(Error::Stale)
-            }
-        }
+        let version = i.version;
+        self.views.check(tid, ino, version, content_counts).map_err(|v| {
+            debug!(path = %self.path_for_log(ino), pid = v.pid, ino = ino.0, seen = v.seen, current = v.current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
+            self.metrics.cas_rejections += 1;
+            Error::Stale
+        })
     }
 
     /// The name leading to `ino` was re-pointed at it again (same inode):
     /// earlier observers of the name hold a stale view.
     fn repoint(&mut self, ino: Ino) {
         if let Ok(i) = self.ns.get(ino) {
-            self.repointed.insert(ino, i.version);
+            let version = i.version;
+            self.views.repoint(ino, version);
         }
     }
 
     /// The name now pointing at `new` pointed at `old` before.
     fn succeed(&mut self, old: Ino, new: Ino) {
-        if old == new {
-            return;
-        }
-        let mut chain = self.predecessors.get(&old).cloned().unwrap_or_default();
-        chain.push(old);
-        let entry = self.predecessors.entry(new).or_default();
-        entry.extend(chain);
-        if entry.len() > MAX_PREDECESSORS {
-            let cut = entry.len() - MAX_PREDECESSORS;
-            entry.drain(..cut);
-        }
+        self.views.succeed(old, new);
     }
 
     /// A file's path for debug logs (computed only when debug logging is on).
@@ -417,25 +317,10 @@ impl State {
     }
 
     /// Make the next epoch of `ino` durable before any operation can hand it
-    /// out (SPEC 5): the journal's mount-wide ceiling must cover it. Costs a
-    /// journal sync only when the ceiling is used up, never per new path.
+    /// out (SPEC 5).
     fn reserve(&mut self, ino: Ino) -> Result<()> {
-        let Some(j) = self.journal.as_mut() else {
-            return Ok(());
-        };
         let need = self.locks.epoch(ino).0 + 1;
-        let ceiling = j.ceiling();
-        if need <= ceiling {
-            if ceiling - need < crate::store::epochs::RESERVE_AHEAD / 2 {
-                // Running low: raise it in the background, off this path.
-                j.reserve_ahead(ceiling + 1);
-            }
-            return Ok(());
-        }
-        match j.ensure(need) {
-            Ok(_) => Ok(()),
-            Err(e) => Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
-        }
+        self.floors.reserve(need)
     }
 
     /// Lease settings of `ino` for the durable store.
@@ -524,23 +409,9 @@ impl State {
         now
     }
 
-    /// The calling process and its ancestors: a holder's shell running
-    /// `touch`, `setfattr` or `echo >> file` acts for the holder.
+    /// The calling process and its ancestors (who acts for a holder).
     fn lineage(&mut self, tid: u32) -> Vec<u32> {
-        let Some(p) = self.proc(tid, false) else {
-            return Vec::new();
-        };
-        let mut out = vec![p.tgid];
-        let mut pid = p.tgid;
-        for _ in 0..32 {
-            let Some(ppid) = parent_pid(pid) else { break };
-            if ppid <= 1 {
-                break;
-            }
-            out.push(ppid);
-            pid = ppid;
-        }
-        out
+        self.views.lineage(tid)
     }
 
     /// Refuse with `ESTALE` when the process was fenced off this lease.
@@ -579,23 +450,12 @@ impl State {
     /// Remember the epoch a path carried.
     fn remember_epoch(&mut self, path: Option<PathBuf>, ino: Ino) {
         let e = self.locks.epoch(ino);
-        if let (Some(p), true) = (path, e > self.new_path_floor) {
-            if self.path_epochs.len() >= MAX_PATH_EPOCHS && !self.path_epochs.contains_key(&p) {
-                // Forget them all at once: every forgotten path resumes
-                // above the highest epoch any of them had.
-                let highest = self.path_epochs.values().copied().max().unwrap_or_default();
-                self.new_path_floor = self.new_path_floor.max(highest);
-                self.path_epochs = HashMap::new();
-            }
-            let slot = self.path_epochs.entry(p).or_default();
-            *slot = (*slot).max(e);
-        }
+        self.floors.remember(path, e);
     }
 
     /// The lowest epoch an inode newly named by `path` may carry.
     fn path_floor(&self, path: Option<&PathBuf>) -> Epoch {
-        let known = path.and_then(|p| self.path_epochs.get(p)).copied().unwrap_or_default();
-        known.max(self.new_path_floor)
+        self.floors.floor(path)
     }
 
     /// Never let an inode named by `path` carry a lower epoch than the path did.
@@ -616,8 +476,7 @@ impl State {
         }
         if self.ns.get(ino).is_err() {
             self.locks.forget(ino);
-            self.predecessors.remove(&ino);
-            self.repointed.remove(&ino);
+            self.views.forget(ino);
             self.tmpfiles.remove(&ino);
         }
         let (ns, locks) = (&self.ns, &self.locks);
@@ -672,23 +531,15 @@ impl Fs {
                 next_handle: 1,
                 locks: Locks::new(),
                 detached: HashMap::new(),
-                path_epochs: HashMap::new(),
-                new_path_floor: Epoch(0),
+                floors: Floors::default(),
+                views: Views::default(),
                 invalidate: Vec::new(),
-                obs: Observations::new(),
-                predecessors: HashMap::new(),
-                repointed: HashMap::new(),
                 tmpfiles: std::collections::HashSet::new(),
-                removed: HashMap::new(),
-                tids: HashMap::new(),
-                recorded: 0,
-                resolve: proc_of_tid,
                 guards: HashMap::new(),
                 start: std::time::Instant::now(),
                 metrics: Metrics::default(),
                 parked_at: HashMap::new(),
                 mount_point: PathBuf::new(),
-                journal: None,
                 store: None,
                 volatile: false,
             }),
@@ -700,8 +551,7 @@ impl Fs {
     /// above which every path resumes.
     pub fn set_journal(&self, journal: crate::store::epochs::EpochJournal, ceiling: u64) {
         let mut st = self.state.lock();
-        st.new_path_floor = st.new_path_floor.max(Epoch(ceiling));
-        st.journal = Some(journal);
+        st.floors.set_journal(journal, ceiling);
     }
 
     /// Keep the namespace durable in `store`, starting from what it
@@ -725,7 +575,7 @@ impl Fs {
         }
         // Restored files resume above the recovered epoch ceiling: any epoch
         // up to it may have been handed out before the restart.
-        let floor = st.new_path_floor;
+        let floor = st.floors.new_path_floor();
         if floor.0 > 0 {
             let files: Vec<Ino> = st.ns.inodes().filter(|i| i.kind != Kind::Dir).map(|i| i.ino).collect();
             for ino in files {
@@ -808,8 +658,7 @@ impl Fs {
     /// Replace how thread ids map to processes (tests).
     pub fn set_proc_resolver(&self, resolve: fn(u32) -> Option<Proc>) {
         let mut st = self.state.lock();
-        st.resolve = resolve;
-        st.tids.clear();
+        st.views.set_resolver(resolve);
     }
 }
 

@@ -89,7 +89,7 @@ impl Fs {
         st.ns.link(parent, name, ino)?;
         st.ns.add_lookup(ino);
         st.floor_epoch(path.as_ref(), ino);
-        if let Some(old) = path.as_ref().and_then(|p| st.removed.remove(p)) {
+        if let Some(old) = path.as_ref().and_then(|p| st.views.take_removed(p)) {
             // The name points at something new: whoever looked at the old
             // target has a stale view.
             st.succeed(old, ino);
@@ -195,10 +195,7 @@ impl Fs {
         let now = now();
         let path = st.path_of(parent, name);
         if let Some(p) = &path {
-            if st.removed.len() >= MAX_REMOVED_NAMES {
-                st.removed.clear();
-            }
-            st.removed.insert(p.clone(), ino);
+            st.views.name_removed(p.clone(), ino);
         }
         st.remember_epoch(path.clone(), ino);
         if st.locks.is_live(ino) {
@@ -275,7 +272,7 @@ impl Fs {
         st.locks.acquire_by_link(ino, floor);
         // The name now leads to `ino`: whoever looked at what it named
         // before holds a stale view (the dotlock-breaking race).
-        if let Some(old) = path.as_ref().and_then(|p| st.removed.remove(p)) {
+        if let Some(old) = path.as_ref().and_then(|p| st.views.take_removed(p)) {
             st.succeed(old, ino);
         }
         let i = st.ns.get_mut(ino)?;
@@ -421,7 +418,7 @@ impl Fs {
         }
         st.floor_epoch(new_path.as_ref(), src);
         if dst.is_none() {
-            if let Some(old) = new_path.as_ref().and_then(|p| st.removed.remove(p)) {
+            if let Some(old) = new_path.as_ref().and_then(|p| st.views.take_removed(p)) {
                 st.succeed(old, src);
             }
         }

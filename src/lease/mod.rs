@@ -3,9 +3,14 @@
 //! - [`machine`]: the pure state machine of holders, waiters, epochs, TTLs
 //!   and fences (no I/O, no clock, no fuser types; it returns effects).
 //! - [`observe`]: what each process last observed of each lease, and the
-//!   compare-and-swap verdicts drawn from it.
+//!   compare-and-swap verdicts drawn from it; [`views`]: the bookkeeping
+//!   around it (process identity, name history).
+//! - [`floors`]: the lowest epoch each path may carry and the durable
+//!   ceiling above every epoch handed out.
 
+pub mod floors;
 pub mod machine;
 pub mod observe;
+pub mod views;
 
 pub use machine::*;
