@@ -62,12 +62,12 @@ impl Fs {
         let rel = text.trim_start_matches('/');
         let mut st = self.state.lock();
         let target = if rel.is_empty() { None } else { st.resolve_path(std::path::Path::new(rel)) };
-        let lease = target.or_else(|| st.detached.get(std::path::Path::new(rel)).copied()).ok_or(Error::NotFound)?;
+        let lease = target.or_else(|| st.lease.detached(std::path::Path::new(rel))).ok_or(Error::NotFound)?;
         st.clock();
         st.reserve(lease)?;
-        let effects = st.locks.break_now(lease);
+        let effects = st.lease.break_now(lease);
         st.account(&effects);
-        tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.locks.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
+        tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.lease.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
         Ok((data.len() as u32, effects))
     }
 
@@ -89,7 +89,7 @@ impl Fs {
                 }
             }
         }
-        for (p, ino) in &st.detached {
+        for (p, ino) in &st.lease.detached_all() {
             out.entry(*ino).or_insert_with(|| p.clone());
         }
         out
@@ -97,28 +97,28 @@ impl Fs {
 
     /// Render a read-only control file.
     pub(super) fn render(&self, c: ControlFile) -> String {
-        let st = self.state.lock();
-        let now = st.start.elapsed().as_millis() as u64;
-        let leases = st.locks.leases();
+        let mut st = self.state.lock();
+        let now = st.lease.now();
+        let leases = st.lease.leases();
         match c {
             ControlFile::Status => {
                 let held = leases.iter().filter(|(_, l)| !l.locks().is_empty()).count();
                 let awaited = leases.iter().filter(|(_, l)| l.waiters() > 0).count();
-                let ttl = leases.iter().filter(|(i, _)| st.locks.effective_ttl(*i).is_some()).count();
+                let ttl = leases.iter().filter(|(i, _)| st.lease.effective_ttl(*i).is_some()).count();
                 let status = serde_json::json!({
                     "version": crate::VERSION,
                     "backend": "local",
                     "pid": std::process::id(),
                     "mount_point": st.mount_point.to_string_lossy(),
-                    "uptime_secs": st.start.elapsed().as_secs_f64(),
+                    "uptime_secs": st.lease.uptime(),
                     "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
                     "inodes": st.ns.len(),
-                    "observations": st.views.len(),
-                    "state_dir": st.floors.journal().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
-                    "journal_bytes": st.floors.journal().map(|j| j.size()),
-                    "journal_commits": st.floors.journal().map(|j| j.commits()),
-                    "epoch_ceiling": st.floors.journal().map(|j| j.ceiling()),
-                    "journal_compactions": st.floors.journal().map(|j| j.compactions()),
+                    "observations": st.lease.observations(),
+                    "state_dir": st.lease.floors_ref().journal().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
+                    "journal_bytes": st.lease.floors_ref().journal().map(|j| j.size()),
+                    "journal_commits": st.lease.floors_ref().journal().map(|j| j.commits()),
+                    "epoch_ceiling": st.lease.floors_ref().journal().map(|j| j.ceiling()),
+                    "journal_compactions": st.lease.floors_ref().journal().map(|j| j.compactions()),
                     "durability": match &st.store {
                         Some(s) if s.failed() => "failed",
                         Some(_) => "durable",
@@ -144,7 +144,7 @@ impl Fs {
                     .filter(|(i, l)| {
                         l.is_live()
                             || l.ttl().is_some()
-                            || st.locks.effective_ttl(*i).is_some() && !l.locks().is_empty()
+                            || st.lease.effective_ttl(*i).is_some() && !l.locks().is_empty()
                     })
                     .map(|(i, _)| *i)
                     .collect();
@@ -160,7 +160,7 @@ impl Fs {
                         "version": st.ns.get(*ino).map(|i| i.version).unwrap_or(0),
                         "holders": holders,
                         "waiters": l.waiters(),
-                        "ttl_ms": st.locks.effective_ttl(*ino),
+                        "ttl_ms": st.lease.effective_ttl(*ino),
                         "expires_in_ms": l.expires().map(|e| e as i64 - now as i64),
                     });
                     rows.push((path, row.to_string()));
@@ -170,7 +170,7 @@ impl Fs {
             }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
-                st.metrics.render(live, st.floors.journal().map_or(0, |j| j.commits()))
+                st.metrics.render(live, st.lease.floors_ref().journal().map_or(0, |j| j.commits()))
             }
             ControlFile::Break => String::new(),
         }

@@ -39,7 +39,7 @@ impl Fs {
         if set.atime.is_some() || set.mtime.is_some() {
             // touch/utimensat by the holder renews its lease.
             let pids = st.lineage(tid);
-            st.locks.renew(ino, set.handle.map(|h| h.0), &pids);
+            st.lease.renew(ino, set.handle.map(|h| h.0), &pids);
         }
         let now = now();
         let i = st.ns.get_mut(ino)?;
@@ -77,14 +77,14 @@ impl Fs {
     /// Writes through a fenced descriptor, or through a guarded file's
     /// descriptor whose lease moved on since open, fail with `ESTALE`.
     pub(super) fn check_handle(st: &mut State, ino: Ino, h: Handle, what: &str) -> Result<()> {
-        if let Some(f) = st.locks.fenced_handle(ino, h.0) {
-            debug!(path = %st.path_for_log(ino), ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.locks.epoch(ino).0, op = what, "fenced");
+        if let Some(f) = st.lease.fenced_handle(ino, h.0) {
+            debug!(path = %st.path_for_log(ino), ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.lease.epoch(ino).0, op = what, "fenced");
             st.metrics.fenced_operations += 1;
             return Err(Error::Stale);
         }
         if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
-            let now = st.locks.epoch(lease);
-            if now != epoch || st.locks.held_by(lease, &[pid]).is_none() {
+            let now = st.lease.epoch(lease);
+            if now != epoch || st.lease.held_by(lease, &[pid]).is_none() {
                 debug!(path = %st.path_for_log(ino), lease = %st.path_for_log(lease), pid, held = epoch.0, current = now.0, op = what, "guard fenced");
                 st.metrics.fenced_operations += 1;
                 return Err(Error::Stale);
@@ -97,15 +97,15 @@ impl Fs {
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let mut guard = None;
         if writes {
-            if let Some(path) = st.guards.get(&ino).cloned() {
+            if let Some(path) = st.lease.guard(ino) {
                 // A guarded file opens for writing only under its lease.
                 let pids = st.lineage(tid);
                 let lease = st.resolve_path(&path).ok_or(Error::NoLock)?;
-                let Some(holder) = st.locks.held_by(lease, &pids) else {
+                let Some(holder) = st.lease.held_by(lease, &pids) else {
                     debug!(ino = ino.0, pids = ?pids, lease = %path.display(), "guarded open refused: lease not held");
                     return Err(Error::NoLock);
                 };
-                guard = Some((lease, st.locks.epoch(lease), holder));
+                guard = Some((lease, st.lease.epoch(lease), holder));
             }
         }
         let opener = st.proc(tid, false);
@@ -136,7 +136,7 @@ impl Fs {
         if let Err(e) = st.reserve(f.ino) {
             tracing::error!(ino = f.ino.0, "cannot make the next epoch durable: {e}");
         }
-        let effects = st.locks.release_handle(f.ino, h.0, flock_owner);
+        let effects = st.lease.release_handle(f.ino, h.0, flock_owner);
         st.account(&effects);
         if let Ok(i) = st.ns.get_mut(f.ino) {
             i.opens = i.opens.saturating_sub(1);
@@ -152,7 +152,7 @@ impl Fs {
         if let Err(e) = st.reserve(ino) {
             tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
         }
-        let effects = st.locks.release_owner(ino, owner);
+        let effects = st.lease.release_owner(ino, owner);
         st.account(&effects);
         st.collect(ino);
         effects
@@ -186,7 +186,7 @@ impl Fs {
         st.clock();
         Self::check_handle(&mut st, ino, h, "write")?;
         // A write through the holder's descriptor renews its lease.
-        st.locks.renew(ino, Some(h.0), &[]);
+        st.lease.renew(ino, Some(h.0), &[]);
         let opener = st.handles.get(&h).and_then(|f| f.opener);
         let i = st.ns.get_mut(ino)?;
         let d = i.data_mut()?;

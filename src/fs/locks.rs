@@ -8,8 +8,7 @@ impl Fs {
     /// waits. Returns what to answer and when to call again.
     pub fn tick(&self) -> (Vec<Effect>, Option<std::time::Duration>) {
         let mut st = self.state.lock();
-        let now = st.start.elapsed().as_millis() as u64;
-        let waited: Vec<Ino> = st.locks.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        let waited: Vec<Ino> = st.lease.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
         for ino in waited {
             if let Err(e) = st.reserve(ino) {
                 tracing::error!(
@@ -19,9 +18,9 @@ impl Fs {
                 return (Vec::new(), Some(std::time::Duration::from_millis(100)));
             }
         }
-        let effects = st.locks.tick(now);
+        let (effects, next) = st.lease.tick();
         st.account(&effects);
-        let next = st.locks.next_deadline().map(|d| std::time::Duration::from_millis(d.saturating_sub(now)));
+        let next = next.map(std::time::Duration::from_millis);
         (effects, next)
     }
 
@@ -32,7 +31,7 @@ impl Fs {
         if st.reserve(ino).is_err() {
             return Vec::new();
         }
-        let effects = st.locks.break_now(ino);
+        let effects = st.lease.break_now(ino);
         st.account(&effects);
         effects
     }
@@ -42,12 +41,11 @@ impl Fs {
         Ok(self.state.lock().ns.get(ino)?.version)
     }
 
-    /// Lock, unlock, or park a waiter (`wait`); see [`Locks::set`].
+    /// Lock, unlock, or park a waiter (`wait`); see [`LeaseAuthority::request`].
     pub fn setlk(&self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
         let mut st = self.state.lock();
         st.ns.get(ino)?;
-        let now = st.start.elapsed().as_millis() as u64;
-        st.locks.advance(now);
+        let now = st.lease.now();
         // Durable before visible: a request that could advance the epoch
         // waits for the reservation (refused with ENOSPC/EIO if the state
         // directory cannot take it).
@@ -56,7 +54,7 @@ impl Fs {
         } else if let Err(e) = st.reserve(ino) {
             tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
         }
-        let (outcome, effects) = st.locks.set(ino, req, wait);
+        let (outcome, effects) = st.lease.request(ino, req, wait)?;
         match outcome {
             Outcome::Granted if req.mode.is_some() => st.metrics.acquisitions += 1,
             Outcome::Parked => {
@@ -77,23 +75,23 @@ impl Fs {
     pub fn getlk(&self, ino: Ino, req: &Request) -> Result<Option<Lock>> {
         let st = self.state.lock();
         st.ns.get(ino)?;
-        Ok(st.locks.test(ino, req))
+        Ok(st.lease.test(ino, req))
     }
 
     /// A signal interrupted a parked lock request.
     pub fn interrupt(&self, id: WaitId) -> Option<Vec<Effect>> {
         let mut st = self.state.lock();
-        let waited: Vec<Ino> = st.locks.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        let waited: Vec<Ino> = st.lease.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
         for ino in waited {
             let _ = st.reserve(ino);
         }
-        let effects = st.locks.interrupt(id)?;
+        let effects = st.lease.interrupt(id)?;
         st.account(&effects);
         Some(effects)
     }
 
     /// The epoch of the lease at `ino`.
     pub fn epoch(&self, ino: Ino) -> Epoch {
-        self.state.lock().locks.epoch(ino)
+        self.state.lock().lease.epoch(ino)
     }
 }

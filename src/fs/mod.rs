@@ -14,10 +14,11 @@ use parking_lot::Mutex;
 
 use crate::control::{self, ControlFile, Metrics};
 use crate::error::{Error, Result};
-use crate::lease::floors::Floors;
+use crate::lease::authority::LeaseAuthority;
+use crate::lease::local::LocalAuthority;
 use crate::lease::observe::Proc;
-use crate::lease::views::{read_proc, Views};
-use crate::lease::{Effect, Epoch, Lock, Locks, Outcome, Owner, Request, WaitId};
+use crate::lease::views::read_proc;
+use crate::lease::{Effect, Epoch, Lock, Outcome, Owner, Request, WaitId};
 use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
 use tracing::debug;
 
@@ -221,24 +222,14 @@ struct State {
     ns: Namespace,
     handles: HashMap<Handle, OpenFile>,
     next_handle: u64,
-    locks: Locks,
-    /// Live leases whose name was unlinked, by path: re-creating the path
-    /// re-attaches the same inode (SPEC 4).
-    detached: HashMap<PathBuf, Ino>,
-    /// Epoch floors of paths and the durable ceiling (SPEC 5).
-    floors: Floors,
-    /// What each process observed, and what names pointed at (SPEC 6).
-    views: Views,
+    /// Every lease question is asked here (SPEC 3 to 7).
+    lease: Box<dyn LeaseAuthority>,
     /// Inodes whose cached pages the kernel must drop (content replaced
     /// behind open descriptors).
     invalidate: Vec<Ino>,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
     /// them their first name (the kernel allows it unless `O_EXCL`).
     tmpfiles: std::collections::HashSet<Ino>,
-    /// Guarded files and the mount-relative path of their lease.
-    guards: HashMap<Ino, PathBuf>,
-    /// The clock leases run on.
-    start: std::time::Instant,
     metrics: Metrics,
     /// When each parked lock request started waiting (lease clock, ms).
     parked_at: HashMap<WaitId, u64>,
@@ -253,7 +244,7 @@ struct State {
 impl State {
     /// The process behind a request's thread id (cached unless `fresh`).
     fn proc(&mut self, tid: u32, fresh: bool) -> Option<Proc> {
-        self.views.proc(tid, fresh)
+        self.lease.views().proc(tid, fresh)
     }
 
     /// `tid` observed the regular file `ino` at its current version.
@@ -269,7 +260,7 @@ impl State {
         let Ok(i) = self.ns.get(ino) else { return };
         if i.kind == Kind::File {
             let version = i.version;
-            self.views.observe(p, ino, version);
+            self.lease.views().observe(p, ino, version);
         }
     }
 
@@ -283,8 +274,8 @@ impl State {
             return Ok(());
         }
         let version = i.version;
-        self.views.check(tid, ino, version, content_counts).map_err(|v| {
-            debug!(path = %self.path_for_log(ino), pid = v.pid, ino = ino.0, seen = v.seen, current = v.current, epoch = self.locks.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
+        self.lease.views().check(tid, ino, version, content_counts).map_err(|v| {
+            debug!(path = %self.path_for_log(ino), pid = v.pid, ino = ino.0, seen = v.seen, current = v.current, epoch = self.lease.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
             self.metrics.cas_rejections += 1;
             Error::Stale
         })
@@ -295,13 +286,13 @@ impl State {
     fn repoint(&mut self, ino: Ino) {
         if let Ok(i) = self.ns.get(ino) {
             let version = i.version;
-            self.views.repoint(ino, version);
+            self.lease.views().repoint(ino, version);
         }
     }
 
     /// The name now pointing at `new` pointed at `old` before.
     fn succeed(&mut self, old: Ino, new: Ino) {
-        self.views.succeed(old, new);
+        self.lease.views().succeed(old, new);
     }
 
     /// A file's path for debug logs (computed only when debug logging is on).
@@ -319,15 +310,15 @@ impl State {
     /// Make the next epoch of `ino` durable before any operation can hand it
     /// out (SPEC 5).
     fn reserve(&mut self, ino: Ino) -> Result<()> {
-        let need = self.locks.epoch(ino).0 + 1;
-        self.floors.reserve(need)
+        let need = self.lease.epoch(ino).0 + 1;
+        self.lease.floors().reserve(need)
     }
 
     /// Lease settings of `ino` for the durable store.
     fn extra(&self, ino: Ino) -> crate::store::snapshot::Extra {
         crate::store::snapshot::Extra {
-            ttl_ms: self.locks.lease(ino).and_then(|l| l.ttl()),
-            guard: self.guards.get(&ino).cloned(),
+            ttl_ms: self.lease.lease(ino).and_then(|l| l.ttl()),
+            guard: self.lease.guard(ino),
         }
     }
 
@@ -384,7 +375,7 @@ impl State {
 
     /// Count what the lease core decided (grants, waits, breaks).
     fn account(&mut self, effects: &[Effect]) {
-        let now = self.start.elapsed().as_millis() as u64;
+        let now = self.lease.now();
         for e in effects {
             match e {
                 Effect::Grant(id) => {
@@ -404,24 +395,22 @@ impl State {
 
     /// Milliseconds on the lease clock; also advances the lease table's clock.
     fn clock(&mut self) -> u64 {
-        let now = self.start.elapsed().as_millis() as u64;
-        self.locks.advance(now);
-        now
+        self.lease.now()
     }
 
     /// The calling process and its ancestors (who acts for a holder).
     fn lineage(&mut self, tid: u32) -> Vec<u32> {
-        self.views.lineage(tid)
+        self.lease.views().lineage(tid)
     }
 
     /// Refuse with `ESTALE` when the process was fenced off this lease.
     fn check_fenced_pid(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
-        if !self.locks.has_fenced(ino) {
+        if !self.lease.has_fenced(ino) {
             return Ok(());
         }
         let pids = self.lineage(tid);
-        if let Some(f) = self.locks.fenced_pid(ino, &pids) {
-            debug!(path = %self.path_for_log(ino), pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.locks.epoch(ino).0, op = what, "fenced");
+        if let Some(f) = self.lease.fenced_pid(ino, &pids) {
+            debug!(path = %self.path_for_log(ino), pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.lease.epoch(ino).0, op = what, "fenced");
             self.metrics.fenced_operations += 1;
             return Err(Error::Stale);
         }
@@ -449,20 +438,20 @@ impl State {
 
     /// Remember the epoch a path carried.
     fn remember_epoch(&mut self, path: Option<PathBuf>, ino: Ino) {
-        let e = self.locks.epoch(ino);
-        self.floors.remember(path, e);
+        let e = self.lease.epoch(ino);
+        self.lease.floors().remember(path, e);
     }
 
     /// The lowest epoch an inode newly named by `path` may carry.
     fn path_floor(&self, path: Option<&PathBuf>) -> Epoch {
-        self.floors.floor(path)
+        self.lease.floors_ref().floor(path)
     }
 
     /// Never let an inode named by `path` carry a lower epoch than the path did.
     fn floor_epoch(&mut self, path: Option<&PathBuf>, ino: Ino) {
         let floor = self.path_floor(path);
         if floor.0 > 0 {
-            self.locks.raise_epoch(ino, floor);
+            self.lease.raise_epoch(ino, floor);
         }
     }
 
@@ -475,17 +464,16 @@ impl State {
             give_memory_back();
         }
         if self.ns.get(ino).is_err() {
-            self.locks.forget(ino);
-            self.views.forget(ino);
+            self.lease.forget(ino);
             self.tmpfiles.remove(&ino);
         }
-        let (ns, locks) = (&self.ns, &self.locks);
-        self.detached.retain(|_, i| locks.is_live(*i) && ns.get(*i).is_ok());
+        let ns = &self.ns;
+        self.lease.retain_detached(&mut |i| ns.get(i).is_ok());
     }
 
     /// True when `ino` or anything below it is a live lease.
     fn holds_live_lease(&self, ino: Ino) -> bool {
-        if self.locks.is_live(ino) {
+        if self.lease.is_live(ino) {
             return true;
         }
         match self.ns.get(ino).map(|i| &i.body) {
@@ -519,7 +507,7 @@ impl Fs {
     /// A filesystem whose leases carry `ttl_ms` unless a file sets its own.
     pub fn with_lease_ttl(uid: u32, gid: u32, ttl_ms: Option<u64>) -> Fs {
         let fs = Fs::new(uid, gid);
-        fs.state.lock().locks = Locks::with_default_ttl(ttl_ms);
+        fs.state.lock().lease = Box::new(LocalAuthority::new(ttl_ms));
         fs
     }
 
@@ -529,14 +517,9 @@ impl Fs {
                 ns: Namespace::new(0o755, uid, gid, now()),
                 handles: HashMap::new(),
                 next_handle: 1,
-                locks: Locks::new(),
-                detached: HashMap::new(),
-                floors: Floors::default(),
-                views: Views::default(),
+                lease: Box::new(LocalAuthority::new(None)),
                 invalidate: Vec::new(),
                 tmpfiles: std::collections::HashSet::new(),
-                guards: HashMap::new(),
-                start: std::time::Instant::now(),
                 metrics: Metrics::default(),
                 parked_at: HashMap::new(),
                 mount_point: PathBuf::new(),
@@ -551,7 +534,7 @@ impl Fs {
     /// above which every path resumes.
     pub fn set_journal(&self, journal: crate::store::epochs::EpochJournal, ceiling: u64) {
         let mut st = self.state.lock();
-        st.floors.set_journal(journal, ceiling);
+        st.lease.floors().set_journal(journal, ceiling);
     }
 
     /// Keep the namespace durable in `store`, starting from what it
@@ -567,19 +550,19 @@ impl Fs {
                 continue;
             }
             if let Some(t) = x.ttl_ms {
-                st.locks.set_ttl(ino, Some(t));
+                st.lease.set_ttl(ino, Some(t));
             }
             if let Some(g) = x.guard {
-                st.guards.insert(ino, g);
+                st.lease.set_guard(ino, g);
             }
         }
         // Restored files resume above the recovered epoch ceiling: any epoch
         // up to it may have been handed out before the restart.
-        let floor = st.floors.new_path_floor();
+        let floor = st.lease.floors().new_path_floor();
         if floor.0 > 0 {
             let files: Vec<Ino> = st.ns.inodes().filter(|i| i.kind != Kind::Dir).map(|i| i.ino).collect();
             for ino in files {
-                st.locks.raise_epoch(ino, floor);
+                st.lease.raise_epoch(ino, floor);
             }
         }
         st.ns.set_tracking();
@@ -658,7 +641,7 @@ impl Fs {
     /// Replace how thread ids map to processes (tests).
     pub fn set_proc_resolver(&self, resolve: fn(u32) -> Option<Proc>) {
         let mut st = self.state.lock();
-        st.views.set_resolver(resolve);
+        st.lease.views().set_resolver(resolve);
     }
 }
 
@@ -696,7 +679,7 @@ fn holder_value(k: &Lock, now: u64) -> serde_json::Value {
 }
 
 /// `user.leasefs.holder`: the holders as JSON.
-fn holder_json(locks: &Locks, ino: Ino, now: u64) -> String {
+fn holder_json(locks: &dyn LeaseAuthority, ino: Ino, now: u64) -> String {
     let holders: Vec<serde_json::Value> =
         locks.lease(ino).map(|l| l.locks().iter().map(|k| holder_value(k, now)).collect()).unwrap_or_default();
     serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()

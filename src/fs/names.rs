@@ -69,8 +69,8 @@ impl Fs {
             // links still name it. Without other names its content starts
             // empty like any newly created file; with them it keeps the
             // content those names still show.
-            if let Some(ino) = path.as_ref().and_then(|p| st.detached.remove(p)) {
-                if st.locks.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
+            if let Some(ino) = path.as_ref().and_then(|p| st.lease.take_detached(p)) {
+                if st.lease.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
                     let orphan = st.ns.get(ino)?.nlink == 0;
                     st.ns.link(parent, name, ino)?;
                     st.ns.add_lookup(ino);
@@ -89,7 +89,7 @@ impl Fs {
         st.ns.link(parent, name, ino)?;
         st.ns.add_lookup(ino);
         st.floor_epoch(path.as_ref(), ino);
-        if let Some(old) = path.as_ref().and_then(|p| st.views.take_removed(p)) {
+        if let Some(old) = path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
             // The name points at something new: whoever looked at the old
             // target has a stale view.
             st.succeed(old, ino);
@@ -138,9 +138,9 @@ impl Fs {
             Ok(a) => {
                 // O_CREAT|O_EXCL that creates the file acquires the lease (the
                 // lockfile idiom). A re-attached live lease keeps its holder.
-                if flags & libc::O_EXCL != 0 && !st.locks.is_live(a.ino) {
+                if flags & libc::O_EXCL != 0 && !st.lease.is_live(a.ino) {
                     st.reserve(a.ino)?;
-                    st.locks.acquire_by_create(a.ino);
+                    st.lease.acquire_by_create(a.ino);
                 }
                 a
             }
@@ -195,13 +195,13 @@ impl Fs {
         let now = now();
         let path = st.path_of(parent, name);
         if let Some(p) = &path {
-            st.views.name_removed(p.clone(), ino);
+            st.lease.views().name_removed(p.clone(), ino);
         }
         st.remember_epoch(path.clone(), ino);
-        if st.locks.is_live(ino) {
+        if st.lease.is_live(ino) {
             // The name goes (POSIX), the lease stays bound to the path.
             if let Some(p) = path {
-                st.detached.insert(p, ino);
+                st.lease.detach(p, ino);
             }
         }
         st.ns.get_mut(ino)?.ctime = now;
@@ -263,16 +263,16 @@ impl Fs {
         st.ns.get_mut(parent)?.touch_content(now);
         // link() creating the name acquires the lease (the dotlock idiom).
         let floor = st.path_floor(path.as_ref());
-        st.locks.raise_epoch(ino, floor);
+        st.lease.raise_epoch(ino, floor);
         if let Err(e) = st.reserve(ino) {
             // Undo the name: the acquisition could not be made durable.
             let _ = st.ns.unlink(parent, name);
             return Err(e);
         }
-        st.locks.acquire_by_link(ino, floor);
+        st.lease.acquire_by_link(ino, floor);
         // The name now leads to `ino`: whoever looked at what it named
         // before holds a stale view (the dotlock-breaking race).
-        if let Some(old) = path.as_ref().and_then(|p| st.views.take_removed(p)) {
+        if let Some(old) = path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
             st.succeed(old, ino);
         }
         let i = st.ns.get_mut(ino)?;
@@ -377,7 +377,7 @@ impl Fs {
         let old_path = st.path_of(parent, name);
         let new_path = st.path_of(newparent, newname);
         if let Some(dst) = dst {
-            let live = st.locks.is_live(dst);
+            let live = st.lease.is_live(dst);
             let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
             if live && both_files {
                 // Rename over a live lease replaces its content and keeps
@@ -418,7 +418,7 @@ impl Fs {
         }
         st.floor_epoch(new_path.as_ref(), src);
         if dst.is_none() {
-            if let Some(old) = new_path.as_ref().and_then(|p| st.views.take_removed(p)) {
+            if let Some(old) = new_path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
                 st.succeed(old, src);
             }
         }

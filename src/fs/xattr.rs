@@ -22,13 +22,13 @@ impl Fs {
             return match name.to_str() {
                 Some(XATTR_TTL) => {
                     let ttl = parse_ttl(text)?;
-                    st.locks.set_ttl(ino, ttl);
+                    st.lease.set_ttl(ino, ttl);
                     st.ns.mark_dirty(ino);
                     Ok(())
                 }
                 Some(XATTR_RENEW) => {
                     let pids = st.lineage(tid);
-                    if st.locks.renew(ino, None, &pids) {
+                    if st.lease.renew(ino, None, &pids) {
                         Ok(())
                     } else {
                         Err(Error::NoLock)
@@ -44,7 +44,7 @@ impl Fs {
                     if !ok {
                         return Err(Error::Invalid);
                     }
-                    st.guards.insert(ino, path);
+                    st.lease.set_guard(ino, path);
                     st.ns.mark_dirty(ino);
                     Ok(())
                 }
@@ -70,21 +70,21 @@ impl Fs {
         if control::is_control(ino) {
             return Err(Error::NoAttr);
         }
-        let st = self.state.lock();
+        let mut st = self.state.lock();
+        let now = st.lease.now();
         let i = st.ns.get(ino)?;
         match name.to_str() {
-            Some(XATTR_EPOCH) => return Ok(st.locks.epoch(ino).0.to_string().into_bytes()),
+            Some(XATTR_EPOCH) => return Ok(st.lease.epoch(ino).0.to_string().into_bytes()),
             Some(XATTR_VERSION) => return Ok(i.version.to_string().into_bytes()),
             Some(XATTR_HOLDER) => {
-                let now = st.start.elapsed().as_millis() as u64;
-                return Ok(holder_json(&st.locks, ino, now).into_bytes());
+                return Ok(holder_json(&*st.lease, ino, now).into_bytes());
             }
             Some(XATTR_TTL) => {
-                let ttl = st.locks.lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
+                let ttl = st.lease.lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
                 return Ok(format_ttl(ttl).into_bytes());
             }
             Some(XATTR_GUARD) => {
-                let g = st.guards.get(&ino).ok_or(Error::NoAttr)?;
+                let g = st.lease.guard(ino).ok_or(Error::NoAttr)?;
                 return Ok(g.to_string_lossy().into_owned().into_bytes());
             }
             Some(XATTR_RENEW) => return Err(Error::NoAttr),
@@ -121,13 +121,17 @@ impl Fs {
             return match name.to_str() {
                 Some(XATTR_TTL) => {
                     st.clock();
-                    st.locks.set_ttl(ino, None);
+                    st.lease.set_ttl(ino, None);
                     st.ns.mark_dirty(ino);
                     Ok(())
                 }
                 Some(XATTR_GUARD) => {
                     st.ns.mark_dirty(ino);
-                    st.guards.remove(&ino).map(|_| ()).ok_or(Error::NoAttr)
+                    if st.lease.remove_guard(ino) {
+                        Ok(())
+                    } else {
+                        Err(Error::NoAttr)
+                    }
                 }
                 _ => Err(Error::NotPermitted),
             };

@@ -7,8 +7,12 @@
 //!   around it (process identity, name history).
 //! - [`floors`]: the lowest epoch each path may carry and the durable
 //!   ceiling above every epoch handed out.
+//! - [`authority`]: the interface the filesystem core asks every lease
+//!   question through; [`local`]: its single-host implementation.
 
+pub mod authority;
 pub mod floors;
+pub mod local;
 pub mod machine;
 pub mod observe;
 pub mod views;

@@ -1,0 +1,139 @@
+//! The lease authority: the one interface through which the filesystem core
+//! asks every question SPEC sections 3 to 7 call lease behaviour, and learns
+//! what to carry out.
+//!
+//! The core never decides a lease question itself. It asks: may this owner
+//! have this range now, and with which epoch ([`LeaseAuthority::request`])?
+//! Is this process's view of this name current ([`LeaseAuthority::views`])?
+//! Is this holder still the holder, or was it fenced
+//! ([`LeaseAuthority::fenced_handle`], [`LeaseAuthority::held_by`])? What is
+//! the lowest epoch a path may carry ([`LeaseAuthority::floors`])? It then
+//! carries out the answer: replies, parks a lock wait, delivers the
+//! returned [`Effect`]s (grant or refuse a parked waiter, a lease broken).
+//!
+//! Shaped for a second, multi-host implementation (SPEC 10, etcd):
+//! - Leases are named by inode *and* reached by path: a remote authority
+//!   keys them by mount-relative path, which the core can always supply
+//!   ([`LeaseAuthority::detach`] binds a live lease to its path when its
+//!   name goes away).
+//! - An answer may arrive later: a request that cannot be granted now is
+//!   parked ([`Outcome`]) and granted by a later effect (a timer tick here;
+//!   a watch event or a remote transaction there).
+//! - Asking may fail because the arbiter is unreachable: the operations
+//!   that need it return `Result` and fail with `EIO` within bounded time.
+//! - A whole host's holders can be fenced at once: fencing is per holder
+//!   here (TTL breaks, administrative breaks) and reported the same way.
+//!
+//! [`LocalAuthority`](super::local::LocalAuthority) is the single-host
+//! implementation over the pure state machine in [`super::machine`].
+
+use std::path::{Path, PathBuf};
+
+use super::floors::Floors;
+use super::machine::{Effect, Epoch, Fenced, Lease, Lock, Outcome, Owner, Request, WaitId};
+use super::views::Views;
+use crate::error::Result;
+use crate::namespace::Ino;
+
+/// Everything the filesystem core asks about leases.
+pub trait LeaseAuthority: Send + std::fmt::Debug {
+    /// Milliseconds on the lease clock (advances the authority's clock).
+    fn now(&mut self) -> u64;
+
+    // Lock requests, tests, releases and interrupts (SPEC 2, 3).
+
+    /// Ask for a lock (or unlock). `wait` names the request when it may
+    /// block: the answer is then either now or a later effect for `wait`.
+    fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)>;
+    /// The lock that would conflict with `req` (`F_GETLK`).
+    fn test(&self, ino: Ino, req: &Request) -> Option<Lock>;
+    /// A parked request was interrupted by a signal: forget it.
+    fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>>;
+    /// POSIX locks of `owner` on the file are released (close of any of
+    /// its descriptors).
+    fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect>;
+    /// The open file `handle` is closed for good: its `flock` and OFD locks
+    /// go.
+    fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect>;
+
+    // Epochs and their durability (SPEC 5).
+
+    /// The lease's current epoch.
+    fn epoch(&self, ino: Ino) -> Epoch;
+    /// Make the next epoch of `ino` durable before anything may hand it out.
+    fn reserve(&mut self, ino: Ino) -> Result<()>;
+    /// `open(O_CREAT|O_EXCL)` created the file: a new holder, epoch + 1.
+    fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect>;
+    /// `link()` created the name (the dotlock idiom): epoch + 1, above `floor`.
+    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect>;
+    /// Never let `ino` carry an epoch below `floor`.
+    fn raise_epoch(&mut self, ino: Ino, floor: Epoch);
+    /// Path epoch floors and the durable ceiling.
+    fn floors(&mut self) -> &mut Floors;
+    /// The same, to read.
+    fn floors_ref(&self) -> &Floors;
+
+    // Lease identity (SPEC 4).
+
+    /// True while the lease has a holder or a waiter.
+    fn is_live(&self, ino: Ino) -> bool;
+    /// The inode is gone: drop its lease state.
+    fn forget(&mut self, ino: Ino);
+    /// A live lease lost its name: re-creating `path` re-attaches it.
+    fn detach(&mut self, path: PathBuf, ino: Ino);
+    /// The live lease detached from `path`, taken back (the name exists
+    /// again).
+    fn take_detached(&mut self, path: &Path) -> Option<Ino>;
+    /// The live lease detached from `path`.
+    fn detached(&self, path: &Path) -> Option<Ino>;
+    /// Every detached lease and its path.
+    fn detached_all(&self) -> Vec<(PathBuf, Ino)>;
+    /// Keep only the detached leases for which `keep` holds.
+    fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool);
+
+    // Observations and compare-and-swap verdicts (SPEC 6).
+
+    /// Per-process views and name history.
+    fn views(&mut self) -> &mut Views;
+    /// Observation records kept.
+    fn observations(&self) -> usize;
+
+    // TTLs, renewal, breaking and fences (SPEC 7).
+
+    /// Set or clear the file's own TTL.
+    fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect>;
+    /// The TTL in force (the file's own, else the mount's).
+    fn effective_ttl(&self, ino: Ino) -> Option<u64>;
+    /// Renew the holds of `handle` or of any of `pids`; true if one was held.
+    fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool;
+    /// Expire what is due; the next deadline on the lease clock.
+    fn tick(&mut self) -> (Vec<Effect>, Option<u64>);
+    /// Break the lease now (administrator): holders are fenced.
+    fn break_now(&mut self, ino: Ino) -> Vec<Effect>;
+    /// The fence on `handle`, if its hold was broken or taken over.
+    fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced>;
+    /// The fence on any of `pids`.
+    fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced>;
+    /// True when anyone was fenced off the lease.
+    fn has_fenced(&self, ino: Ino) -> bool;
+    /// The pid among `pids` that holds the lease.
+    fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32>;
+
+    // Guards (writes to a file allowed only to a lease's holder).
+
+    /// The path of the lease guarding `ino`.
+    fn guard(&self, ino: Ino) -> Option<PathBuf>;
+    /// Guard `ino` by the lease at `path`.
+    fn set_guard(&mut self, ino: Ino, path: PathBuf);
+    /// Remove the guard; false if there was none.
+    fn remove_guard(&mut self, ino: Ino) -> bool;
+
+    // What `.leasefs/` shows.
+
+    /// Every lease with state.
+    fn leases(&self) -> Vec<(Ino, &Lease)>;
+    /// One lease's state.
+    fn lease(&self, ino: Ino) -> Option<&Lease>;
+    /// Seconds since the authority started.
+    fn uptime(&self) -> f64;
+}
