@@ -59,7 +59,7 @@ int main(int argc, char **argv) {
     if (busy == 0) {
         char buf[4096];
         memset(buf, 'x', sizeof buf);
-        int b = open("busy", O_RDWR | O_CREAT | O_TRUNC, 0644);
+        int b = open("busy", O_RDWR | O_CREAT, 0644);
         if (b < 0) die("open busy");
         for (long i = 0;; i++) {
             if (pwrite(b, buf, sizeof buf, (i % 256) * sizeof buf) != sizeof buf) die("write busy");
@@ -67,8 +67,11 @@ int main(int argc, char **argv) {
             __atomic_add_fetch(count, 1, __ATOMIC_RELAXED);
         }
     }
-    /* Let the fsync loop get going. */
-    while (__atomic_load_n(count, __ATOMIC_RELAXED) < 20) usleep(1000);
+    /* Let the fsync loop get going (and notice if it cannot). */
+    while (__atomic_load_n(count, __ATOMIC_RELAXED) < 20) {
+        if (waitpid(busy, NULL, WNOHANG) == busy) { fprintf(stderr, "holbench: the write+fsync loop failed\n"); return 1; }
+        usleep(1000);
+    }
     long c0 = __atomic_load_n(count, __ATOMIC_RELAXED);
     double t0 = now_us();
     pairs(fd, n, "fsync");
