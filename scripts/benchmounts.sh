@@ -27,6 +27,26 @@ bench_mount_all() {
     mountpoint -q "$work/minimal" || { echo "minimalfs did not mount" >&2; exit 1; }
 }
 
+# bench_each_run PROGRAM ARGS...: compile scripts/PROGRAM.c, then run it
+# $repeats times on every column plus a directory on the root disk, each
+# run in a fresh directory (the minimal filesystem has no mkdir), as
+# "PROGRAM DIR ARGS..."; prints "COLUMN METRIC VALUE" lines and sets $cols
+# to the columns run.
+bench_each_run() {
+    local prog=$1
+    shift
+    gcc -O2 -o "$work/$prog" "scripts/$prog.c"
+    mkdir -p "$work/disk"
+    cols="tmpfs disk ${cols#tmpfs } minimal"
+    for r in $(seq "$repeats"); do
+        for fs in $cols; do
+            d="$work/$fs"
+            [ "$fs" = minimal ] || { d="$work/$fs/run$r"; mkdir "$d"; }
+            "${pin[@]}" "$work/$prog" "$d" "$@" | sed "s/^/$fs /"
+        done
+    done
+}
+
 bench_unmount_all() {
     for m in leasefs volatile baseline; do
         [ -d "$work/$m" ] || continue

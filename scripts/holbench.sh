@@ -17,17 +17,7 @@ n=${2:-5000}
 work=$(mktemp -d /tmp/leasefs-holbench.XXXXXX)
 . scripts/benchmounts.sh
 bench_mount_all
-gcc -O2 -o "$work/holbench" scripts/holbench.c
-mkdir -p "$work/disk"
-cols="tmpfs disk ${cols#tmpfs } minimal"
-
-for r in $(seq "$repeats"); do
-    for fs in $cols; do
-        d="$work/$fs"
-        [ "$fs" = minimal ] || { d="$work/$fs/run$r"; mkdir "$d"; }
-        "${pin[@]}" "$work/holbench" "$d" "$n" | sed "s/^/$fs /"
-    done
-done > "$work/results"
+bench_each_run holbench "$n" > "$work/results"
 
 python3 - "$work/results" "$repeats" "$n" $cols <<'PY'
 import statistics, sys

@@ -16,17 +16,7 @@ secs=${3:-2}
 work=$(mktemp -d /tmp/leasefs-lockbench.XXXXXX)
 . scripts/benchmounts.sh
 bench_mount_all
-gcc -O2 -o "$work/lockbench" scripts/lockbench.c
-mkdir -p "$work/disk"
-cols="tmpfs disk ${cols#tmpfs } minimal"
-
-for r in $(seq "$repeats"); do
-    for fs in $cols; do
-        d="$work/$fs"
-        [ "$fs" = minimal ] || { d="$work/$fs/run$r"; mkdir "$d"; }
-        "${pin[@]}" "$work/lockbench" "$d" "$n" "$secs" | sed "s/^/$fs /"
-    done
-done > "$work/results"
+bench_each_run lockbench "$n" "$secs" > "$work/results"
 
 python3 - "$work/results" "$repeats" "$n" "$secs" $cols <<'PY'
 import statistics, sys
