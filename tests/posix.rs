@@ -237,6 +237,9 @@ fn cached_directories_are_never_stale_across_processes() {
         step("mkdir y && mv -T x y && stat -c %h y");
         assert_eq!(sh_ok(dir, "stat -c %i y"), ino, "rename over an empty directory moves the source");
         step("stat x 2>&1 | sed 's/.*: //'");
+        // A cached "no such name" gives way to the name as soon as it exists.
+        step("stat -c %n d/new 2>&1 | sed 's/.*: //'; mkdir d/new && stat -c %F d/new");
+        step("stat -c %n d/new2 2>&1 | sed 's/.*: //'; ln -s x d/new2 && stat -c %F d/new2");
         let old = sh_ok(dir, "stat -c %i d");
         sh_ok(dir, "rm -r d && mkdir d");
         assert_ne!(sh_ok(dir, "stat -c %i d"), old, "a re-created directory is a new inode");
