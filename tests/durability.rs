@@ -186,6 +186,65 @@ fn crash_during_compaction_loses_nothing() {
     }
 }
 
+/// A compaction triggered by a growing journal runs off the request path:
+/// crash at each of its steps (the snapshot written, renamed, the new
+/// journal started with what was appended meanwhile) and every `fsync`
+/// that returned is still there.
+#[test]
+fn crash_during_a_background_compaction_loses_nothing_acknowledged() {
+    for point in ["snapshot-written", "snapshot-renamed", "journal-replaced"] {
+        let state = tempfile::tempdir().unwrap();
+        let sd = state.path().to_str().unwrap();
+        let acks = state.path().join("acks");
+        // A fresh state directory starts its journal (a failpoint there
+        // would fire at mount): create it first.
+        drop(Mount::with_args(&["--allow-other", "--state-dir", sd]));
+        // The snapshot thread pauses 300 ms before its rename, so fsyncs
+        // are acknowledged while the snapshot is being written.
+        let mut m = Mount::with_args_env(
+            &["--allow-other", "--state-dir", sd],
+            &[("LEASEFS_FAILPOINT", point), ("LEASEFS_PAUSE", "snapshot-written:300")],
+        );
+        // 64 KiB per fsync: the journal passes the 1 MiB compaction
+        // threshold after 16 of them, and the daemon dies at `point` while
+        // the loop goes on.
+        py_ok(
+            &m.path,
+            &format!(
+                r#"
+import os
+acks = open({acks:?}, "w")
+try:
+    fd = os.open("big", os.O_RDWR | os.O_CREAT, 0o644)
+    for i in range(64):
+        os.pwrite(fd, bytes([65 + i % 26]) * 65536, i * 65536)
+        os.fsync(fd)
+        acks.write(f"{{i}}\n"); acks.flush()
+except OSError:
+    pass
+"#
+            ),
+        );
+        let mut child = m.child.take().unwrap();
+        let st = wait_timeout(&mut child, STEP, "daemon at failpoint");
+        assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "{point} did not fire");
+        drop(m);
+        let acked: Vec<usize> = std::fs::read_to_string(&acks).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+        assert!(acked.len() >= 10, "{point}: only {} fsyncs before the crash", acked.len());
+        let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+        let big = std::fs::read(m.p("big")).unwrap();
+        for &i in &acked {
+            let chunk = big.get(i * 65536..(i + 1) * 65536);
+            assert!(
+                chunk.is_some_and(|c| c.iter().all(|&b| b == 65 + (i % 26) as u8)),
+                "{point}: acknowledged chunk {i} lost (file is {} bytes, {} acknowledged)",
+                big.len(),
+                acked.len()
+            );
+        }
+    }
+}
+
 #[test]
 fn an_io_error_on_the_state_disk_is_fail_stop() {
     let m = Mount::with_args_env(&["--allow-other"], &[("LEASEFS_FAILPOINT", "journal-eio")]);

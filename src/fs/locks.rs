@@ -8,6 +8,7 @@ impl Fs {
     /// waits. Returns what to answer and when to call again.
     pub fn tick(&self) -> (Vec<Effect>, Option<std::time::Duration>) {
         let mut st = self.state.lock();
+        st.finish_compaction(false);
         let waited: Vec<Ino> = st.lease.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
         for ino in waited {
             if let Err(e) = st.reserve(ino) {

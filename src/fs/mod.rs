@@ -239,6 +239,8 @@ struct State {
     store: Option<crate::store::snapshot::Store>,
     /// `--volatile`: the namespace is deliberately not kept.
     volatile: bool,
+    /// A snapshot being written off the request path.
+    compaction: Option<std::thread::JoinHandle<std::io::Result<crate::store::snapshot::SnapshotWritten>>>,
 }
 
 impl State {
@@ -341,6 +343,7 @@ impl State {
     /// journal into a snapshot when it has grown (the snapshot is durable
     /// when this returns).
     fn append_changes(&mut self) -> Result<Option<crate::store::storage::Syncer>> {
+        self.finish_compaction(false);
         let Some(store) = self.store.as_ref() else {
             return Ok(None);
         };
@@ -360,10 +363,8 @@ impl State {
         self.ns.clear_dirty();
         let ns = &self.ns;
         let large = batch.len() > 4 << 20;
-        if store.wants_snapshot_for(|| ns.pages() * PAGE as u64 + ns.len() as u64 * 128) {
-            let img = crate::store::snapshot::encode_all(&self.ns, |ino| self.extra(ino));
-            // Failures are logged by the store; a full disk postpones it.
-            let _ = self.store.as_mut().expect("checked above").snapshot(&img);
+        if !store.compacting() && store.wants_snapshot_for(|| ns.pages() * PAGE as u64 + ns.len() as u64 * 128) {
+            self.start_compaction();
         }
         if large {
             // The batch (and snapshot) buffers were as large as the data.
@@ -371,6 +372,47 @@ impl State {
             give_memory_back();
         }
         Ok(Some(sync))
+    }
+
+    /// Fold the journal into a snapshot: the image is encoded here, and
+    /// written, synced and renamed on a thread of its own while requests
+    /// (and journal appends) go on; [`State::finish_compaction`] then starts
+    /// the new journal. Backends without a second handle write it in line.
+    fn start_compaction(&mut self) {
+        let img = crate::store::snapshot::encode_all(&self.ns, |ino| self.extra(ino));
+        let Some(store) = self.store.as_mut() else { return };
+        let Some(mut storage) = store.fork_storage() else {
+            // Failures are logged by the store; a full disk postpones it.
+            let _ = store.snapshot(&img);
+            return;
+        };
+        let Some(job) = store.begin_snapshot(&img) else { return };
+        drop(img);
+        let spawned = std::thread::Builder::new()
+            .name("snapshot".into())
+            .spawn(move || crate::store::snapshot::write_snapshot(&mut *storage, &job));
+        match spawned {
+            Ok(t) => self.compaction = Some(t),
+            Err(e) => {
+                tracing::warn!("cannot start the snapshot thread: {e}; compaction postponed");
+                store.abandon_snapshot();
+            }
+        }
+    }
+
+    /// Finish a snapshot written off the request path once it is written
+    /// (`wait`: block until it is).
+    fn finish_compaction(&mut self, wait: bool) {
+        match &self.compaction {
+            Some(t) if wait || t.is_finished() => {}
+            _ => return,
+        }
+        let t = self.compaction.take().expect("checked above");
+        let written = t.join().unwrap_or_else(|_| Err(std::io::Error::from_raw_os_error(libc::EIO)));
+        if let Some(store) = self.store.as_mut() {
+            // Failures are logged by the store.
+            let _ = store.finish_snapshot(written);
+        }
     }
 
     /// Count what the lease core decided (grants, waits, breaks).
@@ -525,6 +567,7 @@ impl Fs {
                 mount_point: PathBuf::new(),
                 store: None,
                 volatile: false,
+                compaction: None,
             }),
             group: crate::store::group::GroupCommit::default(),
         }
@@ -612,6 +655,7 @@ impl Fs {
     pub fn shutdown(&self) {
         self.group.stop();
         let mut st = self.state.lock();
+        st.finish_compaction(true);
         if st.store.is_none() {
             return;
         }

@@ -65,6 +65,9 @@ const T_PAGE: u8 = 2;
 const T_ENTRY: u8 = 3;
 const T_FREE: u8 = 4;
 const T_COMMIT: u8 = 5;
+/// In a snapshot written while the journal went on: which journal
+/// (generation) it includes, up to which byte offset.
+const T_BASE: u8 = 6;
 
 /// Lease settings that live outside the inode.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -192,6 +195,14 @@ impl Enc {
         self.end();
     }
 
+    /// The snapshot holds journal `generation` up to byte `offset`.
+    pub fn base(&mut self, generation: u64, offset: u64) {
+        self.begin(T_BASE);
+        self.u64(generation);
+        self.u64(offset);
+        self.end();
+    }
+
     /// The end of a batch.
     pub fn commit(&mut self, next_ino: u64) {
         self.begin(T_COMMIT);
@@ -268,6 +279,7 @@ enum Rec {
     Entry(Ino, OsString, Option<Ino>),
     Free(Ino),
     Commit(u64),
+    Base(u64, u64),
 }
 
 fn decode(payload: &[u8]) -> Option<Rec> {
@@ -329,6 +341,7 @@ fn decode(payload: &[u8]) -> Option<Rec> {
         }
         T_FREE => Rec::Free(Ino(d.u64()?)),
         T_COMMIT => Rec::Commit(d.u64()?),
+        T_BASE => Rec::Base(d.u64()?, d.u64()?),
         _ => return None,
     };
     (d.pos == payload.len()).then_some(rec)
@@ -349,7 +362,7 @@ pub struct Recovered {
 impl Recovered {
     fn apply(&mut self, rec: Rec) {
         match rec {
-            Rec::Header(..) | Rec::Commit(_) => {}
+            Rec::Header(..) | Rec::Commit(_) | Rec::Base(..) => {}
             Rec::Inode(new, size, extra) => {
                 let ino = new.ino;
                 let mut new = *new;
@@ -458,6 +471,21 @@ pub fn failpoint(name: &str) {
     let _ = name;
 }
 
+/// Stall here for a while when `LEASEFS_PAUSE=NAME:MILLISECONDS` names this
+/// point (debug builds only): tests widen a window (appends landing while a
+/// snapshot is written) that is otherwise too short to hit.
+pub fn pausepoint(name: &str) {
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("LEASEFS_PAUSE")
+        .ok()
+        .and_then(|v| v.strip_prefix(name).and_then(|r| r.strip_prefix(':')).and_then(|ms| ms.parse().ok()))
+    {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    #[cfg(not(debug_assertions))]
+    let _ = name;
+}
+
 /// An injected I/O error for a named failpoint (debug builds only).
 fn injected(name: &str) -> io::Result<()> {
     #[cfg(debug_assertions)]
@@ -483,6 +511,45 @@ pub struct Store {
     pub flushes: u64,
     /// Compact when the journal exceeds this many bytes (and the snapshot).
     pub snapshot_min: u64,
+    /// While a snapshot is written off the request path: the journal
+    /// offset it covers.
+    compacting: Option<u64>,
+}
+
+/// A snapshot image waiting to be written by [`write_snapshot`].
+pub struct SnapshotJob {
+    data: Vec<u8>,
+    generation: u64,
+}
+
+/// What [`write_snapshot`] wrote.
+#[derive(Debug)]
+pub struct SnapshotWritten {
+    generation: u64,
+    bytes: u64,
+}
+
+/// Write a snapshot started by [`Store::begin_snapshot`]: temp file, sync,
+/// rename, sync the directory. Runs on any thread, on a second storage
+/// handle, while the store appends.
+pub fn write_snapshot(storage: &mut dyn Storage, job: &SnapshotJob) -> io::Result<SnapshotWritten> {
+    let r = storage
+        .write_new(SNAPSHOT_TMP, &job.data)
+        .and_then(|()| storage.sync(SNAPSHOT_TMP))
+        .and_then(|()| {
+            pausepoint("snapshot-written");
+            failpoint("snapshot-written");
+            storage.rename(SNAPSHOT_TMP, SNAPSHOT)
+        })
+        .and_then(|()| {
+            failpoint("snapshot-renamed");
+            storage.sync_dir()
+        });
+    if let Err(e) = r {
+        let _ = storage.remove(SNAPSHOT_TMP);
+        return Err(e);
+    }
+    Ok(SnapshotWritten { generation: job.generation, bytes: job.data.len() as u64 })
 }
 
 impl std::fmt::Debug for Store {
@@ -501,6 +568,7 @@ impl Store {
         let snapshot = storage.read(SNAPSHOT).map_err(|e| io(SNAPSHOT, e))?;
         let snapshot_bytes = snapshot.as_ref().map_or(0, |s| s.len() as u64);
         let mut written_at = None;
+        let mut base = None;
         if let Some(img) = &snapshot {
             let mut header = None;
             let mut batches = Vec::new();
@@ -517,6 +585,7 @@ impl Store {
                             header = Some(g);
                             written_at = Some(t);
                         }
+                        Rec::Base(g, offset) => base = Some((g, offset)),
                         Rec::Commit(n) => rec.next_ino = rec.next_ino.max(n),
                         r => rec.apply(r),
                     }
@@ -539,6 +608,22 @@ impl Store {
         if let Some(Some(Rec::Header(g, _))) = batches.first().map(|b| b.first()) {
             journal_gen = Some(*g);
         }
+        // A snapshot written while the journal went on holds the older
+        // journal up to `offset`: when that journal is still the one on
+        // disk (a crash before it was replaced), what follows `offset` is
+        // replayed and becomes the new journal.
+        let mut rebase = None;
+        if let (Some(g), Some((b, offset))) = (journal_gen, base) {
+            if g == b && g + 1 == generation && offset <= keep {
+                let tail = journal[offset as usize..keep as usize].to_vec();
+                batches.clear();
+                if !matches!(scan(&tail, |b| batches.push(b)), Ok(Scan::Clean(_))) {
+                    return Err(format!("{JOURNAL}: no batch boundary at offset {offset}; refusing to start"));
+                }
+                journal_gen = Some(generation);
+                rebase = Some(tail);
+            }
+        }
         let fresh_journal = match journal_gen {
             Some(g) if g == generation => {
                 for b in batches {
@@ -550,7 +635,7 @@ impl Store {
                         }
                     }
                 }
-                if rec.cut > 0 {
+                if rec.cut > 0 && rebase.is_none() {
                     storage.truncate(JOURNAL, keep).and_then(|()| storage.sync(JOURNAL)).map_err(|e| io(JOURNAL, e))?;
                 }
                 false
@@ -574,18 +659,29 @@ impl Store {
             failed: Default::default(),
             flushes: 0,
             snapshot_min: SNAPSHOT_MIN_BYTES,
+            compacting: None,
         };
         if fresh_journal {
             store.new_journal().map_err(|e| io(JOURNAL, e))?;
+        }
+        if let Some(tail) = rebase {
+            store.new_journal_with(&tail).map_err(|e| io(JOURNAL, e))?;
         }
         Ok((store, rec))
     }
 
     /// Replace the journal with an empty one of the current generation.
     fn new_journal(&mut self) -> io::Result<()> {
+        self.new_journal_with(&[])
+    }
+
+    /// Replace the journal with one of the current generation holding
+    /// `batches` (whole committed batches).
+    fn new_journal_with(&mut self, batches: &[u8]) -> io::Result<()> {
         let mut e = Enc::default();
         e.header(self.generation);
         e.commit(0);
+        e.buf.extend_from_slice(batches);
         self.storage.write_new(JOURNAL_TMP, &e.buf)?;
         self.storage.sync(JOURNAL_TMP)?;
         self.storage.rename(JOURNAL_TMP, JOURNAL)?;
@@ -684,6 +780,84 @@ impl Store {
     pub fn wants_snapshot_for(&self, live: impl FnOnce() -> u64) -> bool {
         self.wants_snapshot()
             || self.snapshot_bytes > 2 * self.snapshot_min && self.snapshot_bytes > 2 * live() + self.snapshot_min
+    }
+
+    /// True while a snapshot is being written off the request path.
+    pub fn compacting(&self) -> bool {
+        self.compacting.is_some()
+    }
+
+    /// A second handle on the store's files for [`write_snapshot`] on
+    /// another thread (none: write snapshots with [`Store::snapshot`]).
+    pub fn fork_storage(&self) -> Option<Box<dyn Storage>> {
+        self.storage.fork()
+    }
+
+    /// Start a snapshot of `image` (the namespace as of the journal's
+    /// current end) that [`write_snapshot`] writes while batches go on
+    /// being appended; then [`Store::finish_snapshot`]. None while one is
+    /// in progress or after a failure.
+    pub fn begin_snapshot(&mut self, image: &[u8]) -> Option<SnapshotJob> {
+        if self.failed() || self.compacting.is_some() {
+            return None;
+        }
+        let generation = self.generation + 1;
+        let mut e = Enc::default();
+        e.header(generation);
+        // Recovery replays what the journal gained after this offset when
+        // the journal was not replaced yet.
+        e.base(self.generation, self.journal_bytes);
+        let mut data = e.buf;
+        data.extend_from_slice(image);
+        self.compacting = Some(self.journal_bytes);
+        Some(SnapshotJob { data, generation })
+    }
+
+    /// The snapshot started by [`Store::begin_snapshot`] will not be
+    /// written after all (its thread could not start).
+    pub fn abandon_snapshot(&mut self) {
+        self.compacting = None;
+    }
+
+    /// The snapshot started by [`Store::begin_snapshot`] was written (or
+    /// not): start the journal of its generation with the batches appended
+    /// since. A full disk postpones the compaction; other errors are
+    /// fail-stop.
+    pub fn finish_snapshot(&mut self, written: io::Result<SnapshotWritten>) -> io::Result<()> {
+        let Some(offset) = self.compacting.take() else {
+            return Ok(());
+        };
+        let w = match written {
+            Ok(w) => w,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                tracing::warn!(file = SNAPSHOT, "state disk full: snapshot postponed");
+                return Err(e);
+            }
+            Err(e) => {
+                self.fail("snapshot", &e);
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+        };
+        if self.failed() {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        let tail = match self.storage.read_range(JOURNAL, offset, self.journal_bytes) {
+            Ok(t) => t,
+            Err(e) => {
+                self.fail("reading the journal", &e);
+                return Err(io::Error::from_raw_os_error(libc::EIO));
+            }
+        };
+        self.generation = w.generation;
+        self.snapshot_bytes = w.bytes;
+        self.last_snapshot = Some(SystemTime::now());
+        if let Err(e) = self.new_journal_with(&tail) {
+            // The snapshot and the old journal still recover everything
+            // (its base offset); appending to the old one now would not.
+            self.fail("starting a new journal", &e);
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        Ok(())
     }
 
     /// Write `image` (every record of the namespace, ending with a commit)

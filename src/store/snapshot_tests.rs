@@ -141,6 +141,64 @@ fn every_crash_image_recovers_what_was_acknowledged() {
     }
 }
 
+/// The same for a snapshot written off the request path: batches are
+/// flushed after the image was taken and while it is written, and every
+/// crash image (before, during and after the snapshot's rename and the new
+/// journal) recovers to the last acknowledged namespace or the next one.
+#[test]
+fn every_crash_image_of_a_background_snapshot_recovers_what_was_acknowledged() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::recording())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let mut acked: Vec<Vec<(String, String)>> = vec![view(&ns)];
+    let mut images_at_ack: Vec<usize> = vec![0];
+    let (mut job, mut written) = (None, None);
+    for step in 0..16u32 {
+        let name = format!("f{}", step % 3);
+        if step % 2 == 0 {
+            if let Ok(ino) = ns.child(Ino::ROOT, OsStr::new(&name)) {
+                let d = ns.get_mut(ino).unwrap().data_mut().unwrap();
+                d.truncate(0).unwrap();
+                d.write(0, format!("v{step}").as_bytes()).unwrap();
+            } else {
+                file(&mut ns, Ino::ROOT, &name, format!("v{step}").repeat(900).as_bytes());
+            }
+        } else {
+            let _ = ns.unlink(Ino::ROOT, OsStr::new(&name));
+        }
+        flush(&mut ns, &mut store);
+        // Every fourth step: take the image; the next step's flush lands
+        // while it is being written; the one after, once it was renamed.
+        match step % 4 {
+            0 => {
+                assert!(!store.compacting());
+                job = store.begin_snapshot(&encode_all(&ns, |_| Extra::default()));
+                assert!(store.compacting());
+            }
+            1 => {
+                let j = job.take().unwrap();
+                written = Some(write_snapshot(recording_mut(&mut store), &j));
+            }
+            2 => {
+                store.finish_snapshot(written.take().unwrap()).unwrap();
+                assert!(!store.compacting());
+            }
+            _ => {}
+        }
+        acked.push(view(&ns));
+        images_at_ack.push(recording(&store).images.len());
+    }
+    assert!(store.generation() >= 4, "generation {}", store.generation());
+    let images = recording(&store).images.clone();
+    assert!(images.len() > 100, "{} images", images.len());
+    for (n, img) in images.into_iter().enumerate() {
+        let last = images_at_ack.iter().rposition(|&at| at <= n).unwrap();
+        let got = view(&recover(img));
+        let ok = acked[last..].iter().take(2).any(|v| *v == got);
+        assert!(ok, "image {n}: recovered {got:?}\nacknowledged {:?}", acked[last]);
+    }
+}
+
 fn recording(store: &Store) -> &MemStorage {
     // SAFETY-free downcast: tests only ever put a MemStorage here.
     let any: &dyn std::any::Any = store.storage.as_any();

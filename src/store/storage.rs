@@ -16,6 +16,17 @@ use std::path::{Path, PathBuf};
 pub trait Storage: Send {
     /// The whole content of a file, or `None` when it does not exist.
     fn read(&mut self, name: &str) -> io::Result<Option<Vec<u8>>>;
+    /// The bytes of a file from `offset` to `end` (empty when missing).
+    fn read_range(&mut self, name: &str, offset: u64, end: u64) -> io::Result<Vec<u8>> {
+        let all = self.read(name)?.unwrap_or_default();
+        Ok(all.get(offset as usize..(end as usize).min(all.len())).unwrap_or_default().to_vec())
+    }
+    /// A second handle on the same files for another thread (a snapshot
+    /// written off the request path). Backends that cannot share their
+    /// files have none, and their snapshots are written in line.
+    fn fork(&self) -> Option<Box<dyn Storage>> {
+        None
+    }
     /// Append to a file, creating it when missing.
     fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
     /// Cut a file to `len` bytes.
@@ -88,6 +99,29 @@ impl Storage for DirStorage {
         let mut v = Vec::new();
         f.read_to_end(&mut v)?;
         Ok(Some(v))
+    }
+
+    fn read_range(&mut self, name: &str, offset: u64, end: u64) -> io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let f = match File::open(self.dir.join(name)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let mut v = vec![0; end.saturating_sub(offset) as usize];
+        let mut got = 0;
+        while got < v.len() {
+            match f.read_at(&mut v[got..], offset + got as u64)? {
+                0 => break,
+                n => got += n,
+            }
+        }
+        v.truncate(got);
+        Ok(v)
+    }
+
+    fn fork(&self) -> Option<Box<dyn Storage>> {
+        Some(Box::new(DirStorage::new(&self.dir)))
     }
 
     fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
