@@ -5,12 +5,14 @@
 //!   records what a crash at any moment would leave.
 //! - [`epochs`]: the epoch journal (one mount-wide durable ceiling; no epoch
 //!   at or below it is ever handed out twice).
-//! - [`snapshot`]: the namespace journal and its snapshots (checksummed
-//!   records; snapshot = temp file, sync, rename, sync the directory).
+//! - [`snapshot`]: the namespace journal and its snapshots (snapshot = temp
+//!   file, sync, rename, sync the directory; written off the request path);
+//!   [`records`]: their checksummed record codec.
 //! - [`group`]: group commit, so a journal sync never runs on the request
 //!   path.
 
 pub mod epochs;
 pub mod group;
+pub mod records;
 pub mod snapshot;
 pub mod storage;

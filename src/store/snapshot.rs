@@ -4,47 +4,52 @@
 //! **What is durable when.** The namespace tracks what changed since the last
 //! flush (inodes, 4 KiB pages, directory names, dropped inodes). A flush
 //! encodes those changes as one batch of checksummed records ending with a
-//! commit record, appends it to `namespace.journal` and `fdatasync`s it.
-//! Flushes happen on every `fsync`/`fdatasync`/`fsyncdir` of anything on the
-//! mount (before the call returns: group commit, so one flush covers all
-//! changes of all files) and at clean unmount. Hence the contract: the
+//! commit record and appends it to `namespace.journal`; the caller is
+//! answered once an `fdatasync` that started after the append returned
+//! (group commit, [`crate::store::group`]: one flush covers all changes of
+//! all files). Flushes happen on every `fsync`/`fdatasync`/`fsyncdir` of
+//! anything on the mount and at clean unmount. Hence the contract: the
 //! namespace, contents, xattrs, TTLs and guards are durable as of the last
-//! sync that returned. Epochs are not kept here (see [`crate::store`]).
+//! sync that returned. Epochs are not kept here (see [`crate::store::epochs`]).
 //!
 //! **Recovery.** The snapshot (if any) must be whole: it is written to a
 //! temporary file, synced, renamed and the directory synced, so any damage
 //! in it stops start-up with the file and offset. Journal batches are
 //! replayed on top when the journal's generation matches the snapshot's (a
 //! journal of an older generation was folded into the snapshot before the
-//! crash). A torn or corrupt last record, zeros to the end of the file, or a
-//! batch without its commit record is the trace of a crash mid-flush — never
+//! crash, except past the offset a background snapshot records, see below).
+//! A torn or corrupt last record, zeros to the end of the file, or a batch
+//! without its commit record is the trace of a crash mid-flush — never
 //! acknowledged — and is cut off with a warning; a bad record followed by
 //! good ones is corruption and stops start-up.
 //!
 //! **Compaction.** When the journal outgrows the snapshot (and at clean
 //! unmount) the whole namespace is written as a new snapshot of the next
-//! generation and the journal starts over. A crash at any step leaves either
-//! the old snapshot with its journal, or the new snapshot (whose journal is
-//! ignored or empty).
+//! generation and the journal starts over. While the mount serves, the
+//! snapshot is written by another thread ([`write_snapshot`]) while batches
+//! go on being appended; it records the journal offset it covers, and
+//! [`Store::finish_snapshot`] starts the new journal with the batches
+//! appended since. A crash at any step leaves the old snapshot with its
+//! journal, the new snapshot with the old journal (replayed from the
+//! recorded offset), or the new snapshot with its journal.
 //!
 //! **Failure.** A full disk makes a flush fail with `ENOSPC` (the partial
 //! batch is cut away, the changes stay pending, and the next sync retries);
 //! any other I/O error stops durability for good (fail-stop): every later
 //! sync fails with `EIO` instead of pretending.
 //!
-//! Record frame: `u32 length, u32 crc32(length), u32 crc32(payload), payload`
-//! (a torn append leaves a prefix, so a bad length is corruption); payload starts
-//! with a tag byte. Integers are little-endian.
+//! The record codec is in [`crate::store::records`].
 
 use std::collections::HashMap;
-use std::ffi::OsString;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::os::unix::ffi::OsStrExt;
+use std::time::{Duration, SystemTime};
 
-use crate::namespace::{Body, Data, Ino, Inode, Kind, Namespace, PAGE};
+use crate::namespace::{Body, Ino, Inode, Namespace};
 use crate::store::storage::{Storage, Syncer};
+
+pub use super::records::{crc32, Enc, Extra};
+use super::records::{scan, Rec, Scan};
 
 /// The journal file in the state directory.
 pub const JOURNAL: &str = "namespace.journal";
@@ -55,297 +60,6 @@ const JOURNAL_TMP: &str = "namespace.journal.tmp";
 
 /// A journal this large (and larger than the snapshot) is compacted.
 pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
-
-/// Frame header: payload length, CRC of the length, CRC of the payload.
-const FRAME: usize = 12;
-
-const T_HEADER: u8 = 0;
-const T_INODE: u8 = 1;
-const T_PAGE: u8 = 2;
-const T_ENTRY: u8 = 3;
-const T_FREE: u8 = 4;
-const T_COMMIT: u8 = 5;
-/// In a snapshot written while the journal went on: which journal
-/// (generation) it includes, up to which byte offset.
-const T_BASE: u8 = 6;
-
-/// Lease settings that live outside the inode.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Extra {
-    pub ttl_ms: Option<u64>,
-    pub guard: Option<PathBuf>,
-}
-
-/// CRC-32 (IEEE, the zlib polynomial), SIMD-accelerated: a flush of a
-/// large batch (a synced shared mapping) is bounded by the disk, not by a
-/// byte-at-a-time checksum.
-pub fn crc32(data: &[u8]) -> u32 {
-    crc32fast::hash(data)
-}
-
-/// Appends framed records to a buffer.
-#[derive(Default)]
-pub struct Enc {
-    pub buf: Vec<u8>,
-    start: usize,
-}
-
-impl Enc {
-    fn begin(&mut self, tag: u8) {
-        self.start = self.buf.len();
-        self.buf.extend_from_slice(&[0u8; FRAME]);
-        self.buf.push(tag);
-    }
-    fn end(&mut self) {
-        let payload = &self.buf[self.start + FRAME..];
-        let (len, crc) = (payload.len() as u32, crc32(payload));
-        let at = self.start;
-        self.buf[at..at + 4].copy_from_slice(&len.to_le_bytes());
-        self.buf[at + 4..at + 8].copy_from_slice(&crc32(&len.to_le_bytes()).to_le_bytes());
-        self.buf[at + 8..at + 12].copy_from_slice(&crc.to_le_bytes());
-    }
-    fn u8(&mut self, v: u8) {
-        self.buf.push(v);
-    }
-    fn u32(&mut self, v: u32) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
-    }
-    fn u64(&mut self, v: u64) {
-        self.buf.extend_from_slice(&v.to_le_bytes());
-    }
-    fn bytes(&mut self, b: &[u8]) {
-        self.u32(b.len() as u32);
-        self.buf.extend_from_slice(b);
-    }
-    fn time(&mut self, t: SystemTime) {
-        let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
-            Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
-            Err(e) => {
-                let d = e.duration();
-                let extra = u32::from(d.subsec_nanos() != 0);
-                (
-                    -(d.as_secs() as i64) - i64::from(extra),
-                    if extra == 1 { 1_000_000_000 - d.subsec_nanos() } else { 0 },
-                )
-            }
-        };
-        self.u64(secs as u64);
-        self.u32(nanos);
-    }
-
-    fn header(&mut self, generation: u64) {
-        self.begin(T_HEADER);
-        self.u64(generation);
-        self.time(SystemTime::now());
-        self.end();
-    }
-
-    /// An inode's attributes, xattrs, symlink target, size and settings.
-    pub fn inode(&mut self, i: &Inode, extra: &Extra) {
-        self.begin(T_INODE);
-        self.u64(i.ino.0);
-        self.u8(kind_code(i.kind));
-        self.u32(u32::from(i.perm));
-        self.u32(i.uid);
-        self.u32(i.gid);
-        self.u32(i.rdev);
-        for t in [i.atime, i.mtime, i.ctime, i.crtime] {
-            self.time(t);
-        }
-        self.u64(i.version);
-        let (size, target): (u64, &[u8]) = match &i.body {
-            Body::File(d) => (d.size(), b""),
-            Body::Symlink(t) => (0, t.as_bytes()),
-            _ => (0, b""),
-        };
-        self.u64(size);
-        self.bytes(target);
-        self.u32(i.xattrs.len() as u32);
-        for (k, v) in &i.xattrs {
-            self.bytes(k.as_bytes());
-            self.bytes(v);
-        }
-        self.u64(extra.ttl_ms.map_or(0, |t| t + 1));
-        self.bytes(extra.guard.as_ref().map_or(&b""[..], |g| g.as_os_str().as_bytes()));
-        self.end();
-    }
-
-    /// One page of a file (`None`: a hole).
-    pub fn page(&mut self, ino: Ino, idx: u64, page: Option<&[u8; PAGE]>) {
-        self.begin(T_PAGE);
-        self.u64(ino.0);
-        self.u64(idx);
-        self.bytes(page.map_or(&[][..], |p| &p[..]));
-        self.end();
-    }
-
-    /// A directory entry (`None`: removed).
-    pub fn entry(&mut self, dir: Ino, name: &[u8], ino: Option<Ino>) {
-        self.begin(T_ENTRY);
-        self.u64(dir.0);
-        self.bytes(name);
-        self.u64(ino.map_or(0, |i| i.0));
-        self.end();
-    }
-
-    /// An inode dropped for good.
-    pub fn free(&mut self, ino: Ino) {
-        self.begin(T_FREE);
-        self.u64(ino.0);
-        self.end();
-    }
-
-    /// The snapshot holds journal `generation` up to byte `offset`.
-    pub fn base(&mut self, generation: u64, offset: u64) {
-        self.begin(T_BASE);
-        self.u64(generation);
-        self.u64(offset);
-        self.end();
-    }
-
-    /// The end of a batch.
-    pub fn commit(&mut self, next_ino: u64) {
-        self.begin(T_COMMIT);
-        self.u64(next_ino);
-        self.end();
-    }
-}
-
-fn kind_code(k: Kind) -> u8 {
-    match k {
-        Kind::File => 1,
-        Kind::Dir => 2,
-        Kind::Symlink => 3,
-        Kind::Fifo => 4,
-        Kind::Socket => 5,
-        Kind::CharDev => 6,
-        Kind::BlockDev => 7,
-    }
-}
-
-fn kind_of(c: u8) -> Option<Kind> {
-    Some(match c {
-        1 => Kind::File,
-        2 => Kind::Dir,
-        3 => Kind::Symlink,
-        4 => Kind::Fifo,
-        5 => Kind::Socket,
-        6 => Kind::CharDev,
-        7 => Kind::BlockDev,
-        _ => return None,
-    })
-}
-
-struct Dec<'a> {
-    b: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Dec<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let s = self.b.get(self.pos..self.pos.checked_add(n)?)?;
-        self.pos += n;
-        Some(s)
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.take(1)?[0])
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
-    }
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let n = self.u32()? as usize;
-        self.take(n)
-    }
-    fn time(&mut self) -> Option<SystemTime> {
-        let secs = self.u64()? as i64;
-        let nanos = self.u32()?;
-        Some(if secs >= 0 {
-            UNIX_EPOCH + Duration::new(secs as u64, nanos)
-        } else {
-            UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(u64::from(nanos))
-        })
-    }
-}
-
-/// One decoded record.
-enum Rec {
-    Header(u64, SystemTime),
-    Inode(Box<Inode>, u64, Extra),
-    Page(Ino, u64, Vec<u8>),
-    Entry(Ino, OsString, Option<Ino>),
-    Free(Ino),
-    Commit(u64),
-    Base(u64, u64),
-}
-
-fn decode(payload: &[u8]) -> Option<Rec> {
-    let mut d = Dec { b: payload, pos: 0 };
-    let rec = match d.u8()? {
-        T_HEADER => Rec::Header(d.u64()?, d.time()?),
-        T_INODE => {
-            let ino = Ino(d.u64()?);
-            let kind = kind_of(d.u8()?)?;
-            let perm = d.u32()? as u16;
-            let (uid, gid, rdev) = (d.u32()?, d.u32()?, d.u32()?);
-            let (atime, mtime, ctime, crtime) = (d.time()?, d.time()?, d.time()?, d.time()?);
-            let version = d.u64()?;
-            let size = d.u64()?;
-            let target = OsString::from_vec(d.bytes()?.to_vec());
-            let mut xattrs = std::collections::BTreeMap::new();
-            for _ in 0..d.u32()? {
-                let k = OsString::from_vec(d.bytes()?.to_vec());
-                xattrs.insert(k, d.bytes()?.to_vec());
-            }
-            let ttl = d.u64()?;
-            let guard = d.bytes()?;
-            let extra = Extra {
-                ttl_ms: ttl.checked_sub(1),
-                guard: (!guard.is_empty()).then(|| PathBuf::from(OsString::from_vec(guard.to_vec()))),
-            };
-            let body = match kind {
-                Kind::File => Body::File(Data::default()),
-                Kind::Dir => Body::Dir(crate::namespace::Dir::empty(ino)),
-                Kind::Symlink => Body::Symlink(target),
-                _ => Body::Special,
-            };
-            let inode = Inode {
-                ino,
-                kind,
-                perm,
-                nlink: 0,
-                uid,
-                gid,
-                rdev,
-                atime,
-                mtime,
-                ctime,
-                crtime,
-                lookups: 0,
-                opens: 0,
-                version,
-                xattrs,
-                body,
-            };
-            Rec::Inode(Box::new(inode), size, extra)
-        }
-        T_PAGE => Rec::Page(Ino(d.u64()?), d.u64()?, d.bytes()?.to_vec()),
-        T_ENTRY => {
-            let dir = Ino(d.u64()?);
-            let name = OsString::from_vec(d.bytes()?.to_vec());
-            let ino = d.u64()?;
-            Rec::Entry(dir, name, (ino != 0).then_some(Ino(ino)))
-        }
-        T_FREE => Rec::Free(Ino(d.u64()?)),
-        T_COMMIT => Rec::Commit(d.u64()?),
-        T_BASE => Rec::Base(d.u64()?, d.u64()?),
-        _ => return None,
-    };
-    (d.pos == payload.len()).then_some(rec)
-}
 
 /// The state a store recovered.
 #[derive(Debug, Default)]
@@ -406,55 +120,6 @@ impl Recovered {
             }
         }
     }
-}
-
-/// How a file's records end.
-enum Scan {
-    /// Every record good; the offset just past the last commit.
-    Clean(u64),
-    /// A torn tail from this offset (records after the last commit, a
-    /// partial or bad last record, zeros to the end).
-    Torn(u64),
-}
-
-/// Walk the framed records of `image`, handing each committed batch to
-/// `batch`. `Err(offset)` for corruption before the tail.
-fn scan(image: &[u8], mut batch: impl FnMut(Vec<Rec>)) -> Result<Scan, u64> {
-    let mut pos = 0usize;
-    let mut committed = 0usize;
-    let mut pending = Vec::new();
-    while pos < image.len() {
-        let rest = &image[pos..];
-        let torn = |_: ()| -> Result<Scan, u64> { Ok(Scan::Torn(committed as u64)) };
-        if rest.len() < FRAME || rest.iter().all(|b| *b == 0) {
-            return torn(());
-        }
-        let len_bytes: [u8; 4] = rest[..4].try_into().expect("4 bytes");
-        let len_crc = u32::from_le_bytes(rest[4..8].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
-        let len = u32::from_le_bytes(len_bytes) as usize;
-        if len == 0 || crc32(&len_bytes) != len_crc {
-            // A torn append leaves a prefix, never a wrong length.
-            return Err(pos as u64);
-        }
-        if len > rest.len() - FRAME {
-            return torn(());
-        }
-        let payload = &rest[FRAME..FRAME + len];
-        let is_last = FRAME + len == rest.len();
-        let rec = if crc32(payload) == crc { decode(payload) } else { None };
-        let Some(rec) = rec else {
-            return if is_last { torn(()) } else { Err(pos as u64) };
-        };
-        pos += FRAME + len;
-        let end = matches!(rec, Rec::Commit(_));
-        pending.push(rec);
-        if end {
-            batch(std::mem::take(&mut pending));
-            committed = pos;
-        }
-    }
-    Ok(if committed == image.len() { Scan::Clean(committed as u64) } else { Scan::Torn(committed as u64) })
 }
 
 /// Crash here when the named failpoint is armed (`LEASEFS_FAILPOINT`), to

@@ -20,7 +20,7 @@ fn crc32_matches_the_reference_definition() {
 }
 
 use super::*;
-use crate::namespace::NewInode;
+use crate::namespace::{Kind, NewInode};
 use crate::store::storage::MemStorage;
 use std::ffi::OsStr;
 
