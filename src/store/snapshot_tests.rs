@@ -130,10 +130,17 @@ fn every_crash_image_recovers_what_was_acknowledged() {
         acked.push(view(&ns));
         images_at_ack.push(recording(&store).images.len());
     }
-    let images = recording(&store).images.clone();
+    every_image_recovers_an_acknowledged_state(&store, &acked, &images_at_ack);
+}
+
+/// Each crash image recorded by the store's backend recovers to the newest
+/// namespace acknowledged before the image was taken, or the one after it
+/// (the flush in flight). `images_at_ack[i]` is how many images existed
+/// when `acked[i]` was acknowledged.
+fn every_image_recovers_an_acknowledged_state(store: &Store, acked: &[Vec<(String, String)>], images_at_ack: &[usize]) {
+    let images = recording(store).images.clone();
     assert!(images.len() > 100, "{} images", images.len());
     for (n, img) in images.into_iter().enumerate() {
-        // The newest flush acknowledged before this image was taken.
         let last = images_at_ack.iter().rposition(|&at| at <= n).unwrap();
         let got = view(&recover(img));
         let ok = acked[last..].iter().take(2).any(|v| *v == got);
@@ -189,14 +196,7 @@ fn every_crash_image_of_a_background_snapshot_recovers_what_was_acknowledged() {
         images_at_ack.push(recording(&store).images.len());
     }
     assert!(store.generation() >= 4, "generation {}", store.generation());
-    let images = recording(&store).images.clone();
-    assert!(images.len() > 100, "{} images", images.len());
-    for (n, img) in images.into_iter().enumerate() {
-        let last = images_at_ack.iter().rposition(|&at| at <= n).unwrap();
-        let got = view(&recover(img));
-        let ok = acked[last..].iter().take(2).any(|v| *v == got);
-        assert!(ok, "image {n}: recovered {got:?}\nacknowledged {:?}", acked[last]);
-    }
+    every_image_recovers_an_acknowledged_state(&store, &acked, &images_at_ack);
 }
 
 fn recording(store: &Store) -> &MemStorage {
