@@ -113,6 +113,54 @@ fn break_fences_the_holder_and_the_next_grant_gets_epoch_plus_one() {
 }
 
 #[test]
+fn break_all_fences_every_holder_at_once_and_waiters_get_the_leases() {
+    let m = Mount::new();
+    let mp = m.path.to_str().unwrap();
+    sh_ok(&m.path, "mkdir d && touch A d/B free");
+    let holder = |f: &str| {
+        Bg::ready(
+            &m.path,
+            &format!(
+                "exec 9<>{f}; flock 9; echo ready; while [ ! -e go ]; do sleep 0.02; done; \
+                 if echo more >&9 2>/dev/null; then echo wrote; else echo refused; fi; exec sleep 60"
+            ),
+        )
+    };
+    let (a, b) = (holder("A"), holder("d/B"));
+    let mut waiter = Bg::spawn(&m.path, "exec flock A sh -c 'echo got > got'");
+    waiter.wait_blocked();
+    let (ea, eb) = (epoch(&m.path, "A"), epoch(&m.path, "d/B"));
+    let (ok, _, err) = leasefs(&["break", mp]);
+    assert!(!ok && err.contains("--all"), "a path or --all is required: {err}");
+    let o = sh(&m.path, "setpriv --reuid=65534 --regid=65534 --clear-groups sh -c 'printf \"\\0\" > .leasefs/break'");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Permission denied"), "{o:?}");
+    let (ok, _, err) = leasefs(&["break", "--all", mp]);
+    assert!(ok, "{err}");
+    assert!(waiter.wait(STEP).success(), "the waiter on A is granted");
+    assert_eq!(sh_ok(&m.path, "cat got"), "got\n");
+    assert_eq!(epoch(&m.path, "A"), ea + 1, "the waiter's grant is the next epoch");
+    assert_eq!(sh(&m.path, "flock -n d/B true").status.code(), Some(0), "B is free");
+    assert_eq!(epoch(&m.path, "d/B"), eb + 1);
+    sh_ok(&m.path, "touch go");
+    for (h, f) in [(&a, "A"), (&b, "d/B")] {
+        let deadline = std::time::Instant::now() + STEP;
+        while h.lines.lock().unwrap().is_empty() {
+            assert!(std::time::Instant::now() < deadline, "holder of {f} said nothing");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(h.lines.lock().unwrap()[0], "refused", "the holder of {f} must be fenced");
+    }
+    let metrics = sh_ok(&m.path, "cat .leasefs/metrics");
+    assert!(metrics.contains("leasefs_breaks_total 2"), "{metrics}");
+    // Nothing held: breaking everything again is a no-op that succeeds.
+    sh_ok(&m.path, "rm got");
+    let (ok, _, err) = leasefs(&["break", "--all", mp]);
+    assert!(ok, "{err}");
+    assert!(sh_ok(&m.path, "cat .leasefs/metrics").contains("leasefs_breaks_total 2"));
+    assert_eq!(sh_ok(&m.path, "cat free"), "");
+}
+
+#[test]
 fn status_leases_and_break_commands() {
     let m = Mount::new();
     let mp = m.path.to_str().unwrap();

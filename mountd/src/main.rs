@@ -43,6 +43,9 @@ enum Cmd {
     /// List leases that are held, awaited or have a TTL.
     Leases(ShowArgs),
     /// Break a lease at once: its holder is fenced, the next grant gets epoch + 1 (root only).
+    ///
+    /// With --all, every lease held on the mount is broken: use it before handing the
+    /// leases of a host to another (every holder here is fenced at once).
     Break(BreakArgs),
 }
 
@@ -56,11 +59,19 @@ struct ShowArgs {
 }
 
 #[derive(Args, Debug)]
+#[command(
+    group(clap::ArgGroup::new("what").required(true).multiple(false)),
+    override_usage = "leasefs break <MOUNTPOINT> <PATH|--all>"
+)]
 struct BreakArgs {
     /// Mount point of a leasefs mount.
     mountpoint: PathBuf,
     /// Path of the lease, relative to the mount point (or absolute inside it).
-    path: PathBuf,
+    #[arg(group = "what")]
+    path: Option<PathBuf>,
+    /// Break every lease held on the mount.
+    #[arg(long, group = "what")]
+    all: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -241,8 +252,17 @@ fn break_lease(args: &BreakArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let Some(path) = &args.path else {
+        return match std::fs::write(&p, leasefs::fs::BREAK_ALL) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("leasefs: break --all: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    };
     let mount = session::absolute(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone());
-    let rel = args.path.strip_prefix(&mount).unwrap_or(&args.path);
+    let rel = path.strip_prefix(&mount).unwrap_or(path);
     match std::fs::write(&p, rel.as_os_str().as_encoded_bytes()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

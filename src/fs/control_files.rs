@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// What a write to `.leasefs/break` says to break every lease held: one NUL
+/// byte, which no path contains.
+pub const BREAK_ALL: &[u8] = b"\0";
+
 impl Fs {
     pub(super) fn control_lookup(&self, parent: Ino, name: &OsStr) -> Result<Option<Attr>> {
         if parent == Ino::ROOT && name == control::DIR_NAME {
@@ -50,13 +54,19 @@ impl Fs {
     }
 
     /// A write to `.leasefs/break`: the mount-relative path of the lease to
-    /// break at once. Root only.
+    /// break at once, or [`BREAK_ALL`] for every lease held on the mount.
+    /// Root only.
     pub fn control_write(&self, ino: Ino, data: &[u8], caller: Caller) -> Result<(u32, Vec<Effect>)> {
         if ControlFile::by_ino(ino) != Some(ControlFile::Break) {
             return Err(Error::NotPermitted);
         }
         if caller.uid != 0 {
             return Err(Error::NotPermitted);
+        }
+        if data == BREAK_ALL {
+            let (fenced, effects) = self.fence_all()?;
+            tracing::info!(holders = fenced, pid = caller.pid, "every lease broken by administrator");
+            return Ok((data.len() as u32, effects));
         }
         let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?.trim();
         let rel = text.trim_start_matches('/');

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How often the timer looks for a finished snapshot while one is written.
+const COMPACTION_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl Fs {
     /// Run lease timers: break leases whose TTL ran out while someone
     /// waits. Returns what to answer and when to call again.
@@ -21,8 +24,28 @@ impl Fs {
         }
         let (effects, next) = st.lease.tick();
         st.account(&effects);
-        let next = next.map(std::time::Duration::from_millis);
+        let mut next = next.map(std::time::Duration::from_millis);
+        if st.compaction.is_some() {
+            // The snapshot thread wakes the timer as it ends; this covers
+            // the moment between its wake-up and its exit.
+            next = Some(next.map_or(COMPACTION_POLL, |n| n.min(COMPACTION_POLL)));
+        }
         (effects, next)
+    }
+
+    /// Break every lease held on this host at once (administrator; the
+    /// multi-host authority does the same when the host loses its arbiter
+    /// session). Returns the holders fenced and what to answer.
+    pub fn fence_all(&self) -> Result<(usize, Vec<Effect>)> {
+        let mut st = self.state.lock();
+        st.clock();
+        for ino in st.lease.held() {
+            st.reserve(ino)?;
+        }
+        let effects = st.lease.fence_all();
+        st.account(&effects);
+        let fenced = effects.iter().filter(|e| matches!(e, Effect::Broken(..))).count();
+        Ok((fenced, effects))
     }
 
     /// Break a lease at once (administrator).

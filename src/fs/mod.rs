@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 
 use crate::control::{self, ControlFile, Metrics};
 use crate::error::{Error, Result};
-use crate::lease::authority::LeaseAuthority;
+use crate::lease::authority::{LeaseAuthority, Wake};
 use crate::lease::local::LocalAuthority;
 use crate::lease::observe::Proc;
 use crate::lease::views::read_proc;
@@ -23,6 +23,7 @@ use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, P
 use tracing::debug;
 
 mod control_files;
+pub use control_files::BREAK_ALL;
 mod io;
 mod locks;
 mod names;
@@ -241,9 +242,18 @@ struct State {
     volatile: bool,
     /// A snapshot being written off the request path.
     compaction: Option<std::thread::JoinHandle<std::io::Result<crate::store::snapshot::SnapshotWritten>>>,
+    /// Wakes the lease timer (the authority has effects to hand over, a
+    /// snapshot was written).
+    wake: Wake,
 }
 
 impl State {
+    /// Ask `lease` every lease question from now on.
+    fn set_authority(&mut self, mut lease: Box<dyn LeaseAuthority>) {
+        lease.set_wake(self.wake.clone());
+        self.lease = lease;
+    }
+
     /// The process behind a request's thread id (cached unless `fresh`).
     fn proc(&mut self, tid: u32, fresh: bool) -> Option<Proc> {
         self.lease.views().proc(tid, fresh)
@@ -388,9 +398,13 @@ impl State {
         };
         let Some(job) = store.begin_snapshot(&img) else { return };
         drop(img);
-        let spawned = std::thread::Builder::new()
-            .name("snapshot".into())
-            .spawn(move || crate::store::snapshot::write_snapshot(&mut *storage, &job));
+        let wake = self.wake.clone();
+        let spawned = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
+            let written = crate::store::snapshot::write_snapshot(&mut *storage, &job);
+            // The timer finishes the compaction.
+            wake.wake();
+            written
+        });
         match spawned {
             Ok(t) => self.compaction = Some(t),
             Err(e) => {
@@ -545,16 +559,16 @@ fn resolve(t: SetTime, now: SystemTime) -> SystemTime {
 }
 
 impl Fs {
-    /// A filesystem with an empty root owned by `uid:gid` (mode 0755).
     /// A filesystem whose leases carry `ttl_ms` unless a file sets its own.
     pub fn with_lease_ttl(uid: u32, gid: u32, ttl_ms: Option<u64>) -> Fs {
         let fs = Fs::new(uid, gid);
-        fs.state.lock().lease = Box::new(LocalAuthority::new(ttl_ms));
+        fs.state.lock().set_authority(Box::new(LocalAuthority::new(ttl_ms)));
         fs
     }
 
+    /// A filesystem with an empty root owned by `uid:gid` (mode 0755).
     pub fn new(uid: u32, gid: u32) -> Fs {
-        Fs {
+        let fs = Fs {
             state: Mutex::new(State {
                 ns: Namespace::new(0o755, uid, gid, now()),
                 handles: HashMap::new(),
@@ -568,9 +582,18 @@ impl Fs {
                 store: None,
                 volatile: false,
                 compaction: None,
+                wake: Wake::default(),
             }),
             group: crate::store::group::GroupCommit::default(),
-        }
+        };
+        let wake = fs.state.lock().wake.clone();
+        fs.state.lock().lease.set_wake(wake);
+        fs
+    }
+
+    /// What wakes the lease timer before its deadline.
+    pub fn wake(&self) -> Wake {
+        self.state.lock().wake.clone()
     }
 
     /// Keep epochs durable in `journal`; `ceiling` is the recovered one,

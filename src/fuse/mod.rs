@@ -31,8 +31,9 @@ use crate::namespace::{Attr, Ino, Kind};
 
 /// `fuse_lk_in.lk_flags` bit marking a `flock(2)` request.
 const FUSE_LK_FLOCK: u32 = 1;
-/// How often the lease timer looks when no deadline is near.
-const TIMER_IDLE: Duration = Duration::from_millis(50);
+/// How long the lease timer sleeps when it has no deadline and nobody
+/// wakes it (a safety net: every change that needs it wakes it).
+const TIMER_IDLE: Duration = Duration::from_secs(1);
 /// How many interrupts for not-yet-parked requests are remembered.
 const EARLY_INTERRUPTS: usize = 256;
 
@@ -173,8 +174,11 @@ impl Intercept for Interceptor {
     fn attach(&self, notices: Notices) {
         self.waits.lock().notices = Some(notices);
         // Lease timers: a waiter on a lease whose TTL runs out is granted
-        // without any other request arriving. The thread ends with the
+        // without any other request arriving, and answers the authority
+        // decided later are delivered. The timer sleeps to its next
+        // deadline unless the authority wakes it; the thread ends with the
         // filesystem.
+        let wake = self.fs.wake();
         let (fs, waits) = (Arc::downgrade(&self.fs), Arc::downgrade(&self.waits));
         let spawned = std::thread::Builder::new().name("lease-timer".into()).spawn(move || loop {
             let (Some(fs), Some(waits)) = (fs.upgrade(), waits.upgrade()) else {
@@ -188,7 +192,7 @@ impl Intercept for Interceptor {
             };
             drop((fs, waits));
             let nap = next.unwrap_or(TIMER_IDLE).clamp(Duration::from_millis(1), TIMER_IDLE);
-            std::thread::sleep(nap);
+            wake.sleep(nap);
         });
         if let Err(e) = spawned {
             error!("cannot start the lease timer: {e}");

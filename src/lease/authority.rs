@@ -21,13 +21,24 @@
 //!   a watch event or a remote transaction there).
 //! - Asking may fail because the arbiter is unreachable: the operations
 //!   that need it return `Result` and fail with `EIO` within bounded time.
-//! - A whole host's holders can be fenced at once: fencing is per holder
-//!   here (TTL breaks, administrative breaks) and reported the same way.
+//! - Answers that arrive later are handed over by [`LeaseAuthority::tick`]:
+//!   the authority calls its [`Wake`] when it has some (here: a waiter's
+//!   deadline came nearer; there: a watch event or a finished remote
+//!   transaction), and the lease timer then ticks at once instead of
+//!   sleeping to its next deadline.
+//! - A whole host's holders can be fenced at once
+//!   ([`LeaseAuthority::fence_all`]: an administrator here, the loss of the
+//!   host's arbiter session there), reported as one [`Effect::Broken`] per
+//!   holder, like a single break.
 //!
 //! [`LocalAuthority`](super::local::LocalAuthority) is the single-host
 //! implementation over the pure state machine in [`super::machine`].
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::floors::Floors;
 use super::machine::{Effect, Epoch, Fenced, Lease, Lock, Outcome, Owner, Request, WaitId};
@@ -35,10 +46,38 @@ use super::views::Views;
 use crate::error::Result;
 use crate::namespace::Ino;
 
+/// Wakes the lease timer before its deadline: the authority has effects to
+/// hand over through [`LeaseAuthority::tick`]. A wake-up given while the
+/// timer is busy is kept, so none is lost.
+#[derive(Debug, Clone, Default)]
+pub struct Wake(Arc<(Mutex<bool>, Condvar)>);
+
+impl Wake {
+    /// Have the timer tick now.
+    pub fn wake(&self) {
+        let (flag, cond) = &*self.0;
+        *flag.lock() = true;
+        cond.notify_one();
+    }
+
+    /// Sleep until woken or for `timeout`; true when woken.
+    pub fn sleep(&self, timeout: Duration) -> bool {
+        let (flag, cond) = &*self.0;
+        let mut woken = flag.lock();
+        if !*woken {
+            cond.wait_for(&mut woken, timeout);
+        }
+        std::mem::take(&mut *woken)
+    }
+}
+
 /// Everything the filesystem core asks about leases.
 pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// Milliseconds on the lease clock (advances the authority's clock).
     fn now(&mut self) -> u64;
+    /// Call `wake` whenever [`LeaseAuthority::tick`] has work before the
+    /// deadline it last returned.
+    fn set_wake(&mut self, wake: Wake);
 
     // Lock requests, tests, releases and interrupts (SPEC 2, 3).
 
@@ -110,6 +149,11 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn tick(&mut self) -> (Vec<Effect>, Option<u64>);
     /// Break the lease now (administrator): holders are fenced.
     fn break_now(&mut self, ino: Ino) -> Vec<Effect>;
+    /// Every lease with a holder on this host.
+    fn held(&self) -> Vec<Ino>;
+    /// Break every lease held on this host at once (administrator, or the
+    /// host lost its arbiter session): every holder is fenced.
+    fn fence_all(&mut self) -> Vec<Effect>;
     /// The fence on `handle`, if its hold was broken or taken over.
     fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced>;
     /// The fence on any of `pids`.

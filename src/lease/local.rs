@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::authority::LeaseAuthority;
+use super::authority::{LeaseAuthority, Wake};
 use super::floors::Floors;
 use super::machine::{Effect, Epoch, Fenced, Lease, Lock, Locks, Outcome, Owner, Request, WaitId};
 use super::views::Views;
@@ -31,6 +31,9 @@ pub struct LocalAuthority {
     views: Views,
     /// The clock leases run on.
     start: Instant,
+    /// The lease timer, and the deadline it was last told to sleep to.
+    wake: Wake,
+    armed: Option<u64>,
 }
 
 impl LocalAuthority {
@@ -43,11 +46,24 @@ impl LocalAuthority {
             floors: Floors::default(),
             views: Views::default(),
             start: Instant::now(),
+            wake: Wake::default(),
+            armed: None,
         }
     }
 
     fn clock(&self) -> u64 {
         self.start.elapsed().as_millis() as u64
+    }
+
+    /// A request changed `ino`: wake the timer if its deadline is now
+    /// nearer than the one the timer sleeps to.
+    fn rearm(&mut self, ino: Ino) {
+        if let Some(due) = self.locks.deadline(ino) {
+            if self.armed.is_none_or(|armed| due < armed) {
+                self.armed = Some(due);
+                self.wake.wake();
+            }
+        }
     }
 }
 
@@ -58,8 +74,14 @@ impl LeaseAuthority for LocalAuthority {
         now
     }
 
+    fn set_wake(&mut self, wake: Wake) {
+        self.wake = wake;
+    }
+
     fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
-        Ok(self.locks.set(ino, req, wait))
+        let answer = self.locks.set(ino, req, wait);
+        self.rearm(ino);
+        Ok(answer)
     }
 
     fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
@@ -71,11 +93,15 @@ impl LeaseAuthority for LocalAuthority {
     }
 
     fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect> {
-        self.locks.release_owner(ino, owner)
+        let effects = self.locks.release_owner(ino, owner);
+        self.rearm(ino);
+        effects
     }
 
     fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect> {
-        self.locks.release_handle(ino, handle, flock_owner)
+        let effects = self.locks.release_handle(ino, handle, flock_owner);
+        self.rearm(ino);
+        effects
     }
 
     fn epoch(&self, ino: Ino) -> Epoch {
@@ -146,7 +172,9 @@ impl LeaseAuthority for LocalAuthority {
     }
 
     fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
-        self.locks.set_ttl(ino, ttl)
+        let effects = self.locks.set_ttl(ino, ttl);
+        self.rearm(ino);
+        effects
     }
 
     fn effective_ttl(&self, ino: Ino) -> Option<u64> {
@@ -160,11 +188,27 @@ impl LeaseAuthority for LocalAuthority {
     fn tick(&mut self) -> (Vec<Effect>, Option<u64>) {
         let now = self.clock();
         let effects = self.locks.tick(now);
-        (effects, self.locks.next_deadline().map(|d| d.saturating_sub(now)))
+        self.armed = self.locks.next_deadline();
+        (effects, self.armed.map(|d| d.saturating_sub(now)))
     }
 
     fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
-        self.locks.break_now(ino)
+        let effects = self.locks.break_now(ino);
+        self.rearm(ino);
+        effects
+    }
+
+    fn held(&self) -> Vec<Ino> {
+        self.locks.held()
+    }
+
+    fn fence_all(&mut self) -> Vec<Effect> {
+        let held = self.locks.held();
+        let effects = self.locks.break_all();
+        for ino in held {
+            self.rearm(ino);
+        }
+        effects
     }
 
     fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced> {
@@ -205,5 +249,63 @@ impl LeaseAuthority for LocalAuthority {
 
     fn uptime(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::lease::machine::{LockKind, Mode, Range};
+
+    fn flock(owner: u64, mode: Option<Mode>) -> Request {
+        Request {
+            owner: Owner(owner),
+            kind: LockKind::Flock,
+            mode,
+            range: Range::WHOLE,
+            pid: owner as u32,
+            handle: owner,
+        }
+    }
+
+    /// The timer sleeps to its deadline; a waiter arriving on a TTL lease
+    /// brings a nearer one and must wake it, or the break would wait for
+    /// the timer's idle nap.
+    #[test]
+    fn a_nearer_deadline_wakes_the_timer_and_a_later_one_does_not() {
+        let wake = Wake::default();
+        let mut a = LocalAuthority::new(Some(60_000));
+        a.set_wake(wake.clone());
+        let i = Ino(5);
+        a.request(i, flock(1, Some(Mode::Exclusive)), None).unwrap();
+        assert!(!wake.sleep(Duration::ZERO), "a holder alone has no deadline");
+        let (o, _) = a.request(i, flock(2, Some(Mode::Exclusive)), Some(WaitId(2))).unwrap();
+        assert_eq!(o, Outcome::Parked);
+        assert!(wake.sleep(Duration::ZERO), "a waiter on a TTL lease brings a deadline");
+        let (_, next) = a.tick();
+        assert!(next.is_some_and(|n| n <= 60_000));
+        // A second waiter has the same deadline: no wake-up.
+        a.request(i, flock(3, Some(Mode::Exclusive)), Some(WaitId(3))).unwrap();
+        assert!(!wake.sleep(Duration::ZERO));
+        // A shorter TTL does.
+        a.set_ttl(i, Some(10_000));
+        assert!(wake.sleep(Duration::ZERO));
+    }
+
+    #[test]
+    fn fence_all_breaks_every_held_lease() {
+        let mut a = LocalAuthority::new(None);
+        for i in 1..=3 {
+            a.request(Ino(i), flock(i, Some(Mode::Exclusive)), None).unwrap();
+        }
+        assert_eq!(a.held(), vec![Ino(1), Ino(2), Ino(3)]);
+        let broken = a.fence_all().iter().filter(|e| matches!(e, Effect::Broken(..))).count();
+        assert_eq!(broken, 3);
+        assert!(a.held().is_empty());
+        for i in 1..=3 {
+            assert!(a.fenced_handle(Ino(i), i).is_some());
+        }
     }
 }

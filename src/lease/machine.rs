@@ -185,6 +185,15 @@ impl Lease {
         self.epoch
     }
 
+    /// When the holders' TTL runs out while someone waits (the lease timer
+    /// has work then).
+    fn deadline(&self) -> Option<u64> {
+        if self.waiters.is_empty() || self.locks.is_empty() {
+            return None;
+        }
+        self.expires
+    }
+
     /// True while the lease has a holder or a waiter.
     pub fn is_live(&self) -> bool {
         !self.locks.is_empty() || !self.waiters.is_empty()
@@ -370,7 +379,30 @@ impl Locks {
 
     /// The earliest moment [`Locks::tick`] has work to do.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.leases.values().filter(|l| !l.waiters.is_empty() && !l.locks.is_empty()).filter_map(|l| l.expires).min()
+        self.leases.values().filter_map(Lease::deadline).min()
+    }
+
+    /// The moment [`Locks::tick`] has work to do on this lease.
+    pub fn deadline(&self, ino: Ino) -> Option<u64> {
+        self.leases.get(&ino).and_then(Lease::deadline)
+    }
+
+    /// Break every held lease at once (the host lost its place): all
+    /// holders are fenced and waiters granted in order.
+    pub fn break_all(&mut self) -> Vec<Effect> {
+        let held: Vec<Ino> = self.held();
+        let mut effects = Vec::new();
+        for ino in held {
+            effects.extend(self.break_now(ino));
+        }
+        effects
+    }
+
+    /// Every lease with a holder, in inode order.
+    pub fn held(&self) -> Vec<Ino> {
+        let mut held: Vec<Ino> = self.leases.iter().filter(|(_, l)| !l.locks.is_empty()).map(|(i, _)| *i).collect();
+        held.sort_unstable();
+        held
     }
 
     /// Set (or with `None` remove) a file's own TTL; current holders get

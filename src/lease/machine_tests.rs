@@ -219,3 +219,37 @@ fn model_no_two_exclusive_holders_and_monotonic_epochs() {
     }
     assert!(last_epoch.0 > 100, "the model exercised acquisitions: {last_epoch:?}");
 }
+
+#[test]
+fn break_all_fences_every_holder_and_grants_each_lease_its_first_waiter() {
+    const J: Ino = Ino(8);
+    let mut t = Locks::new();
+    t.set(I, flock(1, Some(Mode::Exclusive)), None);
+    t.set(J, posix(2, Some(Mode::Shared), 0, 10), None);
+    t.set(J, posix(3, Some(Mode::Shared), 5, 20), None);
+    assert_eq!(t.set(I, flock(4, Some(Mode::Exclusive)), Some(WaitId(4))).0, Outcome::Parked);
+    assert_eq!(t.held(), vec![I, J]);
+    let e = t.break_all();
+    let broken: Vec<(Ino, u32, Epoch)> =
+        e.iter().filter_map(|e| if let Effect::Broken(i, f) = e { Some((*i, f.pid, f.epoch)) } else { None }).collect();
+    assert_eq!(broken, vec![(I, 1, Epoch(1)), (J, 2, Epoch(0)), (J, 3, Epoch(0))]);
+    // The waiter on I is the next holder, with a new epoch; J is free.
+    assert!(e.contains(&Effect::Grant(WaitId(4))));
+    assert_eq!(t.epoch(I), Epoch(2));
+    assert_eq!(t.held(), vec![I]);
+    assert!(t.fenced_pid(I, &[1]).is_some());
+    assert!(t.fenced_pid(J, &[3]).is_some());
+    assert_eq!(t.set(J, posix(5, Some(Mode::Exclusive), 0, 100), None).0, Outcome::Granted);
+}
+
+#[test]
+fn a_deadline_exists_only_while_a_holder_with_a_ttl_has_a_waiter() {
+    let mut t = Locks::with_default_ttl(Some(1000));
+    t.set(I, flock(1, Some(Mode::Exclusive)), None);
+    assert_eq!(t.deadline(I), None);
+    t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2)));
+    assert_eq!(t.deadline(I), Some(1000));
+    assert_eq!(t.next_deadline(), Some(1000));
+    t.interrupt(WaitId(2));
+    assert_eq!(t.deadline(I), None);
+}
