@@ -341,12 +341,9 @@ fn serve(args: &MountArgs) -> ExitCode {
     // later durable mount cannot resurrect stale contents.
     let mut storage = leasefs::store::storage::DirStorage::new(&args.state_dir);
     if args.volatile {
-        use leasefs::store::storage::Storage;
-        for f in [leasefs::store::snapshot::JOURNAL, leasefs::store::snapshot::SNAPSHOT] {
-            if let Err(e) = storage.remove(f) {
-                eprintln!("leasefs: {}: {e}", args.state_dir.join(f).display());
-                return ExitCode::FAILURE;
-            }
+        if let Err(e) = leasefs::store::snapshot::discard(&mut storage) {
+            eprintln!("leasefs: {}: discarding the durable namespace: {e}", args.state_dir.display());
+            return ExitCode::FAILURE;
         }
         fs.set_volatile();
     } else {

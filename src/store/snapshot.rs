@@ -25,13 +25,20 @@
 //!
 //! **Compaction.** When the journal outgrows the snapshot (and at clean
 //! unmount) the whole namespace is written as a new snapshot of the next
-//! generation and the journal starts over. While the mount serves, the
-//! snapshot is written by another thread ([`write_snapshot`]) while batches
-//! go on being appended; it records the journal offset it covers, and
-//! [`Store::finish_snapshot`] starts the new journal with the batches
-//! appended since. A crash at any step leaves the old snapshot with its
-//! journal, the new snapshot with the old journal (replayed from the
-//! recorded offset), or the new snapshot with its journal.
+//! generation and a new journal starts. There are two journal files
+//! ([`JOURNALS`]), each starting with the generation it belongs to; which
+//! one is current is decided by that header, never by the name. While the
+//! mount serves, the snapshot is written by another thread
+//! ([`write_snapshot`]) while batches go on being appended to the current
+//! journal; the snapshot records that journal's generation and the offset
+//! it covers. Once the snapshot is durable, the same thread starts the new
+//! journal in the other file (whose content the new snapshot made
+//! obsolete) and makes it durable; [`Store::finish_snapshot`], under the
+//! state lock, only switches appends to it: no disk sync ever happens
+//! there. Recovery replays the old journal from the recorded offset, then
+//! the new journal. A crash at any step leaves the old snapshot with its
+//! journal, or the new snapshot with the old journal's tail (and the new
+//! journal if it was created).
 //!
 //! **Failure.** A full disk makes a flush fail with `ENOSPC` (the partial
 //! batch is cut away, the changes stay pending, and the next sync retries);
@@ -51,12 +58,23 @@ use crate::store::storage::{Storage, Syncer};
 pub use super::records::{crc32, Enc, Extra};
 use super::records::{scan, Rec, Scan};
 
-/// The journal file in the state directory.
+/// The first journal file in the state directory (generation 0 starts there).
 pub const JOURNAL: &str = "namespace.journal";
+/// The two journal files: compaction starts the new journal in the one
+/// that is not current.
+pub const JOURNALS: [&str; 2] = [JOURNAL, "namespace.journal.2"];
 /// The snapshot file in the state directory.
 pub const SNAPSHOT: &str = "namespace.snapshot";
 const SNAPSHOT_TMP: &str = "namespace.snapshot.tmp";
-const JOURNAL_TMP: &str = "namespace.journal.tmp";
+
+/// The journal file that is not `name`.
+fn other_journal(name: &str) -> &'static str {
+    if name == JOURNALS[0] {
+        JOURNALS[1]
+    } else {
+        JOURNALS[0]
+    }
+}
 
 /// A journal this large (and larger than the snapshot) is compacted.
 pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
@@ -74,6 +92,19 @@ pub struct Recovered {
 }
 
 impl Recovered {
+    /// Replay committed journal batches.
+    fn replay(&mut self, batches: Vec<Vec<Rec>>) {
+        for b in batches {
+            self.batches += 1;
+            for r in b {
+                match r {
+                    Rec::Commit(n) => self.next_ino = self.next_ino.max(n),
+                    r => self.apply(r),
+                }
+            }
+        }
+    }
+
     fn apply(&mut self, rec: Rec) {
         match rec {
             Rec::Header(..) | Rec::Commit(_) | Rec::Base(..) => {}
@@ -164,7 +195,12 @@ fn injected(name: &str) -> io::Result<()> {
 /// The namespace journal and snapshot of a state directory.
 pub struct Store {
     storage: Box<dyn Storage>,
+    /// The snapshot's generation.
     generation: u64,
+    /// The journal batches are appended to, and its generation (the
+    /// snapshot's, except after a new journal could not be started).
+    journal: &'static str,
+    journal_gen: u64,
     journal_bytes: u64,
     snapshot_bytes: u64,
     /// When the last snapshot was written (by this daemon or before).
@@ -176,27 +212,32 @@ pub struct Store {
     pub flushes: u64,
     /// Compact when the journal exceeds this many bytes (and the snapshot).
     pub snapshot_min: u64,
-    /// While a snapshot is written off the request path: the journal
-    /// offset it covers.
-    compacting: Option<u64>,
+    /// A snapshot is being written off the request path.
+    compacting: bool,
 }
 
 /// A snapshot image waiting to be written by [`write_snapshot`].
 pub struct SnapshotJob {
     data: Vec<u8>,
     generation: u64,
+    /// The journal file to start once the snapshot is durable.
+    journal: &'static str,
 }
 
-/// What [`write_snapshot`] wrote.
+/// What [`write_snapshot`] wrote: the snapshot, and the new journal (its
+/// size) unless starting it failed.
 #[derive(Debug)]
 pub struct SnapshotWritten {
     generation: u64,
     bytes: u64,
+    journal: io::Result<u64>,
 }
 
 /// Write a snapshot started by [`Store::begin_snapshot`]: temp file, sync,
-/// rename, sync the directory. Runs on any thread, on a second storage
-/// handle, while the store appends.
+/// rename, sync the directory; then start the new journal in the other
+/// journal file and make it durable. Runs on any thread, on a second
+/// storage handle, while the store appends to the current journal. `Err`:
+/// the snapshot was not installed.
 pub fn write_snapshot(storage: &mut dyn Storage, job: &SnapshotJob) -> io::Result<SnapshotWritten> {
     let r = storage
         .write_new(SNAPSHOT_TMP, &job.data)
@@ -214,7 +255,67 @@ pub fn write_snapshot(storage: &mut dyn Storage, job: &SnapshotJob) -> io::Resul
         let _ = storage.remove(SNAPSHOT_TMP);
         return Err(e);
     }
-    Ok(SnapshotWritten { generation: job.generation, bytes: job.data.len() as u64 })
+    let journal = start_journal(storage, job.journal, job.generation);
+    Ok(SnapshotWritten { generation: job.generation, bytes: job.data.len() as u64, journal })
+}
+
+/// Remove the durable namespace from `storage` (`--volatile`): the journals
+/// first, so that no crash between the steps leaves a journal newer than
+/// what remains.
+pub fn discard(storage: &mut dyn Storage) -> io::Result<()> {
+    for f in JOURNALS {
+        storage.remove(f)?;
+    }
+    storage.sync_dir()?;
+    storage.remove(SNAPSHOT_TMP)?;
+    storage.remove(SNAPSHOT)?;
+    storage.sync_dir()
+}
+
+/// Start an empty journal of `generation` in the file `name` (replacing
+/// what it held) and make it durable; its size.
+fn start_journal(storage: &mut dyn Storage, name: &str, generation: u64) -> io::Result<u64> {
+    let mut e = Enc::default();
+    e.header(generation);
+    e.commit(0);
+    storage.write_new(name, &e.buf)?;
+    storage.sync(name)?;
+    failpoint("journal-replaced");
+    storage.sync_dir()?;
+    Ok(e.buf.len() as u64)
+}
+
+/// One journal file as found at start-up.
+struct Found {
+    name: &'static str,
+    data: Vec<u8>,
+    generation: Option<u64>,
+    batches: Vec<Vec<Rec>>,
+    /// Length of the clean part (a torn tail is cut).
+    keep: u64,
+    /// Corruption before the tail: refuses start-up if the file is needed.
+    corrupt: Option<String>,
+}
+
+/// Read and check one journal file.
+fn read_journal(storage: &mut dyn Storage, name: &'static str) -> Result<Option<Found>, String> {
+    let Some(data) = storage.read(name).map_err(|e| format!("{name}: {e}"))? else {
+        return Ok(None);
+    };
+    let mut batches = Vec::new();
+    let (keep, mut corrupt) = match scan(&data, |b| batches.push(b)) {
+        Ok(Scan::Clean(n)) | Ok(Scan::Torn(n)) => (n, None),
+        Err(off) => (0, Some(format!("{name}: corrupt record at offset {off}; refusing to start"))),
+    };
+    let generation = match batches.first().map(|b| b.first()) {
+        Some(Some(Rec::Header(g, _))) => Some(*g),
+        _ if data.is_empty() || keep == 0 && corrupt.is_none() => None,
+        _ => {
+            corrupt.get_or_insert_with(|| format!("{name}: no header at offset 0; refusing to start"));
+            None
+        }
+    };
+    Ok(Some(Found { name, data, generation, batches, keep, corrupt }))
 }
 
 impl std::fmt::Debug for Store {
@@ -258,102 +359,82 @@ impl Store {
             }
             generation = header.ok_or_else(|| format!("{SNAPSHOT}: no header; refusing to start"))?;
         }
-        let journal = storage.read(JOURNAL).map_err(|e| io(JOURNAL, e))?.unwrap_or_default();
-        let mut journal_gen = None;
-        let mut batches = Vec::new();
-        let keep = match scan(&journal, |b| batches.push(b)) {
-            Ok(Scan::Clean(n)) => n,
-            Ok(Scan::Torn(n)) => {
-                rec.cut = journal.len() as u64 - n;
-                tracing::warn!(file = JOURNAL, bytes = rec.cut, offset = n, "cutting off a torn journal tail");
-                n
-            }
-            Err(off) => return Err(format!("{JOURNAL}: corrupt record at offset {off}; refusing to start")),
-        };
-        if let Some(Some(Rec::Header(g, _))) = batches.first().map(|b| b.first()) {
-            journal_gen = Some(*g);
-        }
-        // A snapshot written while the journal went on holds the older
-        // journal up to `offset`: when that journal is still the one on
-        // disk (a crash before it was replaced), what follows `offset` is
-        // replayed and becomes the new journal.
-        let mut rebase = None;
-        if let (Some(g), Some((b, offset))) = (journal_gen, base) {
-            if g == b && g + 1 == generation && offset <= keep {
-                let tail = journal[offset as usize..keep as usize].to_vec();
-                batches.clear();
-                if !matches!(scan(&tail, |b| batches.push(b)), Ok(Scan::Clean(_))) {
-                    return Err(format!("{JOURNAL}: no batch boundary at offset {offset}; refusing to start"));
+        let mut found = Vec::new();
+        for name in JOURNALS {
+            if let Some(f) = read_journal(&mut *storage, name)? {
+                if let Some(g) = f.generation.filter(|&g| g > generation) {
+                    return Err(format!(
+                        "{}: generation {g} is newer than the snapshot's ({generation}); refusing to start",
+                        f.name
+                    ));
                 }
-                journal_gen = Some(generation);
-                rebase = Some(tail);
+                found.push(f);
             }
         }
-        let fresh_journal = match journal_gen {
-            Some(g) if g == generation => {
-                for b in batches {
-                    rec.batches += 1;
-                    for r in b {
-                        match r {
-                            Rec::Commit(n) => rec.next_ino = rec.next_ino.max(n),
-                            r => rec.apply(r),
-                        }
-                    }
+        // The snapshot's own journal, and the older one it continues from
+        // `offset` (batches appended while the snapshot was written, or
+        // after its new journal could not be started).
+        let current = found.iter().position(|f| f.generation == Some(generation));
+        let older = base.and_then(|(b, offset)| {
+            let i = found.iter().position(|f| b < generation && f.generation == Some(b))?;
+            Some((i, offset))
+        });
+        // A damaged journal that is needed stops start-up; so does one
+        // whose generation cannot be read (it might be needed).
+        for (i, f) in found.iter().enumerate() {
+            if let Some(e) = &f.corrupt {
+                if Some(i) == current || older.is_some_and(|(o, _)| o == i) || f.generation.is_none() {
+                    return Err(e.clone());
                 }
-                if rec.cut > 0 && rebase.is_none() {
-                    storage.truncate(JOURNAL, keep).and_then(|()| storage.sync(JOURNAL)).map_err(|e| io(JOURNAL, e))?;
+            }
+        }
+        if let Some((i, offset)) = older {
+            let f = &found[i];
+            if offset <= f.keep {
+                let mut batches = Vec::new();
+                if !matches!(scan(&f.data[offset as usize..f.keep as usize], |b| batches.push(b)), Ok(Scan::Clean(_))) {
+                    return Err(format!("{}: no batch boundary at offset {offset}; refusing to start", f.name));
                 }
-                false
+                rec.replay(batches);
             }
-            // Folded into the snapshot before a crash: start over.
-            Some(g) if g < generation => true,
-            Some(g) => {
-                return Err(format!(
-                    "{JOURNAL}: generation {g} is newer than the snapshot's ({generation}); refusing to start"
-                ))
+            if (f.data.len() as u64) > f.keep {
+                tracing::warn!(file = f.name, bytes = f.data.len() as u64 - f.keep, "ignoring a torn journal tail");
             }
-            None if keep == 0 => true,
-            None => return Err(format!("{JOURNAL}: no header at offset 0; refusing to start")),
+        }
+        let mut journal = None;
+        if let Some(i) = current {
+            let f = &mut found[i];
+            rec.cut = f.data.len() as u64 - f.keep;
+            rec.replay(std::mem::take(&mut f.batches));
+            if rec.cut > 0 {
+                tracing::warn!(file = f.name, bytes = rec.cut, offset = f.keep, "cutting off a torn journal tail");
+                storage.truncate(f.name, f.keep).and_then(|()| storage.sync(f.name)).map_err(|e| io(f.name, e))?;
+            }
+            journal = Some((f.name, f.keep));
+        }
+        // Without a journal of its own, the snapshot gets a new one in a
+        // file the older journal it continues from does not use.
+        let (journal, keep) = match journal {
+            Some(j) => j,
+            None => {
+                let name = older.map_or(JOURNAL, |(i, _)| other_journal(found[i].name));
+                (name, start_journal(&mut *storage, name, generation).map_err(|e| io(name, e))?)
+            }
         };
-        let mut store = Store {
+        let store = Store {
             storage,
             generation,
+            journal,
+            journal_gen: generation,
             journal_bytes: keep,
             snapshot_bytes,
             last_snapshot: written_at,
             failed: Default::default(),
             flushes: 0,
             snapshot_min: SNAPSHOT_MIN_BYTES,
-            compacting: None,
+            compacting: false,
         };
-        if fresh_journal {
-            store.new_journal().map_err(|e| io(JOURNAL, e))?;
-        }
-        if let Some(tail) = rebase {
-            store.new_journal_with(&tail).map_err(|e| io(JOURNAL, e))?;
-        }
         Ok((store, rec))
-    }
-
-    /// Replace the journal with an empty one of the current generation.
-    fn new_journal(&mut self) -> io::Result<()> {
-        self.new_journal_with(&[])
-    }
-
-    /// Replace the journal with one of the current generation holding
-    /// `batches` (whole committed batches).
-    fn new_journal_with(&mut self, batches: &[u8]) -> io::Result<()> {
-        let mut e = Enc::default();
-        e.header(self.generation);
-        e.commit(0);
-        e.buf.extend_from_slice(batches);
-        self.storage.write_new(JOURNAL_TMP, &e.buf)?;
-        self.storage.sync(JOURNAL_TMP)?;
-        self.storage.rename(JOURNAL_TMP, JOURNAL)?;
-        failpoint("journal-replaced");
-        self.storage.sync_dir()?;
-        self.journal_bytes = e.buf.len() as u64;
-        Ok(())
     }
 
     /// True after an I/O error: durability is no longer promised.
@@ -410,9 +491,10 @@ impl Store {
         if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        let r = injected("journal-eio").and_then(|()| self.storage.append(JOURNAL, batch)).and_then(|()| {
+        let journal = self.journal;
+        let r = injected("journal-eio").and_then(|()| self.storage.append(journal, batch)).and_then(|()| {
             failpoint("journal-appended");
-            self.storage.syncer(JOURNAL)
+            self.storage.syncer(journal)
         });
         match r {
             Ok(sync) => {
@@ -421,9 +503,9 @@ impl Store {
                 Ok(sync)
             }
             Err(e) => {
-                let undo = self.storage.truncate(JOURNAL, self.journal_bytes).and_then(|()| self.storage.sync(JOURNAL));
+                let undo = self.storage.truncate(journal, self.journal_bytes).and_then(|()| self.storage.sync(journal));
                 if e.raw_os_error() == Some(libc::ENOSPC) && undo.is_ok() {
-                    tracing::warn!(file = JOURNAL, "state disk full: sync refused until space returns");
+                    tracing::warn!(file = journal, "state disk full: sync refused until space returns");
                     return Err(e);
                 }
                 self.fail("journal write", &e);
@@ -449,7 +531,7 @@ impl Store {
 
     /// True while a snapshot is being written off the request path.
     pub fn compacting(&self) -> bool {
-        self.compacting.is_some()
+        self.compacting
     }
 
     /// A second handle on the store's files for [`write_snapshot`] on
@@ -463,25 +545,24 @@ impl Store {
     /// being appended; then [`Store::finish_snapshot`]. None while one is
     /// in progress or after a failure.
     pub fn begin_snapshot(&mut self, image: &[u8]) -> Option<SnapshotJob> {
-        if self.failed() || self.compacting.is_some() {
+        if self.failed() || self.compacting {
             return None;
         }
         let generation = self.generation + 1;
         let mut e = Enc::default();
         e.header(generation);
-        // Recovery replays what the journal gained after this offset when
-        // the journal was not replaced yet.
-        e.base(self.generation, self.journal_bytes);
+        // Recovery replays what the journal gains after this offset.
+        e.base(self.journal_gen, self.journal_bytes);
         let mut data = e.buf;
         data.extend_from_slice(image);
-        self.compacting = Some(self.journal_bytes);
-        Some(SnapshotJob { data, generation })
+        self.compacting = true;
+        Some(SnapshotJob { data, generation, journal: other_journal(self.journal) })
     }
 
     /// The snapshot started by [`Store::begin_snapshot`] will not be
     /// written after all (its thread could not start).
     pub fn abandon_snapshot(&mut self) {
-        self.compacting = None;
+        self.compacting = false;
     }
 
     /// The snapshot started by [`Store::begin_snapshot`] was written (or
@@ -489,9 +570,9 @@ impl Store {
     /// since. A full disk postpones the compaction; other errors are
     /// fail-stop.
     pub fn finish_snapshot(&mut self, written: io::Result<SnapshotWritten>) -> io::Result<()> {
-        let Some(offset) = self.compacting.take() else {
+        if !std::mem::take(&mut self.compacting) {
             return Ok(());
-        };
+        }
         let w = match written {
             Ok(w) => w,
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
@@ -506,23 +587,28 @@ impl Store {
         if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        let tail = match self.storage.read_range(JOURNAL, offset, self.journal_bytes) {
-            Ok(t) => t,
-            Err(e) => {
-                self.fail("reading the journal", &e);
-                return Err(io::Error::from_raw_os_error(libc::EIO));
-            }
-        };
         self.generation = w.generation;
         self.snapshot_bytes = w.bytes;
         self.last_snapshot = Some(SystemTime::now());
-        if let Err(e) = self.new_journal_with(&tail) {
-            // The snapshot and the old journal still recover everything
-            // (its base offset); appending to the old one now would not.
-            self.fail("starting a new journal", &e);
-            return Err(io::Error::from_raw_os_error(libc::EIO));
+        match w.journal {
+            Ok(bytes) => {
+                // The new journal is durable: appends go there from now on.
+                self.journal = other_journal(self.journal);
+                self.journal_gen = w.generation;
+                self.journal_bytes = bytes;
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                // The snapshot continues from the current journal, which
+                // goes on; the next compaction tries again.
+                tracing::warn!(file = other_journal(self.journal), "state disk full: new journal postponed");
+                Err(e)
+            }
+            Err(e) => {
+                self.fail("starting a new journal", &e);
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            }
         }
-        Ok(())
     }
 
     /// Write `image` (every record of the namespace, ending with a commit)
@@ -560,14 +646,19 @@ impl Store {
         self.generation = generation;
         self.snapshot_bytes = data.len() as u64;
         self.last_snapshot = Some(SystemTime::now());
-        if let Err(e) = self.new_journal() {
-            // The snapshot holds everything; the stale journal is ignored
-            // on recovery (older generation). Appending to it now would not
-            // be, so stop promising.
-            self.fail("starting a new journal", &e);
-            return Err(io::Error::from_raw_os_error(libc::EIO));
+        let journal = other_journal(self.journal);
+        match start_journal(&mut *self.storage, journal, generation) {
+            Ok(bytes) => {
+                (self.journal, self.journal_gen, self.journal_bytes) = (journal, generation, bytes);
+                Ok(())
+            }
+            Err(e) => {
+                // The snapshot holds everything and names no older journal:
+                // appending to the current one would not be recovered.
+                self.fail("starting a new journal", &e);
+                Err(io::Error::from_raw_os_error(libc::EIO))
+            }
         }
-        Ok(())
     }
 }
 

@@ -292,3 +292,56 @@ fn enospc_keeps_changes_pending_and_other_errors_are_fail_stop() {
     let ns2 = recover(img);
     assert!(ns2.child(Ino::ROOT, OsStr::new("a")).is_ok());
 }
+
+/// A full disk just after a background snapshot was installed, when its new
+/// journal is started: the snapshot continues from the current journal,
+/// appends go on there, and the next compaction starts the new journal.
+/// Every crash image of both rounds recovers what was acknowledged.
+#[test]
+fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::recording())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let mut acked: Vec<Vec<(String, String)>> = vec![view(&ns)];
+    let mut images_at_ack: Vec<usize> = vec![0];
+    let mut step = 0u32;
+    let mut work = |ns: &mut Namespace, store: &mut Store, acked: &mut Vec<_>, at: &mut Vec<usize>| {
+        step += 1;
+        let name = format!("f{}", step % 3);
+        if step % 3 == 0 {
+            let _ = ns.unlink(Ino::ROOT, OsStr::new(&name));
+        } else if let Ok(ino) = ns.child(Ino::ROOT, OsStr::new(&name)) {
+            ns.get_mut(ino).unwrap().data_mut().unwrap().write(0, format!("v{step}").as_bytes()).unwrap();
+        } else {
+            file(ns, Ino::ROOT, &name, format!("v{step}").repeat(500).as_bytes());
+        }
+        flush(ns, store);
+        acked.push(view(ns));
+        at.push(recording(store).images.len());
+    };
+    work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
+    let first = store.journal;
+    let job = store.begin_snapshot(&encode_all(&ns, |_| Extra::default())).unwrap();
+    work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
+    // write_snapshot: write, sync, rename, sync the directory, then the
+    // new journal's write fails.
+    let mem = recording_mut(&mut store);
+    mem.fail_at = Some((mem.ops + 5, libc::ENOSPC));
+    let written = write_snapshot(recording_mut(&mut store), &job);
+    let e = store.finish_snapshot(written).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    assert_eq!((store.generation(), store.journal_gen, store.journal), (1, 0, first));
+    for _ in 0..3 {
+        work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
+    }
+    let job = store.begin_snapshot(&encode_all(&ns, |_| Extra::default())).unwrap();
+    work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
+    let written = write_snapshot(recording_mut(&mut store), &job);
+    store.finish_snapshot(written).unwrap();
+    assert_eq!((store.generation(), store.journal_gen), (2, 2));
+    assert_ne!(store.journal, first);
+    for _ in 0..3 {
+        work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
+    }
+    every_image_recovers_an_acknowledged_state(&store, &acked, &images_at_ack);
+}
