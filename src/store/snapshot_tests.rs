@@ -308,7 +308,7 @@ fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
     let mut work = |ns: &mut Namespace, store: &mut Store, acked: &mut Vec<_>, at: &mut Vec<usize>| {
         step += 1;
         let name = format!("f{}", step % 3);
-        if step % 3 == 0 {
+        if step.is_multiple_of(3) {
             let _ = ns.unlink(Ino::ROOT, OsStr::new(&name));
         } else if let Ok(ino) = ns.child(Ino::ROOT, OsStr::new(&name)) {
             ns.get_mut(ino).unwrap().data_mut().unwrap().write(0, format!("v{step}").as_bytes()).unwrap();
