@@ -50,7 +50,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use crate::namespace::{Body, Ino, Inode, Namespace};
 use crate::store::storage::{Storage, Syncer};
@@ -176,7 +176,7 @@ pub fn pausepoint(name: &str) {
         .ok()
         .and_then(|v| v.strip_prefix(name).and_then(|r| r.strip_prefix(':')).and_then(|ms| ms.parse().ok()))
     {
-        std::thread::sleep(Duration::from_millis(ms));
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     #[cfg(not(debug_assertions))]
     let _ = name;
