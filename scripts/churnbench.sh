@@ -22,7 +22,7 @@ work=$(mktemp -d /tmp/leasefs-churnbench.XXXXXX)
 . scripts/benchmounts.sh
 bench_mount_all
 
-daemon_of() { awk -v m="$1" '$5 == m { print $0 }' /proc/self/mountinfo | sed -n 's/.* - fuse.leasefs leasefs:\([0-9]*\) .*/\1/p'; }
+daemon_of() { sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "$1/.leasefs/status" 2>/dev/null; }
 rss() { awk '/VmRSS/ { print $2 }' "/proc/$1/status"; }
 fsync_dir() { python3 -c "import os, sys; os.fsync(os.open(sys.argv[1], os.O_RDONLY))" "$1"; }
 now() { date +%s.%N; }

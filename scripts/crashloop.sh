@@ -97,7 +97,7 @@ print(len(highest), sum(len(v) for v in acked.values()), regressions, losses)
 PY
 
 mount_fs() { "$bin" mount "$mnt" --state-dir "$state" --allow-other; }
-daemon_pid() { awk -v m="$mnt" '$5 == m { for (i = 7; i <= NF; i++) if ($i == "-") { print $(i + 2); exit } }' /proc/self/mountinfo | sed 's/^leasefs://'; }
+daemon_pid() { sed -n 's/.*"pid":\([0-9]*\).*/\1/p' "$mnt/.leasefs/status"; }
 
 mount_fs
 total_grants=0 total_acks=0 total_reg=0 total_loss=0

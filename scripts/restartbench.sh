@@ -22,7 +22,7 @@ cleanup() {
 trap cleanup EXIT
 
 python3 - "$bin" "$work" "$repeats" $sizes <<'PY'
-import os, shutil, statistics, subprocess, sys, time
+import json, os, shutil, statistics, subprocess, sys, time
 bin, work, repeats, sizes = sys.argv[1], sys.argv[2], int(sys.argv[3]), [int(n) for n in sys.argv[4:]]
 mnt, state = f"{work}/mnt", f"{work}/state"
 
@@ -32,10 +32,7 @@ def mount():
     return (time.monotonic() - t) * 1000
 
 def daemon_pid():
-    for line in open("/proc/self/mountinfo"):
-        f = line.split()
-        if f[4] == mnt:
-            return int(f[f.index("-") + 2].split(":")[1])
+    return json.load(open(os.path.join(mnt, ".leasefs/status")))["pid"]
 
 def kill9():
     pid = daemon_pid()

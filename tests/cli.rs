@@ -109,15 +109,45 @@ fn stale_mount_of_a_dead_daemon_is_explained_and_cleaned() {
 
 #[test]
 fn help_reads_well_for_every_subcommand() {
-    for args in [&["--help"][..], &["mount", "--help"], &["unmount", "--help"]] {
+    for args in [&["--help"][..], &["mount", "--help"], &["unmount", "--help"], &["break", "--help"]] {
         let o = run_timeout(Command::new(leasefs_bin()).args(args), Duration::from_secs(10));
         assert!(o.status.success());
         let text = String::from_utf8_lossy(&o.stdout);
         assert!(text.contains("Usage:"), "{text}");
+        assert!(!text.contains("in-memory POSIX"), "the help describes what the daemon does today: {text}");
     }
     let o = run_timeout(Command::new(leasefs_bin()).args(["mount", "--help"]), Duration::from_secs(10));
     let text = String::from_utf8_lossy(&o.stdout);
-    for flag in ["--state-dir", "--foreground", "--nonempty", "--allow-other"] {
+    for flag in
+        ["--state-dir", "--foreground", "--nonempty", "--allow-other", "--private", "--source", "--ready-timeout"]
+    {
         assert!(text.contains(flag), "mount --help lacks {flag}");
+    }
+    let o = run_timeout(Command::new(leasefs_bin()).args(["--help"]), Duration::from_secs(10));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("mount.fuse.leasefs") && text.contains("Exit codes"), "{text}");
+    let o = run_timeout(Command::new(leasefs_bin()).args(["mount"]), Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2), "a usage error exits 2: {o:?}");
+}
+
+#[test]
+fn man_pages_and_completions_are_generated_from_the_command_line() {
+    let out = tempfile::tempdir().unwrap();
+    let o = run_timeout(Command::new(leasefs_bin()).arg("generate-docs").arg(out.path()), Duration::from_secs(10));
+    assert!(o.status.success(), "{o:?}");
+    let man = |name: &str| std::fs::read_to_string(out.path().join("man").join(name)).unwrap();
+    let top = man("leasefs.1");
+    assert!(top.contains(".TH leasefs 1") && top.contains("mount.fuse.leasefs"), "{top}");
+    for sub in ["mount", "unmount", "status", "leases", "break"] {
+        assert!(man(&format!("leasefs-{sub}.1")).contains(&format!(".TH leasefs-{sub} 1")));
+    }
+    assert!(man("leasefs-mount.1").contains("private"));
+    assert!(!out.path().join("man/leasefs-generate-docs.1").exists(), "hidden commands get no page");
+    let bash = out.path().join("completions/leasefs.bash");
+    assert!(std::fs::read_to_string(&bash).unwrap().contains("--private"));
+    let o = run_timeout(Command::new("bash").arg("-n").arg(&bash), Duration::from_secs(10));
+    assert!(o.status.success(), "bash completion has a syntax error: {o:?}");
+    for f in ["_leasefs", "leasefs.fish"] {
+        assert!(out.path().join("completions").join(f).exists(), "{f}");
     }
 }

@@ -16,4 +16,5 @@ mod differential;
 mod durability;
 mod fencing;
 mod locks;
+mod operate;
 mod posix;

@@ -1,4 +1,10 @@
-//! The `leasefs` command: mount (and serve) a lease directory, unmount it.
+//! The `leasefs` command: mount (and serve) a lease directory, unmount it,
+//! show and break its leases. Run as `mount.fuse.leasefs` it is the mount
+//! helper of mount(8) and fstab (see [`helper`]).
+
+mod docs;
+mod helper;
+mod notify;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
@@ -22,9 +28,15 @@ const READY_FD_ENV: &str = "LEASEFS_READY_FD";
     name = "leasefs",
     version,
     about = "A FUSE filesystem that turns a directory into a fenced lock service",
-    long_about = "leasefs mounts an in-memory POSIX filesystem whose files are leases: flock, fcntl \
-                  and OFD locks are held by the daemon, every new holder gets a higher epoch \
-                  (a fencing token), and a lease keeps its identity across unlink and rename-over.\n\n\
+    long_about = "leasefs mounts a POSIX filesystem whose files are leases: flock, fcntl and OFD \
+                  locks are held by the daemon, every new holder gets a higher epoch (a fencing \
+                  token), a lease keeps its identity across unlink and rename-over, and a holder \
+                  that lost its lease cannot write through it. Contents live in the daemon's \
+                  memory and are journaled to --state-dir (durable as of the last fsync); epochs \
+                  are always durable.\n\n\
+                  As mount.fuse.leasefs (a symlink to this binary) it is the helper mount(8) runs \
+                  for `mount -t fuse.leasefs SOURCE DIR -o OPTS` and fstab lines of that type.\n\n\
+                  Exit codes: 0 success, 1 refused or failed (the reason is printed), 2 usage error.\n\
                   Logs go to stderr (or --log-file); set the level with RUST_LOG=error|warn|info|debug|trace."
 )]
 struct Cli {
@@ -47,6 +59,12 @@ enum Cmd {
     /// With --all, every lease held on the mount is broken: use it before handing the
     /// leases of a host to another (every holder here is fenced at once).
     Break(BreakArgs),
+    /// Write man pages and shell completions into DIR (for packaging).
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Output directory (man/ and completions/ are created in it).
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -92,9 +110,20 @@ struct MountArgs {
     /// Mount even if the directory is not empty (its entries are hidden while mounted).
     #[arg(long)]
     nonempty: bool,
-    /// Let users other than the one who mounted use the mount (needed for multi-user setups).
-    #[arg(long)]
+    /// Let users other than the one who mounted use the mount (the default
+    /// when root mounts; the kernel still checks permissions).
+    #[arg(long, conflicts_with = "private")]
     allow_other: bool,
+    /// Only the user who mounted may use the mount (the default for other users).
+    #[arg(long)]
+    private: bool,
+    /// The mount's source in /proc/mounts and findmnt (fstab's first field).
+    #[arg(long, value_name = "NAME", default_value = session::DEFAULT_SOURCE)]
+    source: String,
+    /// Seconds `mount` waits for the daemon to report the mount live
+    /// (recovering a large state directory may need more).
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    ready_timeout: u64,
     /// Default lease TTL (`500ms`, `30s`, `2m`, plain seconds; `0`/`off` for none).
     /// Past it, a lease whose holder did not renew goes to the next contender.
     #[arg(long, value_name = "DUR", value_parser = parse_ttl_arg)]
@@ -136,6 +165,11 @@ fn init_logging(log_file: Option<&Path>) {
 }
 
 fn main() -> ExitCode {
+    let mut argv = std::env::args_os();
+    let name = argv.next().map(PathBuf::from).and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()));
+    if name.as_deref().is_some_and(|n| helper::NAMES.contains(&n)) {
+        return mount_helper(&argv.collect::<Vec<_>>());
+    }
     let cli = Cli::parse();
     match cli.command {
         Cmd::Mount(args) if args.foreground => serve(&args),
@@ -144,6 +178,45 @@ fn main() -> ExitCode {
         Cmd::Status(args) => status(&args),
         Cmd::Leases(args) => leases(&args),
         Cmd::Break(args) => break_lease(&args),
+        Cmd::GenerateDocs { dir } => match docs::generate(<Cli as clap::CommandFactory>::command(), &dir) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("leasefs: {}: {e}", dir.display());
+                ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// `mount.fuse.leasefs SOURCE DIR [-sfnv] [-o OPTS]`: mount as `leasefs
+/// mount` would with the options mapped.
+fn mount_helper(argv: &[std::ffi::OsString]) -> ExitCode {
+    let h = match helper::parse(argv) {
+        Ok(h) => h,
+        Err(e) => {
+            eprintln!("mount.fuse.leasefs: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if h.verbose {
+        let shown: Vec<String> = h.args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        eprintln!("mount.fuse.leasefs: leasefs {}", shown.join(" "));
+    }
+    let cli = match Cli::try_parse_from(std::iter::once("leasefs".into()).chain(h.args)) {
+        Ok(c) => c,
+        Err(e) => {
+            let first = e.to_string();
+            eprintln!(
+                "mount.fuse.leasefs: {}",
+                first.lines().next().unwrap_or("bad options").trim_start_matches("error: ")
+            );
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command {
+        Cmd::Mount(args) if args.foreground => serve(&args),
+        Cmd::Mount(args) => spawn_daemon(&args),
+        _ => ExitCode::from(2),
     }
 }
 
@@ -195,6 +268,8 @@ fn status(args: &ShowArgs) -> ExitCode {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     let l = &v["leases"];
     println!("mount point  {}", v["mount_point"].as_str().unwrap_or("?"));
+    println!("source       {}", v["source"].as_str().unwrap_or("?"));
+    println!("access       {}", v["access"].as_str().unwrap_or("?"));
     println!("version      {}", v["version"].as_str().unwrap_or("?"));
     println!("backend      {}", v["backend"].as_str().unwrap_or("?"));
     println!("daemon pid   {}", v["pid"]);
@@ -319,9 +394,13 @@ fn report_ready(msg: &str) {
 fn serve(args: &MountArgs) -> ExitCode {
     let signals = block_signals();
     init_logging(args.log_file.as_deref());
-    let opts = MountOptions { nonempty: args.nonempty, allow_other: args.allow_other };
+    let notify = notify::Notifier::from_env();
     // SAFETY: geteuid/getegid have no preconditions.
     let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    // A root mount is a host's lock directory: every user may use it (with
+    // the kernel's permission checks) unless --private.
+    let allow_other = args.allow_other || (uid == 0 && !args.private);
+    let opts = MountOptions { nonempty: args.nonempty, allow_other, source: args.source.clone() };
     let fs = Arc::new(Fs::with_lease_ttl(uid, gid, args.lease_ttl.and_then(|t| t.0)));
     // Epochs are durable in the state directory: refuse to start when it is
     // locked by another daemon or its journal is corrupt.
@@ -348,6 +427,7 @@ fn serve(args: &MountArgs) -> ExitCode {
         fs.set_volatile();
     } else {
         let started = std::time::Instant::now();
+        let _keepalive = notify.keep_starting("recovering the state directory");
         match leasefs::store::snapshot::Store::open(Box::new(storage)) {
             Ok((store, recovered)) => {
                 let (inodes, batches, cut) = (recovered.inodes.len(), recovered.batches, recovered.cut);
@@ -371,7 +451,7 @@ fn serve(args: &MountArgs) -> ExitCode {
         }
     };
     handle_signals(signals, mountpoint.clone());
-    fs.set_mount_point(mountpoint.clone());
+    fs.set_mount_point(mountpoint.clone(), &args.source, allow_other);
     let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
     let served = match Served::start(lease_fs, &mountpoint, &opts, interceptor) {
         Ok(s) => s,
@@ -383,7 +463,9 @@ fn serve(args: &MountArgs) -> ExitCode {
         }
     };
     report_ready("READY\n");
+    notify.send(&format!("READY=1\nSTATUS=serving {}\nMAINPID={}", mountpoint.display(), std::process::id()));
     served.run();
+    notify.send("STOPPING=1\nSTATUS=unmounted");
     ExitCode::SUCCESS
 }
 
@@ -418,6 +500,10 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
     if args.allow_other {
         cmd.arg("--allow-other");
     }
+    if args.private {
+        cmd.arg("--private");
+    }
+    cmd.arg("--source").arg(&args.source);
     if let Some(l) = &args.log_file {
         cmd.arg("--log-file").arg(l);
     }
@@ -442,8 +528,19 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut msg = String::new();
-    let _ = reader.read_to_string(&mut msg);
+    let msg = match read_bounded(&mut reader, Duration::from_secs(args.ready_timeout)) {
+        Some(m) => m,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!(
+                "leasefs: {}: the daemon did not report the mount live within {}s; stopped it (raise --ready-timeout)",
+                args.mountpoint.display(),
+                args.ready_timeout
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     if msg.starts_with("READY") {
         // The daemon lives on; nobody waits for it here.
         std::mem::forget(child);
@@ -455,6 +552,30 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Everything `reader` gives until end of file, or none after `timeout`.
+fn read_bounded(reader: &mut std::fs::File, timeout: Duration) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.checked_duration_since(Instant::now())?;
+        let mut pfd = libc::pollfd { fd: reader.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, left.as_millis().min(i32::MAX as u128) as i32) };
+        if n < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+            continue;
+        }
+        if n <= 0 {
+            return if n == 0 { None } else { Some(String::from_utf8_lossy(&out).into_owned()) };
+        }
+        let mut buf = [0u8; 512];
+        match reader.read(&mut buf) {
+            Ok(0) | Err(_) => return Some(String::from_utf8_lossy(&out).into_owned()),
+            Ok(k) => out.extend_from_slice(&buf[..k]),
+        }
+    }
+}
+
 fn unmount(args: &UnmountArgs) -> ExitCode {
     let path = match session::absolute(&args.mountpoint) {
         Ok(p) => p,
@@ -464,11 +585,11 @@ fn unmount(args: &UnmountArgs) -> ExitCode {
         }
     };
     let show = path.display();
-    let Some(entry) = session::find_mount(&path) else {
+    if session::find_mount(&path).is_none() {
         eprintln!("leasefs: {show}: not a leasefs mount");
         return ExitCode::FAILURE;
-    };
-    let pid = session::daemon_pid(&entry);
+    }
+    let pid = session::daemon_pid(&path);
     if let Err(e) = std::fs::metadata(&path) {
         if e.raw_os_error() == Some(libc::ENOTCONN) {
             eprintln!(

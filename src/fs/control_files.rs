@@ -120,6 +120,8 @@ impl Fs {
                     "backend": "local",
                     "pid": std::process::id(),
                     "mount_point": st.mount_point.to_string_lossy(),
+                    "source": st.mount_source,
+                    "access": if st.shared { "shared" } else { "private" },
                     "uptime_secs": st.lease.uptime(),
                     "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
                     "inodes": st.ns.len(),

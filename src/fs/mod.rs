@@ -234,8 +234,11 @@ struct State {
     metrics: Metrics,
     /// When each parked lock request started waiting (lease clock, ms).
     parked_at: HashMap<WaitId, u64>,
-    /// Mount point and daemon pid, for `.leasefs/status`.
+    /// Where and how it is mounted, for `.leasefs/status`.
     mount_point: PathBuf,
+    mount_source: String,
+    /// Other users may use the mount (`allow_other`).
+    shared: bool,
     /// The durable namespace (none: contents live in memory only).
     store: Option<crate::store::snapshot::Store>,
     /// `--volatile`: the namespace is deliberately not kept.
@@ -579,6 +582,8 @@ impl Fs {
                 metrics: Metrics::default(),
                 parked_at: HashMap::new(),
                 mount_point: PathBuf::new(),
+                mount_source: String::new(),
+                shared: false,
                 store: None,
                 volatile: false,
                 compaction: None,
@@ -701,8 +706,11 @@ impl Fs {
     }
 
     /// Record where the filesystem is mounted (for `.leasefs/status`).
-    pub fn set_mount_point(&self, p: PathBuf) {
-        self.state.lock().mount_point = p;
+    pub fn set_mount_point(&self, p: PathBuf, source: &str, shared: bool) {
+        let mut st = self.state.lock();
+        st.mount_point = p;
+        st.mount_source = source.to_string();
+        st.shared = shared;
     }
 
     /// Replace how thread ids map to processes (tests).

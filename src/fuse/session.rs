@@ -34,7 +34,13 @@ pub struct MountOptions {
     pub nonempty: bool,
     /// Let other users use the mount (`allow_other`).
     pub allow_other: bool,
+    /// The mount's source as `/proc/mounts` shows it (the fstab source, so
+    /// `mount -a` recognises the mount); empty: [`DEFAULT_SOURCE`].
+    pub source: String,
 }
+
+/// The source of a mount made without one.
+pub const DEFAULT_SOURCE: &str = "leasefs";
 
 /// Why a mount failed, worded for a one-line message.
 #[derive(Debug)]
@@ -270,9 +276,12 @@ pub fn find_mount(path: &Path) -> Option<MountEntry> {
     mounts().into_iter().rev().find(|m| m.mount_point == path && m.fstype == "fuse.leasefs")
 }
 
-/// The daemon pid recorded in a leasefs mount's source (`leasefs:PID`).
-pub fn daemon_pid(m: &MountEntry) -> Option<i32> {
-    m.source.strip_prefix("leasefs:")?.parse().ok()
+/// The pid of the daemon serving the leasefs mount at `path`, from its
+/// `.leasefs/status` (none when the daemon does not answer).
+pub fn daemon_pid(path: &Path) -> Option<i32> {
+    let text = std::fs::read_to_string(path.join(crate::control::DIR_NAME).join("status")).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    v["pid"].as_i64().and_then(|p| i32::try_from(p).ok())
 }
 
 /// An absolute path without resolving the last component through a possibly
@@ -321,12 +330,13 @@ pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf
     })?;
     let fd: OwnedFd = dev.into();
     // SAFETY: getuid/getgid/getpid have no preconditions.
-    let (uid, gid, pid) = unsafe { (libc::getuid(), libc::getgid(), libc::getpid()) };
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let mut data = format!("fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions", fd.as_raw_fd());
     if opts.allow_other {
         data.push_str(",allow_other");
     }
-    let source = CString::new(format!("leasefs:{pid}")).expect("no NUL");
+    let source = if opts.source.is_empty() { DEFAULT_SOURCE } else { &opts.source };
+    let source = CString::new(source).map_err(|_| MountError("the mount source contains a NUL byte".into()))?;
     let target = cstr(path.as_os_str()).map_err(|e| MountError(format!("{show}: {e}")))?;
     let fstype = CString::new("fuse.leasefs").expect("no NUL");
     let cdata = CString::new(data).expect("no NUL");
