@@ -97,11 +97,17 @@ impl Metrics {
         self.wait_count += 1;
     }
 
-    /// Prometheus text exposition.
-    pub fn render(&self, live_leases: usize, journal_commits: u64) -> String {
-        let mut out = String::new();
+    /// Prometheus text exposition; every sample carries the `mount` label
+    /// (the mount point), so one scrape config can collect many mounts.
+    pub fn render(&self, live_leases: usize, journal_commits: u64, mount: &str) -> String {
+        let m = format!("mount=\"{}\"", label_value(mount));
+        let mut out = format!(
+            "# HELP leasefs_build_info The running leasefs build.\n# TYPE leasefs_build_info gauge\n\
+             leasefs_build_info{{version=\"{}\",backend=\"local\",{m}}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        );
         let mut counter = |name: &str, help: &str, v: u64| {
-            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}\n"));
         };
         counter("leasefs_acquisitions_total", "Lock requests granted.", self.acquisitions);
         counter("leasefs_contention_total", "Lock requests that found the lease taken.", self.contention);
@@ -122,17 +128,22 @@ impl Metrics {
         let mut cumulative = 0;
         for (i, b) in WAIT_BUCKETS.iter().enumerate() {
             cumulative += self.wait_buckets[i];
-            out.push_str(&format!("leasefs_wait_seconds_bucket{{le=\"{b}\"}} {cumulative}\n"));
+            out.push_str(&format!("leasefs_wait_seconds_bucket{{le=\"{b}\",{m}}} {cumulative}\n"));
         }
         cumulative += self.wait_buckets[WAIT_BUCKETS.len()];
-        out.push_str(&format!("leasefs_wait_seconds_bucket{{le=\"+Inf\"}} {cumulative}\n"));
-        out.push_str(&format!("leasefs_wait_seconds_sum {}\n", self.wait_sum_secs));
-        out.push_str(&format!("leasefs_wait_seconds_count {}\n", self.wait_count));
+        out.push_str(&format!("leasefs_wait_seconds_bucket{{le=\"+Inf\",{m}}} {cumulative}\n"));
+        out.push_str(&format!("leasefs_wait_seconds_sum{{{m}}} {}\n", self.wait_sum_secs));
+        out.push_str(&format!("leasefs_wait_seconds_count{{{m}}} {}\n", self.wait_count));
         out.push_str(&format!(
-            "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases {live_leases}\n"
+            "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases{{{m}}} {live_leases}\n"
         ));
         out
     }
+}
+
+/// A Prometheus label value: backslash, double quote and newline escaped.
+fn label_value(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
 #[cfg(test)]
@@ -155,10 +166,22 @@ mod tests {
         let mut m = Metrics { acquisitions: 3, ..Metrics::default() };
         m.waited(0.02);
         m.waited(7.0);
-        let text = m.render(1, 0);
-        assert!(text.contains("leasefs_acquisitions_total 3\n"));
-        assert!(text.contains("leasefs_wait_seconds_bucket{le=\"0.05\"} 1\n"));
-        assert!(text.contains("leasefs_wait_seconds_bucket{le=\"+Inf\"} 2\n"));
-        assert!(text.contains("leasefs_wait_seconds_count 2\n"));
+        let text = m.render(1, 0, "/run/a \"b\"");
+        let l = "mount=\"/run/a \\\"b\\\"\"";
+        assert!(text.contains(&format!("leasefs_acquisitions_total{{{l}}} 3\n")), "{text}");
+        assert!(text.contains(&format!("leasefs_wait_seconds_bucket{{le=\"0.05\",{l}}} 1\n")));
+        assert!(text.contains(&format!("leasefs_wait_seconds_bucket{{le=\"+Inf\",{l}}} 2\n")));
+        assert!(text.contains(&format!("leasefs_wait_seconds_count{{{l}}} 2\n")));
+        assert!(text.contains(&format!(
+            "leasefs_build_info{{version=\"{}\",backend=\"local\",{l}}} 1\n",
+            env!("CARGO_PKG_VERSION")
+        )));
+        // Every sample line belongs to a family announced with HELP and TYPE.
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap();
+            let family = name.trim_end_matches("_bucket").trim_end_matches("_sum").trim_end_matches("_count");
+            assert!(text.contains(&format!("# TYPE {family} ")), "{name} has no TYPE");
+            assert!(text.contains(&format!("# HELP {family} ")), "{name} has no HELP");
+        }
     }
 }

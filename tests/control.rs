@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use crate::util::{epoch, leasefs_bin, py_ok, run_timeout, sh, sh_ok, wait_timeout, Bg, Mount, STEP};
+use crate::util::{epoch, leasefs_bin, py_ok, run_timeout, sh, sh_ok, unlabeled, wait_timeout, Bg, Mount, STEP};
 
 fn leasefs(args: &[&str]) -> (bool, String, String) {
     let o = run_timeout(Command::new(leasefs_bin()).args(args), STEP);
@@ -52,7 +52,11 @@ print(json.dumps({"status": s, "rows": rows}))
     assert!(holder["since_ms_ago"].is_u64());
     let flock_pid = sh_ok(&m.path, &format!("echo {}", h.pid())).trim().parse::<i64>().unwrap();
     assert_eq!(holder["pid"].as_i64().unwrap(), flock_pid, "the holder is the flock process");
-    let metrics = sh_ok(&m.path, "cat .leasefs/metrics");
+    let labelled = sh_ok(&m.path, "cat .leasefs/metrics");
+    let mount_label = format!("mount=\"{}\"", m.path.display());
+    assert!(labelled.contains(&format!("leasefs_acquisitions_total{{{mount_label}}} 1")), "{labelled}");
+    assert!(labelled.contains("leasefs_build_info{version="), "{labelled}");
+    let metrics = unlabeled(&labelled);
     for name in [
         "leasefs_acquisitions_total 1",
         "leasefs_contention_total 1",
@@ -105,7 +109,7 @@ fn break_fences_the_holder_and_the_next_grant_gets_epoch_plus_one() {
     }
     assert_eq!(h.lines.lock().unwrap()[0], "refused", "the broken holder's write must be fenced");
     assert_eq!(sh_ok(&m.path, "cat L"), "", "nothing landed");
-    let metrics = sh_ok(&m.path, "cat .leasefs/metrics");
+    let metrics = unlabeled(&sh_ok(&m.path, "cat .leasefs/metrics"));
     assert!(
         metrics.contains("leasefs_breaks_total 1") && metrics.contains("leasefs_fenced_operations_total 1"),
         "{metrics}"
@@ -150,13 +154,13 @@ fn break_all_fences_every_holder_at_once_and_waiters_get_the_leases() {
         }
         assert_eq!(h.lines.lock().unwrap()[0], "refused", "the holder of {f} must be fenced");
     }
-    let metrics = sh_ok(&m.path, "cat .leasefs/metrics");
+    let metrics = unlabeled(&sh_ok(&m.path, "cat .leasefs/metrics"));
     assert!(metrics.contains("leasefs_breaks_total 2"), "{metrics}");
     // Nothing held: breaking everything again is a no-op that succeeds.
     sh_ok(&m.path, "rm got");
     let (ok, _, err) = leasefs(&["break", "--all", mp]);
     assert!(ok, "{err}");
-    assert!(sh_ok(&m.path, "cat .leasefs/metrics").contains("leasefs_breaks_total 2"));
+    assert!(unlabeled(&sh_ok(&m.path, "cat .leasefs/metrics")).contains("leasefs_breaks_total 2"));
     assert_eq!(sh_ok(&m.path, "cat free"), "");
 }
 

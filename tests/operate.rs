@@ -318,3 +318,45 @@ fn the_debian_package_installs_mounts_from_fstab_and_removes_cleanly() {
     assert!(!Path::new("/usr/bin/leasefs").exists() && !Path::new("/usr/sbin/mount.fuse.leasefs").exists());
     assert!(!run_timeout(Command::new("dpkg").args(["-s", "leasefs"]), STEP).status.success(), "removed");
 }
+
+#[test]
+fn metrics_are_served_over_http_for_prometheus() {
+    let m = Mount::with_args(&["--allow-other", "--metrics-addr", "127.0.0.1:0"]);
+    let status: serde_json::Value = serde_json::from_str(&sh_ok(&m.path, "cat .leasefs/status")).unwrap();
+    let addr = status["metrics_addr"].as_str().expect("status shows where /metrics is served").to_string();
+    assert!(addr.starts_with("127.0.0.1:") && !addr.ends_with(":0"), "{addr}");
+    sh_ok(&m.path, "touch L && flock L true && flock L true");
+    let got = crate::util::py_ok(
+        &m.path,
+        &format!(
+            r#"
+import urllib.request, urllib.error
+r = urllib.request.urlopen("http://{addr}/metrics", timeout=10)
+print(r.status, r.headers["Content-Type"])
+print(r.read().decode())
+try:
+    urllib.request.urlopen("http://{addr}/other", timeout=10)
+except urllib.error.HTTPError as e:
+    print("other", e.code)
+"#
+        ),
+    );
+    assert!(got.starts_with("200 text/plain; version=0.0.4"), "{got}");
+    let mount = format!("mount=\"{}\"", m.path.display());
+    assert!(got.contains(&format!("leasefs_acquisitions_total{{{mount}}} 2")), "{got}");
+    assert!(got.contains("# TYPE leasefs_build_info gauge") && got.contains("other 404"), "{got}");
+    drop(m);
+    let dir = tempfile::tempdir().unwrap();
+    let o = run_timeout(
+        Command::new(leasefs_bin())
+            .args(["mount", dir.path().to_str().unwrap(), "--volatile", "--metrics-addr", "256.0.0.1:1"])
+            .args(["--state-dir", dir.path().join("s").to_str().unwrap()]),
+        STEP,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--metrics-addr 256.0.0.1:1") && err.trim().lines().count() == 1,
+        "{err}"
+    );
+    assert_eq!(leasefs_mounts(dir.path()).0, 0);
+}

@@ -438,3 +438,25 @@ pub fn have(cmd: &str) -> bool {
     }
     found
 }
+
+/// Prometheus text with the `mount` label taken out of every sample
+/// (`name{mount="/x"} 1` reads `name 1`), to compare values.
+pub fn unlabeled(text: &str) -> String {
+    text.lines()
+        .map(|l| match (l.find("mount=\""), l.find("} ")) {
+            (Some(a), Some(b)) if a < b => {
+                let (name, rest) = l.split_at(l.find('{').unwrap_or(a));
+                let labels: Vec<&str> =
+                    rest[1..rest.find("} ").unwrap()].split(',').filter(|p| !p.starts_with("mount=")).collect();
+                let value = &rest[rest.find("} ").unwrap() + 1..];
+                if labels.is_empty() {
+                    format!("{name}{value}")
+                } else {
+                    format!("{name}{{{}}}{value}", labels.join(","))
+                }
+            }
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}

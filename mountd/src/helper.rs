@@ -16,7 +16,8 @@ const IGNORED: [&str; 16] = [
 ];
 
 /// Options taking a value, and the `leasefs mount` flag each becomes.
-const VALUED: [(&str, &str); 5] = [
+const VALUED: [(&str, &str); 6] = [
+    ("metrics_addr", "--metrics-addr"),
     ("state_dir", "--state-dir"),
     ("lease_ttl", "--lease-ttl"),
     ("log_file", "--log-file"),
@@ -100,7 +101,7 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
             args.push((*flag).into());
         } else if !sloppy {
             return Err(format!(
-                "unknown mount option {o:?} (known: state_dir=, lease_ttl=, log_file=, ready_timeout=, volatile, \
+                "unknown mount option {o:?} (known: state_dir=, lease_ttl=, log_file=, ready_timeout=, metrics_addr=, volatile, \
                  private_access, allow_other, nonempty)"
             ));
         }

@@ -4,6 +4,7 @@
 
 mod docs;
 mod helper;
+mod metrics_http;
 mod notify;
 
 use std::io::{Read, Write};
@@ -124,6 +125,10 @@ struct MountArgs {
     /// (recovering a large state directory may need more).
     #[arg(long, value_name = "SECS", default_value_t = 30)]
     ready_timeout: u64,
+    /// Serve the metrics over HTTP at http://ADDR/metrics for Prometheus
+    /// (e.g. 127.0.0.1:9464; port 0 picks one, shown in `status`).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
     /// Default lease TTL (`500ms`, `30s`, `2m`, plain seconds; `0`/`off` for none).
     /// Past it, a lease whose holder did not renew goes to the next contender.
     #[arg(long, value_name = "DUR", value_parser = parse_ttl_arg)]
@@ -450,6 +455,20 @@ fn serve(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(addr) = &args.metrics_addr {
+        match metrics_http::serve(addr, &fs) {
+            Ok(bound) => {
+                info!(addr = %bound, "serving /metrics over HTTP");
+                fs.set_metrics_addr(bound.to_string());
+            }
+            Err(e) => {
+                let e = format!("--metrics-addr {addr}: {e}");
+                report_ready(&format!("ERR {e}\n"));
+                eprintln!("leasefs: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     handle_signals(signals, mountpoint.clone());
     fs.set_mount_point(mountpoint.clone(), &args.source, allow_other);
     let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
@@ -504,6 +523,10 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
         cmd.arg("--private");
     }
     cmd.arg("--source").arg(&args.source);
+    if let Some(a) = &args.metrics_addr {
+        cmd.arg("--metrics-addr").arg(a);
+    }
+    cmd.arg("--ready-timeout").arg(args.ready_timeout.to_string());
     if let Some(l) = &args.log_file {
         cmd.arg("--log-file").arg(l);
     }

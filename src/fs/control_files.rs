@@ -105,6 +105,11 @@ impl Fs {
         out
     }
 
+    /// The metrics in Prometheus text format (what `.leasefs/metrics` shows).
+    pub fn metrics(&self) -> String {
+        self.render(ControlFile::Metrics)
+    }
+
     /// Render a read-only control file.
     pub(super) fn render(&self, c: ControlFile) -> String {
         let mut st = self.state.lock();
@@ -122,6 +127,7 @@ impl Fs {
                     "mount_point": st.mount_point.to_string_lossy(),
                     "source": st.mount_source,
                     "access": if st.shared { "shared" } else { "private" },
+                    "metrics_addr": st.metrics_addr,
                     "uptime_secs": st.lease.uptime(),
                     "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
                     "inodes": st.ns.len(),
@@ -182,7 +188,11 @@ impl Fs {
             }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
-                st.metrics.render(live, st.lease.floors_ref().journal().map_or(0, |j| j.commits()))
+                st.metrics.render(
+                    live,
+                    st.lease.floors_ref().journal().map_or(0, |j| j.commits()),
+                    &st.mount_point.to_string_lossy(),
+                )
             }
             ControlFile::Break => String::new(),
         }

@@ -239,6 +239,8 @@ struct State {
     mount_source: String,
     /// Other users may use the mount (`allow_other`).
     shared: bool,
+    /// Where `/metrics` is served over HTTP, if it is.
+    metrics_addr: Option<String>,
     /// The durable namespace (none: contents live in memory only).
     store: Option<crate::store::snapshot::Store>,
     /// `--volatile`: the namespace is deliberately not kept.
@@ -584,6 +586,7 @@ impl Fs {
                 mount_point: PathBuf::new(),
                 mount_source: String::new(),
                 shared: false,
+                metrics_addr: None,
                 store: None,
                 volatile: false,
                 compaction: None,
@@ -706,6 +709,11 @@ impl Fs {
     }
 
     /// Record where the filesystem is mounted (for `.leasefs/status`).
+    /// Record where `/metrics` is served (for `.leasefs/status`).
+    pub fn set_metrics_addr(&self, addr: String) {
+        self.state.lock().metrics_addr = Some(addr);
+    }
+
     pub fn set_mount_point(&self, p: PathBuf, source: &str, shared: bool) {
         let mut st = self.state.lock();
         st.mount_point = p;
