@@ -178,7 +178,15 @@ fn status_leases_and_break_commands() {
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["leases"]["held"], 1);
     let (ok, out, _) = leasefs(&["leases", mp]);
-    assert!(ok && out.contains("/d/L") && out.contains("flock/exclusive"), "{out}");
+    assert!(ok, "{out}");
+    let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["PATH", "HOLDER", "MODE", "API", "EPOCH", "HELD", "WAITERS", "EXPIRES"], "{out}");
+    let row = &lines[1];
+    assert_eq!((row[0], row[2], row[3], row[6], row[7]), ("/d/L", "exclusive", "flock", "0", "-"), "{out}");
+    assert!(row[1].ends_with("/flock"), "the holder is shown as pid/comm: {out}");
+    assert!(row[5].ends_with("ms") || row[5].ends_with('s'), "held for a human age: {out}");
+    let (ok, out, _) = leasefs(&["leases", mp, "--wide"]);
+    assert!(ok && out.lines().next().unwrap().ends_with("INODE  VERSION  TTL"), "{out}");
     let (ok, out, _) = leasefs(&["leases", mp, "--json"]);
     assert!(ok && serde_json::from_str::<serde_json::Value>(out.lines().next().unwrap()).is_ok(), "{out}");
     let abs = m.p("d/L");

@@ -54,7 +54,7 @@ enum Cmd {
     /// Show the daemon's status (version, pid, uptime, lease counts).
     Status(ShowArgs),
     /// List leases that are held, awaited or have a TTL.
-    Leases(ShowArgs),
+    Leases(LeasesArgs),
     /// Break a lease at once: its holder is fenced, the next grant gets epoch + 1 (root only).
     ///
     /// With --all, every lease held on the mount is broken: use it before handing the
@@ -66,6 +66,15 @@ enum Cmd {
         /// Output directory (man/ and completions/ are created in it).
         dir: PathBuf,
     },
+}
+
+#[derive(Args, Debug)]
+struct LeasesArgs {
+    #[command(flatten)]
+    show: ShowArgs,
+    /// Also show each lease's inode, version and TTL.
+    #[arg(long)]
+    wide: bool,
 }
 
 #[derive(Args, Debug)]
@@ -278,50 +287,90 @@ fn status(args: &ShowArgs) -> ExitCode {
     println!("version      {}", v["version"].as_str().unwrap_or("?"));
     println!("backend      {}", v["backend"].as_str().unwrap_or("?"));
     println!("daemon pid   {}", v["pid"]);
-    println!("uptime       {:.1}s", v["uptime_secs"].as_f64().unwrap_or(0.0));
+    println!("uptime       {}", age((v["uptime_secs"].as_f64().unwrap_or(0.0) * 1000.0) as u64));
     println!("leases       {} held, {} awaited, {} with a TTL", l["held"], l["awaited"], l["with_ttl"]);
     ExitCode::SUCCESS
 }
 
-fn leases(args: &ShowArgs) -> ExitCode {
-    let text = match show(args, "leases") {
+fn leases(args: &LeasesArgs) -> ExitCode {
+    let text = match show(&args.show, "leases") {
         Ok(t) => t,
         Err(code) => return code,
     };
-    println!(
-        "{:<32} {:>8} {:>8} {:>8}  {:<28} {:>7} {:>10}",
-        "PATH", "INODE", "EPOCH", "VERSION", "HOLDERS", "WAITERS", "TTL"
-    );
+    let mut rows = vec![leases_header(args.wide)];
     for line in text.lines() {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
-        let holders: Vec<String> = v["holders"]
-            .as_array()
-            .map(|hs| {
-                hs.iter()
-                    .map(|h| {
-                        format!(
-                            "{}:{}/{}",
-                            h["pid"],
-                            h["kind"].as_str().unwrap_or("?"),
-                            h["mode"].as_str().unwrap_or("?")
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let ttl = v["ttl_ms"].as_u64().map_or("-".to_string(), |t| format!("{t}ms"));
-        println!(
-            "{:<32} {:>8} {:>8} {:>8}  {:<28} {:>7} {:>10}",
-            v["path"].as_str().unwrap_or("?"),
-            v["inode"],
-            v["epoch"],
-            v["version"],
-            if holders.is_empty() { "-".to_string() } else { holders.join(",") },
-            v["waiters"],
-            ttl
-        );
+        rows.push(lease_row(&v, args.wide));
     }
+    print!("{}", table(&rows));
     ExitCode::SUCCESS
+}
+
+fn leases_header(wide: bool) -> Vec<String> {
+    let mut h = vec!["PATH", "HOLDER", "MODE", "API", "EPOCH", "HELD", "WAITERS", "EXPIRES"];
+    if wide {
+        h.extend(["INODE", "VERSION", "TTL"]);
+    }
+    h.into_iter().map(String::from).collect()
+}
+
+/// One lease as table cells (`-` for an empty one).
+fn lease_row(v: &serde_json::Value, wide: bool) -> Vec<String> {
+    let holders = v["holders"].as_array().cloned().unwrap_or_default();
+    let or_dash = |s: String| if s.is_empty() { "-".to_string() } else { s };
+    let num = |n: &serde_json::Value| if n.is_null() { "-".to_string() } else { n.to_string() };
+    let who: Vec<String> = holders
+        .iter()
+        .map(|h| match h["comm"].as_str() {
+            Some(c) => format!("{}/{c}", h["pid"]),
+            None => h["pid"].to_string(),
+        })
+        .collect();
+    let first = holders.first();
+    let field = |k: &str| first.and_then(|h| h[k].as_str()).unwrap_or("").to_string();
+    let held = holders.iter().filter_map(|h| h["since_ms_ago"].as_u64()).max();
+    let mut row = vec![
+        or_dash(v["path"].as_str().unwrap_or("").to_string()),
+        or_dash(who.join(",")),
+        or_dash(field("mode")),
+        or_dash(field("kind")),
+        num(&v["epoch"]),
+        held.map_or("-".to_string(), age),
+        num(&v["waiters"]),
+        v["expires_in_ms"].as_i64().map_or("-".to_string(), |ms| format!("in {}", age(ms.max(0) as u64))),
+    ];
+    if wide {
+        row.push(num(&v["inode"]));
+        row.push(num(&v["version"]));
+        row.push(v["ttl_ms"].as_u64().map_or("-".to_string(), age));
+    }
+    row
+}
+
+/// A duration for people: `850ms`, `4.2s`, `3m05s`, `2h10m`, `3d4h`.
+fn age(ms: u64) -> String {
+    let s = ms / 1000;
+    match ms {
+        0..1_000 => format!("{ms}ms"),
+        1_000..60_000 => format!("{:.1}s", ms as f64 / 1000.0),
+        60_000..3_600_000 => format!("{}m{:02}s", s / 60, s % 60),
+        3_600_000..86_400_000 => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+        _ => format!("{}d{}h", s / 86_400, s / 3600 % 24),
+    }
+}
+
+/// Left-aligned columns separated by two spaces.
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width: Vec<usize> =
+        (0..cols).map(|c| rows.iter().filter_map(|r| r.get(c)).map(|s| s.chars().count()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in rows {
+        let cells: Vec<String> = r.iter().enumerate().map(|(i, c)| format!("{c:<w$}", w = width[i])).collect();
+        out.push_str(cells.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
 }
 
 fn break_lease(args: &BreakArgs) -> ExitCode {
@@ -658,4 +707,30 @@ fn is_zombie(pid: i32) -> bool {
         .unwrap_or(true);
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0);
     zombie && threads <= 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_like_a_person_would_say_them() {
+        let got: Vec<String> = [0, 850, 4_200, 185_000, 7_800_000, 277_200_000].into_iter().map(age).collect();
+        assert_eq!(got, ["0ms", "850ms", "4.2s", "3m05s", "2h10m", "3d5h"]);
+    }
+
+    #[test]
+    fn lease_rows_fill_empty_cells_with_a_dash_and_tables_align() {
+        let v = serde_json::json!({"path": "/L", "epoch": 3, "waiters": 0, "holders": [], "inode": 9, "version": 2});
+        assert_eq!(lease_row(&v, false), ["/L", "-", "-", "-", "3", "-", "0", "-"]);
+        let v = serde_json::json!({"path": "/a/L", "epoch": 1, "waiters": 2, "expires_in_ms": 1500, "ttl_ms": 30000,
+            "holders": [{"pid": 7, "comm": "sh", "mode": "shared", "kind": "posix", "since_ms_ago": 61000},
+                        {"pid": 8, "mode": "shared", "kind": "posix", "since_ms_ago": 10}]});
+        assert_eq!(
+            lease_row(&v, true),
+            ["/a/L", "7/sh,8", "shared", "posix", "1", "1m01s", "2", "in 1.5s", "-", "-", "30.0s"]
+        );
+        let t = table(&[vec!["A".into(), "BB".into()], vec!["ccc".into(), "d".into()]]);
+        assert_eq!(t, "A    BB\nccc  d\n");
+    }
 }

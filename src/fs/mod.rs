@@ -753,6 +753,7 @@ fn refuse_control_name(parent: Ino, name: &OsStr) -> Result<()> {
 fn holder_value(k: &Lock, now: u64) -> serde_json::Value {
     serde_json::json!({
         "pid": k.pid,
+        "comm": std::fs::read_to_string(format!("/proc/{}/comm", k.pid)).ok().map(|c| c.trim_end().to_string()),
         "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
         "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
         "start": k.range.start,
