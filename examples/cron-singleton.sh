@@ -12,7 +12,7 @@ if ! flock -n 9; then
     echo "previous run still going; skipping"
     exit 0
 fi
-run=$(getfattr --only-values -n user.leasefs.epoch "$lock")
+run=$(getfattr --absolute-names --only-values -n user.leasefs.epoch "$lock")
 echo "run $run starting"
 ${JOB:-true}
 echo "run $run done"

@@ -34,7 +34,7 @@ install -D -m 0644 "$stage/docs/completions/leasefs.fish" "$root/usr/share/fish/
 doc=$root/usr/share/doc/leasefs
 install -D -m 0644 README.md "$doc/README.md"
 install -m 0644 dist/fstab.example dist/client-dropin.conf "$doc/"
-install -D -m 0755 examples/cron-singleton.sh examples/fenced_sqlite.py -t "$doc/examples"
+install -D -m 0755 examples/cron-singleton.sh examples/fenced_sqlite.py examples/leader.py -t "$doc/examples"
 install -m 0644 examples/leased-service.service "$doc/examples/"
 mkdir -p "$root/DEBIAN"
 cat > "$root/DEBIAN/control" <<CONTROL

@@ -55,7 +55,7 @@ fn a_paused_holder_that_lost_its_lease_is_refused_by_the_fenced_database() {
     let run = |name: &str, pause: &str| {
         format!("python3 {} {} {} {name} {pause}", script.display(), m.path.display(), db.display())
     };
-    let mut paused = started(&m.path, &run("A", "3"));
+    let mut paused = started(&m.path, &run("A", "5"));
     let line = wait_lines(&paused, 1)[0].clone();
     let token: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert_eq!(token, epoch(&m.path, "service.lock"));
@@ -100,4 +100,34 @@ fn the_example_service_holds_its_lease_for_its_lifetime() {
     service.kill_all();
     assert_eq!(sh_code(&m.path, "flock -n example.lock true"), 0, "the lease went with the service");
     assert_eq!(epoch(&m.path, "example.lock"), e + 1);
+}
+
+#[test]
+fn a_frozen_incumbent_cannot_clobber_the_new_leader() {
+    let m = Mount::new();
+    let script = example("leader.py");
+    let run = |dir: &Path, args: &str| format!("python3 {} {} {args}", script.display(), dir.display());
+    // A leads, then pauses 5 s (beyond its 1 s TTL) between reading the
+    // lease and renewing it; B takes over meanwhile.
+    let mut a = started(&m.path, &run(&m.path, "A 1 3 5"));
+    assert_eq!(wait_lines(&a, 1)[0], "A: leader (round 1)");
+    assert_eq!(wait_lines(&a, 2)[1], "A: pausing 5.0s before renewing");
+    std::thread::sleep(Duration::from_millis(1200));
+    let b = sh_ok(&m.path, &run(&m.path, "B 1 1"));
+    assert_eq!(b, "B: leader (round 1)\n");
+    let lines = wait_lines(&a, 4);
+    assert_eq!(lines[2], "A: lost the lease (ESTALE): another process took it while we were paused", "{lines:?}");
+    assert_eq!(lines[3], "exit 4");
+    assert!(a.wait(STEP).success());
+    assert!(sh_ok(&m.path, "cat leader.json").contains("\"leader\": \"B\""), "B stays the leader");
+    assert_eq!(sh_ok(&m.path, "ls"), "leader.json\n", "the loser's temporary file is gone");
+
+    // The same on tmpfs: the woken incumbent's rename clobbers B.
+    let t = crate::util::Tmpfs::new();
+    let mut a = started(&t.path, &run(&t.path, "A 1 3 5"));
+    assert_eq!(wait_lines(&a, 2)[1], "A: pausing 5.0s before renewing");
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(sh_ok(&t.path, &run(&t.path, "B 1 1")), "B: leader (round 1)\n");
+    assert_eq!(wait_lines(&a, 3)[2], "A: leader (round 2)", "two leaders on tmpfs");
+    a.kill_all();
 }
