@@ -361,3 +361,76 @@ except urllib.error.HTTPError as e:
     );
     assert_eq!(leasefs_mounts(dir.path()).0, 0);
 }
+
+/// Restores `/dev/fuse`'s mode on drop. Distributions make it 0666 so that
+/// fusermount3 (which opens it with the user's rights) works; a container
+/// may not.
+struct DevFuseMode(u32);
+
+impl Drop for DevFuseMode {
+    fn drop(&mut self) {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(self.0));
+    }
+}
+
+#[test]
+fn a_user_mounts_through_fusermount3_and_interrupts_and_flock_still_work() {
+    use std::os::unix::fs::PermissionsExt;
+    assert!(have("fusermount3"), "fusermount3 (package fuse3) is needed");
+    let mode = std::fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o7777;
+    let _restore = DevFuseMode(mode);
+    std::fs::set_permissions("/dev/fuse", std::fs::Permissions::from_mode(0o666)).unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let w = work.path();
+    std::fs::set_permissions(w, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = w.join("leasefs");
+    std::fs::copy(leasefs_bin(), &bin).unwrap();
+    std::fs::create_dir(w.join("mnt")).unwrap();
+    let dir = w.join("mnt");
+    let _guard = Unmount(dir.clone());
+    sh_ok(w, "mkdir state && chown -R tests:tests mnt state");
+    let user = |script: &str| {
+        sh(w, &format!("setpriv --reuid=tests --regid=tests --init-groups env -i PATH=/usr/bin:/bin sh -c '{script}'"))
+    };
+    let o = user(&format!("./leasefs mount mnt --state-dir {}/state", w.display()));
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(leasefs_mounts(&dir).0, 1);
+    assert!(!super_options(&dir).contains("allow_other"), "a user's mount is private");
+    // Root cannot look into another user's private mount: ask as the user.
+    let status = String::from_utf8_lossy(&user("cat mnt/.leasefs/status").stdout).into_owned();
+    let v: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(v["access"], "private");
+    let pid = v["pid"].as_i64().unwrap() as i32;
+    let uid = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uid_line = uid.lines().find(|l| l.starts_with("Uid:")).unwrap();
+    let tests_uid = sh_ok(w, "id -u tests");
+    assert_eq!(uid_line.split_whitespace().nth(1), Some(tests_uid.trim()), "the daemon runs as the user: {uid_line}");
+    let o =
+        user("cd mnt && touch L && flock L true && getfattr --absolute-names --only-values -n user.leasefs.epoch L");
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "1", "{o:?}");
+    // A blocked lock wait ends with EINTR when a signal arrives: the
+    // request hook sees FUSE_INTERRUPT on a descriptor fusermount3 opened.
+    let o = user(
+        "cd mnt && python3 -c \"
+import fcntl, signal, subprocess, time
+h = subprocess.Popen([\\\"flock\\\", \\\"L\\\", \\\"sleep\\\", \\\"2\\\"])
+time.sleep(0.3)
+class Out(Exception): pass
+def ring(*a): raise Out()
+signal.signal(signal.SIGALRM, ring)
+signal.alarm(1)
+try:
+    fcntl.flock(open(\\\"L\\\"), fcntl.LOCK_EX)
+    print(\\\"granted while held\\\")
+except Out:
+    print(\\\"interrupted\\\")
+h.wait()
+\"",
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "interrupted\n", "{o:?}");
+    let o = user("./leasefs unmount mnt");
+    assert!(o.status.success(), "{o:?}");
+    wait_gone(pid);
+    assert_eq!(leasefs_mounts(&dir).0, 0);
+}

@@ -5,6 +5,7 @@
 //! core is caught here: the request is answered with `EIO` and the mount stays
 //! up.
 
+pub mod fusermount;
 pub mod session;
 
 use std::collections::{HashMap, VecDeque};

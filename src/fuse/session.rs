@@ -319,6 +319,16 @@ pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf
             return Err(MountError(format!("{show}: directory is not empty (pass --nonempty to mount over it)")));
         }
     }
+    let source = if opts.source.is_empty() { DEFAULT_SOURCE } else { &opts.source };
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Users mount through the setuid helper, which checks that they may.
+        let mut o = format!("default_permissions,fsname={source},subtype=leasefs");
+        if opts.allow_other {
+            o.push_str(",allow_other");
+        }
+        return Ok((super::fusermount::mount(&path, &o)?, path));
+    }
     let dev = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").map_err(|e| {
         MountError(match e.raw_os_error() {
             Some(libc::ENOENT) => "no /dev/fuse: load the fuse module (modprobe fuse) or run where FUSE exists".into(),
@@ -335,7 +345,6 @@ pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf
     if opts.allow_other {
         data.push_str(",allow_other");
     }
-    let source = if opts.source.is_empty() { DEFAULT_SOURCE } else { &opts.source };
     let source = CString::new(source).map_err(|_| MountError("the mount source contains a NUL byte".into()))?;
     let target = cstr(path.as_os_str()).map_err(|e| MountError(format!("{show}: {e}")))?;
     let fstype = CString::new("fuse.leasefs").expect("no NUL");
@@ -369,7 +378,13 @@ pub fn unmount(path: &Path, lazy: bool) -> io::Result<()> {
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     // SAFETY: c is a valid NUL-terminated path.
     if unsafe { libc::umount2(c.as_ptr(), flags) } != 0 {
-        return Err(errno());
+        let e = errno();
+        // SAFETY: geteuid has no preconditions.
+        if e.raw_os_error() == Some(libc::EPERM) && unsafe { libc::geteuid() } != 0 {
+            // A user's mount, made through fusermount3.
+            return super::fusermount::unmount(path, lazy);
+        }
+        return Err(e);
     }
     Ok(())
 }
