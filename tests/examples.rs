@@ -90,8 +90,16 @@ fn the_example_service_holds_its_lease_for_its_lifetime() {
     let exec = unit.lines().find_map(|l| l.strip_prefix("ExecStart=")).unwrap();
     let exec = exec.replace("/run/leases", m.path.to_str().unwrap());
     let mut service = Bg::spawn(&m.path, &format!("exec {exec}"));
+    // Watch for the holder without taking the lock (a probing flock could
+    // make the service's --nonblock attempt fail).
     let deadline = Instant::now() + STEP;
-    while sh(&m.path, "flock -n example.lock true").status.success() {
+    let holder = format!("\"pid\":{}", service.pid());
+    while !sh(&m.path, "getfattr --only-values -n user.leasefs.holder example.lock 2>/dev/null")
+        .stdout
+        .windows(holder.len())
+        .any(|w| w == holder.as_bytes())
+    {
+        assert!(service.running(), "the service exited instead of taking its lease");
         assert!(Instant::now() < deadline, "the service never took its lease");
         std::thread::sleep(Duration::from_millis(10));
     }
