@@ -296,6 +296,7 @@ impl Bg {
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .process_group(0)
+            .default_signals()
             .spawn()
             .expect("spawn");
         let out = child.stdout.take().unwrap();
@@ -326,6 +327,7 @@ impl Bg {
             .current_dir(dir)
             .stdin(Stdio::null())
             .process_group(0)
+            .default_signals()
             .spawn()
             .expect("spawn");
         Bg { child, lines: Default::default() }
@@ -338,6 +340,7 @@ impl Bg {
             .current_dir(dir)
             .stdin(Stdio::null())
             .process_group(0)
+            .default_signals()
             .spawn()
             .expect("spawn");
         Bg { child, lines: Default::default() }
@@ -459,4 +462,25 @@ pub fn unlabeled(text: &str) -> String {
         })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Children the tests signal start with the default action for the signals
+/// the tests send, whatever the test runner inherited (a shell's background
+/// job ignores SIGINT and SIGQUIT, and ignoring survives `exec`).
+pub trait DefaultSignals {
+    fn default_signals(&mut self) -> &mut Self;
+}
+
+impl DefaultSignals for Command {
+    fn default_signals(&mut self) -> &mut Self {
+        // SAFETY: only signal(2), async-signal-safe, between fork and exec.
+        unsafe {
+            self.pre_exec(|| {
+                for sig in [libc::SIGINT, libc::SIGQUIT, libc::SIGTERM, libc::SIGHUP] {
+                    libc::signal(sig, libc::SIG_DFL);
+                }
+                Ok(())
+            })
+        }
+    }
 }
