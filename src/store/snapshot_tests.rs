@@ -85,17 +85,26 @@ fn records_round_trip_with_crc() {
     assert_eq!(scan(&bad, |_| {}).err(), Some(0), "a bad first record followed by more is corruption");
 }
 
+/// What [`view`] shows of a namespace.
+type View = Vec<(String, String)>;
+
+/// A store on crash-recording storage, a tracked empty namespace, and the
+/// acknowledged views so far (the empty one, before any image).
+fn recording_workload() -> (Store, Namespace, Vec<View>, Vec<usize>) {
+    let (store, _) = Store::open(Box::new(MemStorage::recording())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let acked = vec![view(&ns)];
+    (store, ns, acked, vec![0])
+}
+
 /// Every crash image taken at every write and sync of a workload
 /// recovers to a state at least as new as the last acknowledged flush,
 /// and never to something that was not there.
 #[test]
 fn every_crash_image_recovers_what_was_acknowledged() {
-    let (mut store, _) = Store::open(Box::new(MemStorage::recording())).unwrap();
+    let (mut store, mut ns, mut acked, mut images_at_ack) = recording_workload();
     store.snapshot_min = 600; // compact often
-    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
-    ns.set_tracking();
-    let mut acked: Vec<Vec<(String, String)>> = vec![view(&ns)];
-    let mut images_at_ack: Vec<usize> = vec![0];
     for step in 0..12u32 {
         let name = format!("f{}", step % 5);
         match step % 4 {
@@ -154,11 +163,7 @@ fn every_image_recovers_an_acknowledged_state(store: &Store, acked: &[Vec<(Strin
 /// journal) recovers to the last acknowledged namespace or the next one.
 #[test]
 fn every_crash_image_of_a_background_snapshot_recovers_what_was_acknowledged() {
-    let (mut store, _) = Store::open(Box::new(MemStorage::recording())).unwrap();
-    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
-    ns.set_tracking();
-    let mut acked: Vec<Vec<(String, String)>> = vec![view(&ns)];
-    let mut images_at_ack: Vec<usize> = vec![0];
+    let (mut store, mut ns, mut acked, mut images_at_ack) = recording_workload();
     let (mut job, mut written) = (None, None);
     for step in 0..16u32 {
         let name = format!("f{}", step % 3);
@@ -299,11 +304,7 @@ fn enospc_keeps_changes_pending_and_other_errors_are_fail_stop() {
 /// Every crash image of both rounds recovers what was acknowledged.
 #[test]
 fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
-    let (mut store, _) = Store::open(Box::new(MemStorage::recording())).unwrap();
-    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
-    ns.set_tracking();
-    let mut acked: Vec<Vec<(String, String)>> = vec![view(&ns)];
-    let mut images_at_ack: Vec<usize> = vec![0];
+    let (mut store, mut ns, mut acked, mut images_at_ack) = recording_workload();
     let mut step = 0u32;
     let mut work = |ns: &mut Namespace, store: &mut Store, acked: &mut Vec<_>, at: &mut Vec<usize>| {
         step += 1;
