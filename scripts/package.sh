@@ -28,6 +28,8 @@ install -D -m 0644 dist/tmpfiles-leasefs.conf "$root/usr/lib/tmpfiles.d/leasefs.
 "$bin" generate-docs "$stage/docs"
 mkdir -p "$root/usr/share/man/man1"
 for m in "$stage"/docs/man/*.1; do gzip -9n < "$m" > "$root/usr/share/man/man1/$(basename "$m").gz"; done
+install -d "$root/usr/share/man/man8"
+gzip -9n < "$stage/docs/man/mount.fuse.leasefs.8" > "$root/usr/share/man/man8/mount.fuse.leasefs.8.gz"
 install -D -m 0644 "$stage/docs/completions/leasefs.bash" "$root/usr/share/bash-completion/completions/leasefs"
 install -D -m 0644 "$stage/docs/completions/_leasefs" "$root/usr/share/zsh/vendor-completions/_leasefs"
 install -D -m 0644 "$stage/docs/completions/leasefs.fish" "$root/usr/share/fish/vendor_completions.d/leasefs.fish"

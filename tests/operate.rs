@@ -252,6 +252,63 @@ fn the_daemon_tells_systemd_it_is_ready_once_the_mount_is_live_and_when_it_stops
 }
 
 #[test]
+fn a_long_recovery_keeps_asking_systemd_for_time_until_it_is_ready() {
+    let work = tempfile::tempdir().unwrap();
+    let sock_path = work.path().join("notify");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let dir = work.path().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    let _guard = Unmount(dir.clone());
+    let started = Instant::now();
+    let mut child = Command::new(leasefs_bin())
+        .args(["mount", dir.to_str().unwrap(), "--foreground", "--state-dir"])
+        .arg(work.path().join("state"))
+        .env("NOTIFY_SOCKET", &sock_path)
+        // Recovery that takes 10.5 s: longer than one extension interval (10 s).
+        .env("LEASEFS_PAUSE", "recovery:10500")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let got = recv_until(&sock, "READY=1");
+    let extends = got.iter().filter(|m| m.contains("EXTEND_TIMEOUT_USEC=30000000")).count();
+    assert!(extends >= 2, "one extension per 10 s of recovery: {got:?}");
+    assert!(started.elapsed() >= Duration::from_millis(10_500), "READY=1 only after recovery");
+    assert!(got.last().unwrap().contains("READY=1") && !got.last().unwrap().contains("EXTEND"), "{got:?}");
+    assert_eq!(leasefs_mounts(&dir).0, 1);
+    run_ok(Command::new(leasefs_bin()).arg("unmount").arg(&dir));
+    assert!(wait_timeout(&mut child, STEP, "daemon").success());
+}
+
+#[test]
+fn a_mount_that_is_not_live_within_the_ready_timeout_fails_and_leaves_no_daemon() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("mnt");
+    let state = work.path().join("state");
+    std::fs::create_dir(&dir).unwrap();
+    let _guard = Unmount(dir.clone());
+    let started = Instant::now();
+    let o = run_timeout(
+        Command::new(leasefs_bin())
+            .args(["mount", dir.to_str().unwrap(), "--ready-timeout", "1", "--state-dir"])
+            .arg(&state)
+            .env("LEASEFS_PAUSE", "recovery:20000"),
+        STEP,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(15), "the wait is bounded by --ready-timeout");
+    assert!(err.contains("did not report the mount live within 1s") && err.trim().lines().count() == 1, "{err}");
+    assert_eq!(leasefs_mounts(&dir).0, 0, "nothing mounted");
+    // The stopped daemon released the state directory: a new mount takes it at once.
+    let m = run_timeout(
+        Command::new(leasefs_bin()).args(["mount", dir.to_str().unwrap(), "--state-dir"]).arg(&state),
+        STEP,
+    );
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    run_ok(Command::new(leasefs_bin()).arg("unmount").arg(&dir));
+}
+
+#[test]
 fn the_shipped_unit_files_pass_systemd_analyze_verify() {
     assert!(have("systemd-analyze"), "systemd-analyze is needed to check the unit files");
     let work = tempfile::tempdir().unwrap();
@@ -290,6 +347,7 @@ fn the_debian_package_installs_mounts_from_fstab_and_removes_cleanly() {
         "./usr/lib/tmpfiles.d/leasefs.conf",
         "./usr/share/man/man1/leasefs.1.gz",
         "./usr/share/man/man1/leasefs-mount.1.gz",
+        "./usr/share/man/man8/mount.fuse.leasefs.8.gz",
         "./usr/share/bash-completion/completions/leasefs",
         "./usr/share/zsh/vendor-completions/_leasefs",
         "./usr/share/fish/vendor_completions.d/leasefs.fish",

@@ -7,6 +7,7 @@ use std::path::Path;
 use clap::Command;
 
 /// Write `DIR/man/leasefs.1`, one `leasefs-SUBCOMMAND.1` per subcommand,
+/// `mount.fuse.leasefs.8` for the mount helper,
 /// and `DIR/completions/` for bash, zsh and fish.
 pub fn generate(cmd: Command, out: &Path) -> std::io::Result<()> {
     let man = out.join("man");
@@ -19,6 +20,9 @@ pub fn generate(cmd: Command, out: &Path) -> std::io::Result<()> {
             &man.join(format!("{name}.1")),
         )?;
     }
+    let mut page = Vec::new();
+    clap_mangen::Man::new(crate::helper::command()).section("8").render(&mut page)?;
+    std::fs::write(man.join("mount.fuse.leasefs.8"), page)?;
     let completions = out.join("completions");
     std::fs::create_dir_all(&completions)?;
     for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {

@@ -109,6 +109,54 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
     Ok(Helper { args, verbose })
 }
 
+/// The helper's manual page (`mount.fuse.leasefs(8)`), built from the same
+/// option tables [`parse`] uses, so the page lists exactly what it accepts.
+pub fn command() -> clap::Command {
+    use clap::{Arg, ArgAction};
+    let valued: Vec<String> = VALUED
+        .iter()
+        .map(|(k, flag)| match *k {
+            "source" => format!("  {k}=VALUE    used only when mount(8) gives no SOURCE"),
+            _ => format!("  {k}=VALUE    leasefs mount {flag} VALUE"),
+        })
+        .collect();
+    let flags: Vec<String> = FLAGS
+        .iter()
+        .filter(|(k, _)| *k != "private")
+        .map(|(k, flag)| format!("  {k}    leasefs mount {flag}"))
+        .collect();
+    let about = format!(
+        "mount(8) runs this helper for `mount -t fuse.leasefs SOURCE DIR -o OPTS` and for /etc/fstab lines of \
+         type fuse.leasefs. It starts `leasefs mount DIR --source SOURCE` with the options below and returns once \
+         the mount is live (or after ready_timeout, 30 s by default, with the daemon stopped). The mount's source \
+         is SOURCE, so `findmnt SOURCE` and `mount -a` recognise it; `umount DIR` stops the daemon.\n\n\
+         Options taking a value:\n{}\n\n\
+         Flags:\n{}\n  private    the same as private_access, for callers other than mount(8), which keeps \
+         `private` for itself (mount propagation)\n\n\
+         Ignored, as mount(8), systemd and fstab conventions pass them: {} and every x-* option. Any other \
+         option is refused with one line on stderr and exit status 2 (with -s it is ignored instead); a mount \
+         that fails exits 1.\n\n\
+         Example /etc/fstab line:\n  leasefs /run/leases fuse.leasefs nofail,state_dir=/var/lib/leasefs/run-leases 0 0",
+        valued.join("\n"),
+        flags.join("\n"),
+        IGNORED.join(", "),
+    );
+    clap::Command::new("mount.fuse.leasefs")
+        .about("mount helper for leasefs filesystems (fstab type fuse.leasefs)")
+        .long_about(about)
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .arg(Arg::new("SOURCE").required(true).help("the mount's source name, shown by findmnt (e.g. leasefs)"))
+        .arg(Arg::new("DIR").required(true).help("the mount point"))
+        .arg(Arg::new("sloppy").short('s').action(ArgAction::SetTrue).help("ignore unknown options"))
+        .arg(Arg::new("foreground").short('f').action(ArgAction::SetTrue).help("keep the daemon in the foreground"))
+        .arg(Arg::new("no-mtab").short('n').action(ArgAction::SetTrue).help("accepted; there is no mtab to write"))
+        .arg(Arg::new("verbose").short('v').action(ArgAction::SetTrue).help("print the leasefs mount command run"))
+        .arg(
+            Arg::new("options").short('o').value_name("OPTS").action(ArgAction::Append).help("comma-separated options"),
+        )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,5 +199,17 @@ mod tests {
         assert!(run("s /d -o volatile=1").unwrap_err().contains("unknown mount option"));
         assert!(run("/d").unwrap_err().contains("SOURCE DIR"));
         assert!(run("s /d -x").unwrap_err().contains("-x"));
+    }
+
+    #[test]
+    fn the_manual_page_names_every_option_the_helper_takes() {
+        let mut page = Vec::new();
+        clap_mangen::Man::new(command()).section("8").render(&mut page).unwrap();
+        let page = String::from_utf8(page).unwrap();
+        for k in VALUED.iter().map(|(k, _)| *k).chain(FLAGS.iter().map(|(k, _)| *k)).chain(IGNORED) {
+            // roff escapes '-' and '_' is plain; match on the option name.
+            assert!(page.contains(k), "the manual page lacks {k}");
+        }
+        assert!(page.contains(".TH mount.fuse.leasefs 8"), "{}", &page[..200]);
     }
 }

@@ -482,6 +482,7 @@ fn serve(args: &MountArgs) -> ExitCode {
     } else {
         let started = std::time::Instant::now();
         let _keepalive = notify.keep_starting("recovering the state directory");
+        leasefs::store::snapshot::pausepoint("recovery");
         match leasefs::store::snapshot::Store::open(Box::new(storage)) {
             Ok((store, recovered)) => {
                 let (inodes, batches, cut) = (recovered.inodes.len(), recovered.batches, recovered.cut);
