@@ -173,6 +173,11 @@ fn status_leases_and_break_commands() {
     let (ok, out, err) = leasefs(&["status", mp]);
     assert!(ok, "{err}");
     assert!(out.contains("daemon pid") && out.contains("1 held"), "{out}");
+    let row = |name: &str| out.lines().find(|l| l.starts_with(name)).map(|l| l[name.len()..].trim().to_string());
+    assert_eq!(row("inodes").as_deref(), Some("3"), "root, d, d/L (.leasefs is not counted): {out}");
+    assert!(row("state dir").is_some_and(|s| s.ends_with("(durable)") || s.ends_with("(volatile)")), "{out}");
+    assert!(row("epochs").is_some_and(|s| s.starts_with("ceiling ")), "{out}");
+    assert_eq!(row("metrics"), Some(format!("{mp}/.leasefs/metrics")), "{out}");
     let (ok, out, _) = leasefs(&["status", mp, "--json"]);
     assert!(ok);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();

@@ -289,7 +289,46 @@ fn status(args: &ShowArgs) -> ExitCode {
     println!("daemon pid   {}", v["pid"]);
     println!("uptime       {}", age((v["uptime_secs"].as_f64().unwrap_or(0.0) * 1000.0) as u64));
     println!("leases       {} held, {} awaited, {} with a TTL", l["held"], l["awaited"], l["with_ttl"]);
+    println!("inodes       {}", v["inodes"]);
+    let state = v["state_dir"].as_str().unwrap_or("?");
+    println!("state dir    {state} ({})", v["durability"].as_str().unwrap_or("?"));
+    println!(
+        "epochs       ceiling {}, journal {}, {} commits",
+        v["epoch_ceiling"],
+        bytes(v["journal_bytes"].as_u64().unwrap_or(0)),
+        v["journal_commits"]
+    );
+    if let Some(n) = v["namespace_journal_bytes"].as_u64() {
+        let snap = &v["snapshot"];
+        println!(
+            "namespace    journal {}, snapshot {} (generation {}), {} compactions",
+            bytes(n),
+            bytes(snap["bytes"].as_u64().unwrap_or(0)),
+            snap["generation"],
+            v["journal_compactions"]
+        );
+    }
+    match v["metrics_addr"].as_str() {
+        Some(a) => println!("metrics      http://{a}/metrics"),
+        None => println!("metrics      {}/.leasefs/metrics", v["mount_point"].as_str().unwrap_or("?")),
+    }
     ExitCode::SUCCESS
+}
+
+/// A byte count in the largest unit that keeps it at least 1 (`512 B`,
+/// `4.0 KiB`, `1.5 MiB`).
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.1} {}", UNITS[unit])
 }
 
 fn leases(args: &LeasesArgs) -> ExitCode {
