@@ -14,6 +14,7 @@ mod conformance;
 mod control;
 mod differential;
 mod durability;
+mod etcd;
 mod examples;
 mod fencing;
 mod locks;

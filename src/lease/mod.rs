@@ -11,6 +11,7 @@
 //!   question through; [`local`]: its single-host implementation.
 
 pub mod authority;
+pub mod etcd;
 pub mod floors;
 pub mod local;
 pub mod machine;

@@ -1,0 +1,318 @@
+//! A real 3-member etcd cluster on loopback, started and stopped by each
+//! test that needs one, and the tests of leasefs's etcd client against it.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use leasefs::lease::etcd::client::{Client, CmpOp, Compare, EtcdError, Op, OpResult, Target, WatchMsg};
+
+use crate::util::STEP;
+
+/// One member: its ports and, while it runs, its process.
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+/// A 3-member cluster on 127.0.0.1 with its own ports and data directories;
+/// `Drop` kills every member (by pid) and removes the data.
+pub struct Cluster {
+    dir: tempfile::TempDir,
+    members: Vec<Member>,
+}
+
+/// Ports nothing listens on now (bound, learnt, released together so no two
+/// are the same).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<std::net::TcpListener> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+impl Cluster {
+    /// Start three members and wait until the cluster serves
+    /// linearizable reads on every one of them.
+    pub fn start() -> Cluster {
+        assert!(
+            Command::new("etcd").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success()),
+            "etcd is needed (apt-get install etcd-server etcd-client)"
+        );
+        let ports = free_ports(6);
+        let members: Vec<Member> = (0..3)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: ports[2 * i],
+                peer_port: ports[2 * i + 1],
+                child: None,
+            })
+            .collect();
+        let mut c = Cluster { dir: tempfile::tempdir().unwrap(), members };
+        for i in 0..3 {
+            c.run(i);
+        }
+        c.wait_healthy();
+        c
+    }
+
+    fn initial_cluster(&self) -> String {
+        let peers: Vec<String> =
+            self.members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port)).collect();
+        peers.join(",")
+    }
+
+    fn run(&mut self, i: usize) {
+        let initial = self.initial_cluster();
+        let token = format!("leasefs-test-{}", self.dir.path().display());
+        let data: PathBuf = self.dir.path().join(&self.members[i].name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", self.members[i].name)))
+            .unwrap();
+        let m = &mut self.members[i];
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let child = Command::new("etcd")
+            .args(["--name", &m.name, "--data-dir"])
+            .arg(&data)
+            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &initial, "--initial-cluster-token", &token])
+            .args(["--initial-cluster-state", "new"])
+            // Fast elections keep leader-loss tests short.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        m.child = Some(child);
+    }
+
+    /// `http://127.0.0.1:PORT` of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client_port)).collect()
+    }
+
+    /// The endpoint of member `i` alone.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// `--etcd` as a mount takes it.
+    pub fn etcd_arg(&self) -> String {
+        self.endpoints().join(",")
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + STEP;
+        for i in 0..3 {
+            if self.members[i].child.is_none() {
+                continue;
+            }
+            let c = Client::new(&[self.endpoint(i)], Duration::from_secs(1));
+            while let Err(e) = c.get(b"health") {
+                assert!(Instant::now() < deadline, "etcd member {i} not healthy: {e}\n{}", self.logs());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Stop member `i` at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Start member `i` again on its data directory; waits until it serves.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.run(i);
+        self.wait_healthy();
+    }
+
+    /// The index of the current leader.
+    pub fn leader(&self) -> usize {
+        let deadline = Instant::now() + STEP;
+        loop {
+            for i in 0..3 {
+                if self.members[i].child.is_none() {
+                    continue;
+                }
+                if status(&self.endpoint(i)).is_some_and(|(me, leader)| leader != "0" && me == leader) {
+                    return i;
+                }
+            }
+            assert!(Instant::now() < deadline, "no etcd leader\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The members' logs, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        for m in &self.members {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("{}.log", m.name))).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            out += &format!("--- {} ---\n{}\n", m.name, tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+        }
+        out
+    }
+}
+
+/// `(member id, leader id)` from a member's status endpoint.
+fn status(endpoint: &str) -> Option<(String, String)> {
+    let host = endpoint.trim_start_matches("http://");
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut conn = leasefs::lease::etcd::http::Conn::connect(host, deadline).ok()?;
+    let r = conn.post("/v3/maintenance/status", b"{}", deadline).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+    Some((v["header"]["member_id"].as_str()?.to_string(), v["leader"].as_str()?.to_string()))
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
+
+fn client(c: &Cluster) -> Client {
+    Client::new(&c.endpoints(), Duration::from_secs(2))
+}
+
+#[test]
+fn a_transaction_applies_only_when_the_revisions_it_compares_are_unchanged() {
+    let cluster = Cluster::start();
+    let a = Client::new(&[cluster.endpoint(0)], Duration::from_secs(2));
+    let b = Client::new(&[cluster.endpoint(2)], Duration::from_secs(2));
+    // Create-if-absent: exactly one of two creators wins.
+    let won = a.txn(&[Compare::absent(&b"t/k"[..])], &[Op::put(&b"t/k"[..], &b"a"[..], 0)], &[]).unwrap();
+    let lost =
+        b.txn(&[Compare::absent(&b"t/k"[..])], &[Op::put(&b"t/k"[..], &b"b"[..], 0)], &[Op::get(&b"t/k"[..])]).unwrap();
+    assert!(won.succeeded && !lost.succeeded);
+    let OpResult::Range(seen) = &lost.responses[0] else { panic!("{lost:?}") };
+    assert_eq!(seen[0].value, b"a", "the loser reads the winner's value in the same transaction");
+    // A write decided on a read is refused once someone else wrote after that read.
+    let (kv, _) = b.get(b"t/k").unwrap();
+    let kv = kv.unwrap();
+    a.put(b"t/k", b"a2", 0).unwrap();
+    let stale =
+        b.txn(&[Compare::unchanged(&b"t/k"[..], kv.mod_revision)], &[Op::put(&b"t/k"[..], &b"b"[..], 0)], &[]).unwrap();
+    assert!(!stale.succeeded);
+    // A read on another member right after the write returns sees it (linearizable).
+    assert_eq!(b.get(b"t/k").unwrap().0.unwrap().value, b"a2");
+    let greater = Compare::new(&b"t/k"[..], CmpOp::Greater, Target::Version(1));
+    assert!(b.txn(&[greater], &[], &[]).unwrap().succeeded);
+    assert_eq!(a.delete(b"t/", &leasefs::lease::etcd::client::prefix_end(b"t/")).unwrap(), 1);
+    assert_eq!(b.get(b"t/k").unwrap().0, None);
+}
+
+#[test]
+fn keys_on_a_lease_vanish_when_it_is_not_renewed_and_stay_while_it_is() {
+    let cluster = Cluster::start();
+    let c = client(&cluster);
+    let (kept, ttl) = c.grant(2).unwrap();
+    assert_eq!(ttl, 2);
+    let (dropped, _) = c.grant(2).unwrap();
+    c.put(b"l/kept", b"", kept).unwrap();
+    c.put(b"l/dropped", b"", dropped).unwrap();
+    assert_eq!(c.get(b"l/kept").unwrap().0.unwrap().lease, kept);
+    let deadline = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < deadline {
+        assert_eq!(c.keep_alive(kept).unwrap(), 2);
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(c.get(b"l/kept").unwrap().0.is_some(), "a renewed lease keeps its keys");
+    assert!(c.get(b"l/dropped").unwrap().0.is_none(), "an expired lease takes its keys");
+    assert_eq!(c.keep_alive(dropped).unwrap(), 0, "renewing an expired lease says so");
+    c.revoke(kept).unwrap();
+    assert!(c.get(b"l/kept").unwrap().0.is_none(), "revoking deletes at once");
+    c.revoke(kept).unwrap();
+}
+
+#[test]
+fn a_watch_reports_every_change_in_order_from_another_member() {
+    let cluster = Cluster::start();
+    let writer = Client::new(&[cluster.endpoint(1)], Duration::from_secs(2));
+    let watcher = Client::new(&[cluster.endpoint(0)], Duration::from_secs(2));
+    let mut w = watcher.watch(b"w/", &leasefs::lease::etcd::client::prefix_end(b"w/"), 0).unwrap();
+    let r1 = writer.put(b"w/a", b"1", 0).unwrap();
+    writer.put(b"x/outside", b"", 0).unwrap();
+    writer.put(b"w/a", b"2", 0).unwrap();
+    let r3 = writer.delete(b"w/a", &[]).unwrap();
+    assert_eq!(r3, 1);
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + STEP;
+    while seen.len() < 3 {
+        assert!(Instant::now() < deadline, "watch events missing: {seen:?}");
+        if let Some(WatchMsg::Events { events, .. }) = w.next(Duration::from_secs(1)).unwrap() {
+            for e in events {
+                seen.push((e.deleted, e.kv.value.clone(), e.kv.mod_revision, e.prev.map(|p| p.value)));
+            }
+        }
+    }
+    assert_eq!(seen[0], (false, b"1".to_vec(), r1, None));
+    assert_eq!((seen[1].0, &seen[1].1, &seen[1].3), (false, &b"2".to_vec(), &Some(b"1".to_vec())));
+    assert_eq!((seen[2].0, &seen[2].3), (true, &Some(b"2".to_vec())));
+    assert!(seen[0].2 < seen[1].2 && seen[1].2 < seen[2].2, "revisions increase: {seen:?}");
+    // Replaying from a revision gives the same history.
+    let mut again = watcher.watch(b"w/a", &[], r1).unwrap();
+    let Some(WatchMsg::Events { events, .. }) = again.next(STEP).unwrap() else { panic!() };
+    assert_eq!(events[0].kv.mod_revision, r1);
+    w.close();
+    again.close();
+}
+
+#[test]
+fn the_client_fails_over_when_members_die_and_reports_unavailable_within_its_timeout() {
+    let mut cluster = Cluster::start();
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    c.put(b"f/k", b"1", 0).unwrap();
+    let first = c.current().to_string();
+    let i = cluster.endpoints().iter().position(|e| e.ends_with(&first)).unwrap();
+    cluster.kill(i);
+    // Reads go on through another member (a new leader if it was the leader).
+    let deadline = Instant::now() + STEP;
+    let v = loop {
+        match c.get(b"f/k") {
+            Ok((Some(kv), _)) => break kv.value,
+            Ok((None, _)) => panic!("the key is gone"),
+            Err(e) => assert!(Instant::now() < deadline, "no failover: {e}\n{}", cluster.logs()),
+        }
+    };
+    assert_eq!(v, b"1");
+    assert_ne!(c.current(), first);
+    // Writes too, once a leader is there.
+    cluster.leader();
+    let deadline = Instant::now() + STEP;
+    while let Err(e) = c.put(b"f/k", b"2", 0) {
+        assert!(Instant::now() < deadline, "no write after failover: {e}");
+    }
+    // With no quorum left, calls end within the timeout instead of hanging.
+    let j = (i + 1) % 3;
+    cluster.kill(j);
+    let started = Instant::now();
+    let e = c.get(b"f/k").unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "bounded by the timeout: {:?}", started.elapsed());
+    assert!(matches!(e, EtcdError::Unavailable(_) | EtcdError::Server { .. }), "{e}");
+    // Back to quorum: the client recovers by itself.
+    cluster.restart(j);
+    let deadline = Instant::now() + STEP;
+    loop {
+        match c.get(b"f/k") {
+            Ok((Some(kv), _)) => {
+                assert_eq!(kv.value, b"2");
+                break;
+            }
+            Ok((None, _)) => panic!("the key is gone"),
+            Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
+        }
+    }
+}
