@@ -102,11 +102,6 @@ impl Cluster {
         format!("http://127.0.0.1:{}", self.members[i].client_port)
     }
 
-    /// `--etcd` as a mount takes it.
-    pub fn etcd_arg(&self) -> String {
-        self.endpoints().join(",")
-    }
-
     fn wait_healthy(&self) {
         let deadline = Instant::now() + STEP;
         for i in 0..3 {
@@ -314,5 +309,220 @@ fn the_client_fails_over_when_members_die_and_reports_unavailable_within_its_tim
             Ok((None, _)) => panic!("the key is gone"),
             Err(e) => assert!(Instant::now() < deadline, "no recovery: {e}"),
         }
+    }
+}
+
+mod arbitration {
+    //! Cluster-wide arbitration: each "host" is its own client, etcd
+    //! session and arbiter, as a daemon on another machine would be.
+
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use leasefs::lease::etcd::arbiter::{Arbiter, Asker, Decision, Mode};
+    use leasefs::lease::etcd::client::Client;
+    use leasefs::lease::etcd::session::HostSession;
+
+    use super::Cluster;
+    use crate::util::STEP;
+
+    fn host(c: &Cluster, name: &str, ttl: i64) -> Arbiter {
+        let client = Arc::new(Client::new(&c.endpoints(), Duration::from_secs(2)));
+        let session = Arc::new(HostSession::start(client.clone(), ttl).unwrap());
+        Arbiter::new(client, "leasefs-test", session, name)
+    }
+
+    fn asker(pid: u32) -> Asker {
+        Asker { pid, comm: "test".into(), owner: format!("flock:{pid}") }
+    }
+
+    /// Wait for `t` to be granted (its predecessors to go); the epoch.
+    fn await_grant(a: &Arbiter, t: &leasefs::lease::etcd::arbiter::Ticket) -> (u64, bool) {
+        let deadline = Instant::now() + STEP;
+        loop {
+            match a.decide(t).unwrap() {
+                Decision::Granted { epoch, lost_holder } => return (epoch, lost_holder),
+                Decision::Gone => panic!("the entry is gone"),
+                Decision::Behind { predecessor, revision } => {
+                    assert!(a.wait_gone(&predecessor, revision, deadline).unwrap(), "never granted")
+                }
+            }
+        }
+    }
+
+    fn behind(a: &Arbiter, t: &leasefs::lease::etcd::arbiter::Ticket) -> bool {
+        matches!(a.decide(t).unwrap(), Decision::Behind { .. })
+    }
+
+    #[test]
+    fn exclusive_grants_across_hosts_are_one_at_a_time_in_arrival_order_with_epoch_plus_one() {
+        let cluster = Cluster::start();
+        let (a, b, c) = (host(&cluster, "a", 10), host(&cluster, "b", 10), host(&cluster, "c", 10));
+        let (ta, e1) = a.acquire("/L", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap();
+        assert_eq!(e1, 1);
+        let tb = b.enqueue("/L", Mode::Exclusive, &asker(2)).unwrap();
+        let tc = c.enqueue("/L", Mode::Exclusive, &asker(3)).unwrap();
+        assert!(behind(&b, &tb) && behind(&c, &tc), "nobody is granted while a holds it");
+        // Another name is independent, even one whose name starts the same.
+        let (tx, ex) = c.acquire("/L/x", Mode::Exclusive, &asker(3), STEP).unwrap().unwrap();
+        assert_eq!(ex, 1);
+        a.release(&ta).unwrap();
+        // c's entry is behind b's: arrival order across hosts.
+        assert!(behind(&c, &tc), "c must not overtake b");
+        assert_eq!(b.decide(&tb).unwrap(), Decision::Granted { epoch: 2, lost_holder: false });
+        let (es, _) = a.entries("/L").unwrap();
+        assert_eq!(es.iter().map(|e| (e.host.as_str(), e.held)).collect::<Vec<_>>(), [("b", true), ("c", false)]);
+        assert_eq!(es[0].asker, asker(2));
+        b.release(&tb).unwrap();
+        assert_eq!(c.decide(&tc).unwrap(), Decision::Granted { epoch: 3, lost_holder: false });
+        c.release(&tc).unwrap();
+        c.release(&tx).unwrap();
+        // The counter outlives every entry: the next holder gets 4, never 1 again.
+        assert!(a.entries("/L").unwrap().0.is_empty());
+        assert_eq!(a.epoch("/L").unwrap(), 3);
+        assert_eq!(a.acquire("/L", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap().1, 4);
+    }
+
+    #[test]
+    fn shared_holders_coexist_and_never_overtake_an_earlier_exclusive_waiter() {
+        let cluster = Cluster::start();
+        let (a, b, c) = (host(&cluster, "a", 10), host(&cluster, "b", 10), host(&cluster, "c", 10));
+        let (sa, ea) = a.acquire("/S", Mode::Shared, &asker(1), STEP).unwrap().unwrap();
+        let (sb, eb) = b.acquire("/S", Mode::Shared, &asker(2), STEP).unwrap().unwrap();
+        assert_eq!((ea, eb), (0, 0), "shared holders do not raise the epoch");
+        let xc = c.enqueue("/S", Mode::Exclusive, &asker(3)).unwrap();
+        let sd = a.enqueue("/S", Mode::Shared, &asker(4)).unwrap();
+        assert!(behind(&c, &xc));
+        assert!(behind(&a, &sd), "a shared request behind an exclusive waiter waits");
+        a.release(&sa).unwrap();
+        assert!(behind(&c, &xc), "one shared holder is left");
+        b.release(&sb).unwrap();
+        assert_eq!(c.decide(&xc).unwrap(), Decision::Granted { epoch: 1, lost_holder: false });
+        assert!(behind(&a, &sd));
+        c.release(&xc).unwrap();
+        assert_eq!(a.decide(&sd).unwrap(), Decision::Granted { epoch: 1, lost_holder: false });
+    }
+
+    #[test]
+    fn a_cancelled_wait_leaves_the_queue_and_blocks_nobody() {
+        let cluster = Cluster::start();
+        let (a, b, c) = (host(&cluster, "a", 10), host(&cluster, "b", 10), host(&cluster, "c", 10));
+        let (ta, _) = a.acquire("/C", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap();
+        // b gives up after its timeout; its entry goes with it.
+        let started = Instant::now();
+        assert!(b.acquire("/C", Mode::Exclusive, &asker(2), Duration::from_millis(300)).unwrap().is_none());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let tc = c.enqueue("/C", Mode::Exclusive, &asker(3)).unwrap();
+        assert_eq!(a.entries("/C").unwrap().0.len(), 2, "b's entry is gone");
+        a.release(&ta).unwrap();
+        assert_eq!(c.decide(&tc).unwrap(), Decision::Granted { epoch: 2, lost_holder: false });
+    }
+
+    #[test]
+    fn a_host_that_cannot_renew_gives_up_before_etcd_expires_it_and_the_waiter_gets_epoch_plus_one() {
+        let cluster = Cluster::start();
+        let a = host(&cluster, "a", 3);
+        let b = host(&cluster, "b", 10);
+        let lost = Arc::new(Mutex::new(Vec::new()));
+        let l = lost.clone();
+        a.session().on_lost(Box::new(move |id| l.lock().unwrap().push(id)));
+        let (ta, e1) = a.acquire("/H", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap();
+        let tb = b.enqueue("/H", Mode::Exclusive, &asker(2)).unwrap();
+        let (old, _, generation) = a.session().lease();
+        a.session().pause_renewals(true);
+        // Until a knows it is in jeopardy, it still holds the lease on the server.
+        let deadline = Instant::now() + STEP;
+        while a.session().alive().is_some() {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (es, _) = b.entries("/H").unwrap();
+        assert!(es.iter().any(|e| e.key == ta.key), "a gave up while etcd still had its lease (the margin)");
+        assert!(behind(&b, &tb), "nobody else was granted yet");
+        // a's grants are refused from now on.
+        assert_eq!(a.decide(&ta).unwrap(), Decision::Gone);
+        // Once etcd expires a's lease, b is granted with the next epoch.
+        let (e2, lost_holder) = await_grant(&b, &tb);
+        assert_eq!((e2, lost_holder), (e1 + 1, true));
+        let (es, _) = b.entries("/H").unwrap();
+        assert!(!es.iter().any(|e| e.key == ta.key), "etcd removed the lost host's entry");
+        assert_eq!(*lost.lock().unwrap(), [old], "on_lost ran once, with the old lease");
+        // a comes back with a new session.
+        a.session().pause_renewals(false);
+        assert!(a.session().wait_newer(generation, STEP), "a registered a new session");
+        assert_ne!(a.session().lease().0, old);
+    }
+
+    #[test]
+    fn a_lost_holder_is_reported_to_the_next_holder_and_a_clean_release_is_not() {
+        let cluster = Cluster::start();
+        let a = host(&cluster, "a", 2);
+        let b = host(&cluster, "b", 10);
+        let (ta, _) = b.acquire("/D", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap();
+        b.release(&ta).unwrap();
+        let (tb, _) = a.acquire("/D", Mode::Exclusive, &asker(2), STEP).unwrap().unwrap();
+        let tc = b.enqueue("/D", Mode::Exclusive, &asker(3)).unwrap();
+        let decided = b.decide(&tc).unwrap();
+        assert!(matches!(decided, Decision::Behind { .. }));
+        a.session().pause_renewals(true);
+        let Decision::Behind { predecessor, .. } = decided else { unreachable!() };
+        assert_eq!(predecessor, tb.key, "a waiter watches the entry right before it");
+        assert_eq!(await_grant(&b, &tc), (3, true));
+        b.release(&tc).unwrap();
+        let (_, e) = b.acquire("/D", Mode::Exclusive, &asker(4), STEP).unwrap().unwrap();
+        assert_eq!(e, 4);
+    }
+
+    /// Workers on three hosts contend for one lease while the etcd leader is
+    /// killed and restarted: never two holders at once, epochs strictly
+    /// increase in grant order, every acknowledged increment is kept.
+    #[test]
+    fn contending_hosts_never_overlap_and_epochs_strictly_increase_through_a_leader_kill() {
+        let mut cluster = Cluster::start();
+        let hosts: Vec<Arc<Arbiter>> = ["a", "b", "c"].iter().map(|n| Arc::new(host(&cluster, n, 10))).collect();
+        let inside = Arc::new(AtomicBool::new(false));
+        let overlaps = Arc::new(AtomicU64::new(0));
+        let grants = Arc::new(Mutex::new(Vec::new()));
+        let stop_at = Instant::now() + Duration::from_secs(6);
+        let mut workers = Vec::new();
+        for (h, arb) in hosts.iter().enumerate() {
+            for w in 0..2u32 {
+                let (arb, inside, overlaps, grants) = (arb.clone(), inside.clone(), overlaps.clone(), grants.clone());
+                workers.push(std::thread::spawn(move || {
+                    let me = asker(h as u32 * 10 + w);
+                    let mut done = 0;
+                    while Instant::now() < stop_at {
+                        let Ok(Some((t, epoch))) = arb.acquire("/J", Mode::Exclusive, &me, Duration::from_secs(10))
+                        else {
+                            continue;
+                        };
+                        if inside.swap(true, Ordering::SeqCst) {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        grants.lock().unwrap().push(epoch);
+                        std::thread::sleep(Duration::from_millis(2));
+                        inside.store(false, Ordering::SeqCst);
+                        // A release whose answer is lost is retried; the entry may already be gone.
+                        while arb.release(&t).is_err() && Instant::now() < stop_at + Duration::from_secs(20) {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        done += 1;
+                    }
+                    done
+                }));
+            }
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        let leader = cluster.leader();
+        cluster.kill(leader);
+        std::thread::sleep(Duration::from_secs(1));
+        cluster.restart(leader);
+        let done: u32 = workers.into_iter().map(|w| w.join().unwrap()).sum();
+        let grants = grants.lock().unwrap().clone();
+        assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+        assert!(done >= 20, "only {done} grants in 6 s");
+        assert!(grants.windows(2).all(|w| w[0] < w[1]), "epochs not strictly increasing: {grants:?}");
+        assert_eq!(hosts[0].epoch("/J").unwrap(), *grants.last().unwrap());
     }
 }

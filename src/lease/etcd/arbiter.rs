@@ -1,0 +1,333 @@
+//! Cluster-wide lock arbitration and epochs in etcd.
+//!
+//! **Key schema** (under the mount's prefix `P`, lease names escaped so no
+//! name's keys are a prefix of another's):
+//! - `P/hosts/<session>`: one per live host session, on its etcd lease.
+//! - `P/epoch/<name>`: the lease's epoch counter, `{"epoch":N,"holder":KEY}`.
+//!   Never deleted, so an epoch is never repeated or lowered, whatever is
+//!   unlinked, re-created or restarted.
+//! - `P/q/<name>/<session>/<seq>`: one entry per holder or waiter, on the
+//!   session's etcd lease, `{"mode":"x"|"s","state":"wait"|"held",...}`.
+//!   Entries are served in the order etcd created them (create revision).
+//!
+//! **Granting.** An entry may be granted when no entry created before it
+//! conflicts with it (exclusive conflicts with everything, shared with
+//! exclusive): strict arrival order across hosts, a shared request never
+//! overtakes an earlier exclusive one. The decision is read at one
+//! revision and applied by a transaction that compares the revisions it
+//! was decided on: the entry itself (still there, so its host session is
+//! alive) and the epoch counter (nobody was granted since). An exclusive
+//! grant writes epoch + 1 in the same transaction. If anything changed,
+//! the transaction fails and the decision is taken again. etcd's own Lock
+//! RPC is not used (in etcd 3.4 it can grant to two holders after a pause).
+//!
+//! **Waiting.** A waiter watches only its predecessor (the latest earlier
+//! entry it conflicts with) for deletion, from the revision it decided on,
+//! so no change is missed and a release wakes one waiter, not all.
+//!
+//! **Release and host loss.** A holder deletes its entry; a clean release
+//! also clears `holder` in the counter. When a host's session expires, etcd
+//! deletes its entries and the next waiter is granted epoch + 1; the
+//! counter still naming a holder whose entry is gone tells that waiter the
+//! previous holder was lost (for `--lock-delay`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::client::{prefix_end, Client, Compare, EtcdError, Kv, Op, Result, WatchMsg};
+use super::session::HostSession;
+
+/// Shared or exclusive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Shared,
+    Exclusive,
+}
+
+impl Mode {
+    fn tag(self) -> &'static str {
+        match self {
+            Mode::Shared => "s",
+            Mode::Exclusive => "x",
+        }
+    }
+
+    fn conflicts(self, other: Mode) -> bool {
+        self == Mode::Exclusive || other == Mode::Exclusive
+    }
+}
+
+/// Who asks, as shown to operators on every host.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Asker {
+    pub pid: u32,
+    pub comm: String,
+    /// The lock owner on its host (`flock:…`, `posix:…`).
+    pub owner: String,
+}
+
+/// A holder or waiter as stored in etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub key: Vec<u8>,
+    pub create_revision: i64,
+    pub mode: Mode,
+    pub held: bool,
+    pub epoch: u64,
+    pub host: String,
+    pub asker: Asker,
+}
+
+fn entry(kv: &Kv) -> Option<Entry> {
+    let v: Value = serde_json::from_slice(&kv.value).ok()?;
+    Some(Entry {
+        key: kv.key.clone(),
+        create_revision: kv.create_revision,
+        mode: if v["mode"] == "s" { Mode::Shared } else { Mode::Exclusive },
+        held: v["state"] == "held",
+        epoch: v["epoch"].as_u64().unwrap_or(0),
+        host: v["host"].as_str().unwrap_or("").to_string(),
+        asker: Asker {
+            pid: v["pid"].as_u64().unwrap_or(0) as u32,
+            comm: v["comm"].as_str().unwrap_or("").to_string(),
+            owner: v["owner"].as_str().unwrap_or("").to_string(),
+        },
+    })
+}
+
+/// A request in the queue of one lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    pub name: String,
+    pub key: Vec<u8>,
+    pub create_revision: i64,
+    pub mode: Mode,
+    /// The etcd lease the entry hangs on.
+    pub session: i64,
+    value: Value,
+}
+
+/// What one decision found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Granted with this epoch; `lost_holder` when the previous exclusive
+    /// holder's session expired instead of releasing.
+    Granted { epoch: u64, lost_holder: bool },
+    /// Not yet: wait for this earlier entry to go, watching from `revision`.
+    Behind { predecessor: Vec<u8>, revision: i64 },
+    /// The entry is gone (cancelled, or its session expired).
+    Gone,
+}
+
+/// `%` and `/` escaped, so one lease's key range never contains another's.
+pub fn escape(name: &str) -> String {
+    name.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The arbiter of one mount prefix, for one host session.
+pub struct Arbiter {
+    client: Arc<Client>,
+    prefix: String,
+    session: Arc<HostSession>,
+    host: String,
+    seq: AtomicU64,
+}
+
+fn epoch_of(kv: Option<&Kv>) -> (u64, String, i64) {
+    match kv {
+        Some(kv) => {
+            let v: Value = serde_json::from_slice(&kv.value).unwrap_or(Value::Null);
+            (v["epoch"].as_u64().unwrap_or(0), v["holder"].as_str().unwrap_or("").to_string(), kv.mod_revision)
+        }
+        None => (0, String::new(), 0),
+    }
+}
+
+impl Arbiter {
+    /// Arbitrate under `prefix` as `host` (shown to other hosts).
+    pub fn new(client: Arc<Client>, prefix: &str, session: Arc<HostSession>, host: &str) -> Arbiter {
+        Arbiter {
+            client,
+            prefix: prefix.trim_end_matches('/').to_string(),
+            session,
+            host: host.to_string(),
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    pub fn session(&self) -> &Arc<HostSession> {
+        &self.session
+    }
+
+    fn epoch_key(&self, name: &str) -> Vec<u8> {
+        format!("{}/epoch/{}", self.prefix, escape(name)).into_bytes()
+    }
+
+    fn queue(&self, name: &str) -> Vec<u8> {
+        format!("{}/q/{}/", self.prefix, escape(name)).into_bytes()
+    }
+
+    fn no_session() -> EtcdError {
+        EtcdError::Unavailable("this host's etcd session is lost".into())
+    }
+
+    /// Join the queue of `name`.
+    pub fn enqueue(&self, name: &str, mode: Mode, asker: &Asker) -> Result<Ticket> {
+        let session = self.session.alive().ok_or_else(Self::no_session)?;
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let mut key = self.queue(name);
+        key.extend_from_slice(format!("{session:016x}/{seq:016x}").as_bytes());
+        let value = json!({
+            "mode": mode.tag(), "state": "wait", "host": self.host,
+            "pid": asker.pid, "comm": asker.comm, "owner": asker.owner,
+        });
+        // A new key: the put's revision is its create revision.
+        let rev = self.client.put(&key, value.to_string().as_bytes(), session)?;
+        Ok(Ticket { name: name.to_string(), key, create_revision: rev, mode, session, value })
+    }
+
+    /// Every entry of `name`'s queue, in arrival order, and the revision read.
+    pub fn entries(&self, name: &str) -> Result<(Vec<Entry>, i64)> {
+        let q = self.queue(name);
+        let (kvs, rev) = self.client.range(&q, &prefix_end(&q))?;
+        let mut es: Vec<Entry> = kvs.iter().filter_map(entry).collect();
+        es.sort_by_key(|e| e.create_revision);
+        Ok((es, rev))
+    }
+
+    /// The epoch of `name` (0 if never held exclusively).
+    pub fn epoch(&self, name: &str) -> Result<u64> {
+        Ok(epoch_of(self.client.get(&self.epoch_key(name))?.0.as_ref()).0)
+    }
+
+    /// Decide once whether `t` can be granted now, and grant it if so.
+    pub fn decide(&self, t: &Ticket) -> Result<Decision> {
+        for _ in 0..16 {
+            if self.session.alive() != Some(t.session) {
+                return Ok(Decision::Gone);
+            }
+            let ek = self.epoch_key(&t.name);
+            let q = self.queue(&t.name);
+            let read = self.client.txn(&[], &[Op::get(ek.clone()), Op::get_prefix(q)], &[])?;
+            let rev = read.revision;
+            let (counter, queue) = match &read.responses[..] {
+                [super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => (c.first(), q),
+                _ => return Err(EtcdError::Server { code: 0, message: "unexpected read answer".into() }),
+            };
+            let (epoch, holder, epoch_rev) = epoch_of(counter);
+            let mut entries: Vec<(Entry, i64)> =
+                queue.iter().filter_map(|kv| entry(kv).map(|e| (e, kv.mod_revision))).collect();
+            entries.sort_by_key(|(e, _)| e.create_revision);
+            let Some((mine, my_rev)) = entries.iter().find(|(e, _)| e.key == t.key).cloned() else {
+                return Ok(Decision::Gone);
+            };
+            if mine.held {
+                return Ok(Decision::Granted { epoch: mine.epoch, lost_holder: false });
+            }
+            let blocker =
+                entries.iter().rfind(|(e, _)| e.create_revision < mine.create_revision && e.mode.conflicts(t.mode));
+            if let Some((b, _)) = blocker {
+                return Ok(Decision::Behind { predecessor: b.key.clone(), revision: rev });
+            }
+            let lost_holder = !holder.is_empty()
+                && !entries.iter().any(|(e, _)| e.key == holder.as_bytes())
+                && holder.as_bytes() != t.key;
+            let new_epoch = if t.mode == Mode::Exclusive { epoch + 1 } else { epoch };
+            let mut value = t.value.clone();
+            value["state"] = json!("held");
+            value["epoch"] = json!(new_epoch);
+            let mut success = vec![Op::put(t.key.clone(), value.to_string(), t.session)];
+            if t.mode == Mode::Exclusive {
+                let counter = json!({"epoch": new_epoch, "holder": String::from_utf8_lossy(&t.key)});
+                success.push(Op::put(ek.clone(), counter.to_string(), 0));
+            }
+            // Decided at `rev`: my entry and the counter must be as read.
+            let compares = [Compare::unchanged(t.key.clone(), my_rev), Compare::unchanged(ek, epoch_rev)];
+            match self.client.txn(&compares, &success, &[]) {
+                Ok(r) if r.succeeded => return Ok(Decision::Granted { epoch: new_epoch, lost_holder }),
+                Ok(_) => continue,
+                // Maybe applied: the next read tells (the entry says "held").
+                Err(EtcdError::Indeterminate(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(EtcdError::Unavailable("the queue kept changing; try again".into()))
+    }
+
+    /// Block until `key` is deleted (or `deadline`); true if it was.
+    pub fn wait_gone(&self, key: &[u8], after_revision: i64, deadline: Instant) -> Result<bool> {
+        let mut w = self.client.watch(key, &[], after_revision + 1)?;
+        loop {
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                w.close();
+                return Ok(false);
+            };
+            match w.next(left.min(Duration::from_millis(500)))? {
+                Some(WatchMsg::Events { events, .. }) if events.iter().any(|e| e.deleted) => {
+                    w.close();
+                    return Ok(true);
+                }
+                // Compacted: re-deciding re-reads everything.
+                Some(WatchMsg::Compacted(_)) | Some(WatchMsg::Canceled(_)) => {
+                    w.close();
+                    return Ok(true);
+                }
+                _ => {
+                    // A lost session means the wait is over too (decide says Gone).
+                    if self.session.alive().is_none() {
+                        w.close();
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Take `name` in `mode`, waiting at most `timeout`; the epoch granted.
+    /// Gives up (and leaves the queue) at the timeout.
+    pub fn acquire(&self, name: &str, mode: Mode, asker: &Asker, timeout: Duration) -> Result<Option<(Ticket, u64)>> {
+        let deadline = Instant::now() + timeout;
+        let t = self.enqueue(name, mode, asker)?;
+        loop {
+            match self.decide(&t) {
+                Ok(Decision::Granted { epoch, .. }) => return Ok(Some((t, epoch))),
+                Ok(Decision::Gone) => return Ok(None),
+                Ok(Decision::Behind { predecessor, revision }) => {
+                    if !self.wait_gone(&predecessor, revision, deadline)? {
+                        let _ = self.release(&t);
+                        return Ok(None);
+                    }
+                }
+                Err(e) => {
+                    let _ = self.release(&t);
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Leave the queue (release a grant or cancel a wait).
+    pub fn release(&self, t: &Ticket) -> Result<()> {
+        let ek = self.epoch_key(&t.name);
+        // A clean release clears the holder in the counter, if it names us;
+        // compared on the value, so a later holder's counter is never touched.
+        let (kv, _) = self.client.get(&ek)?;
+        let (epoch, holder, _) = epoch_of(kv.as_ref());
+        if holder.as_bytes() == t.key.as_slice() {
+            let before = kv.map(|k| k.value).unwrap_or_default();
+            let cleared = json!({"epoch": epoch, "holder": ""}).to_string();
+            let same = Compare::new(ek.clone(), super::client::CmpOp::Equal, super::client::Target::Value(before));
+            self.client.txn(
+                &[same],
+                &[Op::delete(t.key.clone()), Op::put(ek, cleared, 0)],
+                &[Op::delete(t.key.clone())],
+            )?;
+        } else {
+            self.client.delete(&t.key, &[])?;
+        }
+        Ok(())
+    }
+}
