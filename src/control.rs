@@ -86,6 +86,19 @@ pub struct Metrics {
     pub fenced_operations: u64,
     /// Renames and unlinks refused by compare-and-swap.
     pub cas_rejections: u64,
+    /// Each limit: name, in use, bound, refusals so far (filled in before
+    /// rendering).
+    pub limits: Vec<LimitRow>,
+}
+
+/// One bound as the metrics and the status show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitRow {
+    pub name: &'static str,
+    /// In use now (none for per-file bounds).
+    pub used: Option<u64>,
+    pub max: u64,
+    pub refused: u64,
 }
 
 impl Metrics {
@@ -137,6 +150,27 @@ impl Metrics {
         out.push_str(&format!(
             "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases{{{m}}} {live_leases}\n"
         ));
+        if !self.limits.is_empty() {
+            out.push_str(
+                "# HELP leasefs_limit The bound of each limit (bytes for size).\n# TYPE leasefs_limit gauge\n",
+            );
+            for l in &self.limits {
+                out.push_str(&format!("leasefs_limit{{limit=\"{}\",{m}}} {}\n", l.name, l.max));
+            }
+            out.push_str(
+                "# HELP leasefs_limit_used What each limit counts, in use now.\n# TYPE leasefs_limit_used gauge\n",
+            );
+            for l in self.limits.iter().filter(|l| l.used.is_some()) {
+                out.push_str(&format!("leasefs_limit_used{{limit=\"{}\",{m}}} {}\n", l.name, l.used.unwrap_or(0)));
+            }
+            out.push_str(
+                "# HELP leasefs_limit_refusals_total Requests refused because a limit was reached.\n\
+                 # TYPE leasefs_limit_refusals_total counter\n",
+            );
+            for l in &self.limits {
+                out.push_str(&format!("leasefs_limit_refusals_total{{limit=\"{}\",{m}}} {}\n", l.name, l.refused));
+            }
+        }
         out
     }
 }

@@ -57,6 +57,8 @@ pub enum Error {
     Io,
     /// `SEEK_DATA`/`SEEK_HOLE` found nothing at or after the offset.
     NoSuchOffset,
+    /// No more files may be open on the mount.
+    TooManyOpen,
 }
 
 impl Error {
@@ -88,6 +90,7 @@ impl Error {
             Error::NoSpace => libc::ENOSPC,
             Error::Io => libc::EIO,
             Error::NoSuchOffset => libc::ENXIO,
+            Error::TooManyOpen => libc::ENFILE,
         }
     }
 }

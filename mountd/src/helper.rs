@@ -16,7 +16,12 @@ const IGNORED: [&str; 16] = [
 ];
 
 /// Options taking a value, and the `leasefs mount` flag each becomes.
-const VALUED: [(&str, &str); 6] = [
+const VALUED: [(&str, &str); 11] = [
+    ("size", "--size"),
+    ("max_locks", "--max-locks"),
+    ("max_waiters", "--max-waiters"),
+    ("nr_inodes", "--max-inodes"),
+    ("max_inodes", "--max-inodes"),
     ("metrics_addr", "--metrics-addr"),
     ("state_dir", "--state-dir"),
     ("lease_ttl", "--lease-ttl"),
@@ -101,8 +106,8 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
             args.push((*flag).into());
         } else if !sloppy {
             return Err(format!(
-                "unknown mount option {o:?} (known: state_dir=, lease_ttl=, log_file=, ready_timeout=, metrics_addr=, volatile, \
-                 private_access, allow_other, nonempty)"
+                "unknown mount option {o:?} (known: state_dir=, lease_ttl=, size=, nr_inodes=, max_locks=, max_waiters=, \
+                 log_file=, ready_timeout=, metrics_addr=, volatile, private_access, allow_other, nonempty)"
             ));
         }
     }

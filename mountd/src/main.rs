@@ -145,6 +145,24 @@ struct MountArgs {
     /// Append daemon logs to FILE (a detached daemon otherwise discards them).
     #[arg(long, value_name = "FILE")]
     log_file: Option<PathBuf>,
+    /// Bytes of file contents and extended attributes the mount may hold
+    /// (`64m`, `2g`, `10%` of memory; default 10 % of memory). Beyond it,
+    /// writes, fallocate, creates of xattrs fail with ENOSPC; root keeps 5 %.
+    #[arg(long, value_name = "SIZE", value_parser = leasefs::fs::limits::parse_size)]
+    size: Option<u64>,
+    /// Files, directories and symlinks the mount may hold (default one per
+    /// 4 KiB of --size). Beyond it, creates fail with ENOSPC; root keeps 5 %.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..))]
+    max_inodes: Option<u64>,
+    /// Locks (flock and byte ranges) held on the whole mount (default
+    /// 1048576; one owner holds at most 16384 ranges per file). Beyond it,
+    /// lock requests fail with ENOLCK.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(4..))]
+    max_locks: Option<u64>,
+    /// Lock requests waiting on the whole mount (default 65536; at most
+    /// 4096 per lease). Beyond it, blocking lock requests fail with ENOLCK.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    max_waiters: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -289,7 +307,26 @@ fn status(args: &ShowArgs) -> ExitCode {
     println!("daemon pid   {}", v["pid"]);
     println!("uptime       {}", age((v["uptime_secs"].as_f64().unwrap_or(0.0) * 1000.0) as u64));
     println!("leases       {} held, {} awaited, {} with a TTL", l["held"], l["awaited"], l["with_ttl"]);
-    println!("inodes       {}", v["inodes"]);
+    let lim = &v["limits"];
+    let size = &lim["size"];
+    println!(
+        "space        {} of {} used",
+        bytes(size["used"].as_u64().unwrap_or(0)),
+        bytes(size["max"].as_u64().unwrap_or(0))
+    );
+    println!("inodes       {} of {}", v["inodes"], lim["inodes"]["max"]);
+    let refused: Vec<String> = lim
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, l)| l["refused"].as_u64().unwrap_or(0) > 0)
+                .map(|(k, l)| format!("{k} {}", l["refused"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    if !refused.is_empty() {
+        println!("limits hit   {}", refused.join(", "));
+    }
     let state = v["state_dir"].as_str().unwrap_or("?");
     println!("state dir    {state} ({})", v["durability"].as_str().unwrap_or("?"));
     println!(
@@ -495,6 +532,23 @@ fn serve(args: &MountArgs) -> ExitCode {
     let allow_other = args.allow_other || (uid == 0 && !args.private);
     let opts = MountOptions { nonempty: args.nonempty, allow_other, source: args.source.clone() };
     let fs = Arc::new(Fs::with_lease_ttl(uid, gid, args.lease_ttl.and_then(|t| t.0)));
+    let mut limits = match args.size {
+        Some(size) => leasefs::fs::limits::Limits::with_size(size),
+        None => leasefs::fs::limits::Limits::for_this_machine(),
+    };
+    if let Some(n) = args.max_inodes {
+        limits.inodes = n;
+    }
+    let mut locks = leasefs::lease::machine::LockLimits::default();
+    if let Some(n) = args.max_locks {
+        locks.locks_total = n as usize;
+        locks.ranges_per_owner = locks.ranges_per_owner.min(n as usize);
+    }
+    if let Some(n) = args.max_waiters {
+        locks.waiters_total = n as usize;
+        locks.waiters_per_lease = locks.waiters_per_lease.min(n as usize);
+    }
+    fs.set_limits(limits, locks);
     // Epochs are durable in the state directory: refuse to start when it is
     // locked by another daemon or its journal is corrupt.
     match leasefs::store::epochs::EpochJournal::open(&args.state_dir) {
@@ -616,6 +670,18 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
         cmd.arg("--metrics-addr").arg(a);
     }
     cmd.arg("--ready-timeout").arg(args.ready_timeout.to_string());
+    if let Some(n) = args.size {
+        cmd.arg("--size").arg(n.to_string());
+    }
+    if let Some(n) = args.max_inodes {
+        cmd.arg("--max-inodes").arg(n.to_string());
+    }
+    if let Some(n) = args.max_locks {
+        cmd.arg("--max-locks").arg(n.to_string());
+    }
+    if let Some(n) = args.max_waiters {
+        cmd.arg("--max-waiters").arg(n.to_string());
+    }
     if let Some(l) = &args.log_file {
         cmd.arg("--log-file").arg(l);
     }

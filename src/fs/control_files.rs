@@ -47,6 +47,7 @@ impl Fs {
             }
         };
         let mut st = self.state.lock();
+        st.room_for_handle(true)?;
         let h = Handle(st.next_handle);
         st.next_handle += 1;
         st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content });
@@ -131,6 +132,9 @@ impl Fs {
                     "uptime_secs": st.lease.uptime(),
                     "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
                     "inodes": st.ns.len(),
+                    "limits": st.limit_rows().iter().map(|l| (l.name.to_string(), serde_json::json!({
+                        "used": l.used, "max": l.max, "refused": l.refused,
+                    }))).collect::<serde_json::Map<String, serde_json::Value>>(),
                     "observations": st.lease.observations(),
                     "state_dir": st.lease.floors_ref().journal().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
                     "journal_bytes": st.lease.floors_ref().journal().map(|j| j.size()),
@@ -188,6 +192,8 @@ impl Fs {
             }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
+                drop(leases);
+                st.metrics.limits = st.limit_rows();
                 st.metrics.render(
                     live,
                     st.lease.floors_ref().journal().map_or(0, |j| j.commits()),

@@ -42,9 +42,12 @@ impl Fs {
             st.lease.renew(ino, set.handle.map(|h| h.0), &pids);
         }
         let now = now();
-        let i = st.ns.get_mut(ino)?;
         if let Some(size) = set.size {
-            i.data_mut()?.truncate(size)?;
+            // Growing is sparse (no pages stored), as on tmpfs: only writes take room.
+            st.ns.account(ino, |i| i.data_mut()?.truncate(size))?;
+        }
+        let i = st.ns.get_mut(ino)?;
+        if set.size.is_some() {
             i.change_content(now);
             if set.mode.is_none() {
                 i.perm = after_unprivileged_change(i.perm, i.gid, caller);
@@ -108,6 +111,7 @@ impl Fs {
                 guard = Some((lease, st.lease.epoch(lease), holder));
             }
         }
+        st.room_for_handle(false)?;
         let opener = st.proc(tid, false);
         let i = st.ns.get_mut(ino)?;
         i.opens += 1;
@@ -188,12 +192,14 @@ impl Fs {
         // A write through the holder's descriptor renews its lease.
         st.lease.renew(ino, Some(h.0), &[]);
         let opener = st.handles.get(&h).and_then(|f| f.opener);
-        let i = st.ns.get_mut(ino)?;
-        let d = i.data_mut()?;
+        let d = st.ns.get(ino)?.data()?;
         // O_APPEND writes land at the daemon's end of file, which other
         // writers may have moved since the kernel last saw the size.
         let offset = if how.append { d.size() } else { offset };
-        d.write(offset, data)?;
+        let extra = d.new_pages(offset, data.len() as u64) * PAGE as u64;
+        st.room_for_bytes(how.uid, extra)?;
+        st.ns.account(ino, |i| i.data_mut()?.write(offset, data))?;
+        let i = st.ns.get_mut(ino)?;
         i.change_content(now());
         if how.kill_suidgid && i.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0 {
             let file_gid = i.gid;
@@ -216,21 +222,35 @@ impl Fs {
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32, caller: Caller) -> Result<()> {
         let tid = caller.pid;
         let mut st = self.state.lock();
+        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+        if end > crate::namespace::MAX_FILE_SIZE {
+            return Err(Error::FileTooBig);
+        }
+        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        if mode != 0 && mode != libc::FALLOC_FL_KEEP_SIZE && mode != punch {
+            return Err(Error::NotSupported);
+        }
+        if mode != punch {
+            // Reserving stores the pages, so later writes into the range
+            // cannot fail for lack of room (what fallocate promises).
+            let extra = st.ns.get(ino)?.data()?.new_pages(offset, len) * PAGE as u64;
+            st.room_for_bytes(caller.uid, extra)?;
+        }
         let i = st.ns.get_mut(ino)?;
         i.perm = after_unprivileged_change(i.perm, i.gid, caller);
-        let i = st.ns.get_mut(ino)?;
-        let d = i.data_mut()?;
-        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
-        match mode {
-            0 => {
-                if end > d.size() {
+        st.ns.account(ino, |i| {
+            let d = i.data_mut()?;
+            if mode == punch {
+                d.zero_range(offset, len);
+            } else {
+                d.allocate(offset, len);
+                if mode == 0 && end > d.size() {
                     d.truncate(end)?;
                 }
             }
-            libc::FALLOC_FL_KEEP_SIZE => {}
-            m if m == libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE => d.zero_range(offset, len),
-            _ => return Err(Error::NotSupported),
-        }
+            Ok(())
+        })?;
+        let i = st.ns.get_mut(ino)?;
         i.change_content(now());
         st.observe(tid, ino);
         st.collect(ino);
@@ -283,12 +303,15 @@ impl Fs {
     /// `statfs`.
     pub fn statfs(&self) -> StatFs {
         let st = self.state.lock();
-        let used = st.ns.pages();
+        let (used, size) = (st.ns.usage().bytes(), st.limits.size);
+        let block = PAGE as u64;
         StatFs {
-            blocks: TOTAL_BLOCKS,
-            bfree: TOTAL_BLOCKS.saturating_sub(used),
-            files: TOTAL_FILES,
-            ffree: TOTAL_FILES - st.ns.len() as u64,
+            blocks: size / block,
+            bfree: size.saturating_sub(used) / block,
+            // What users other than root may still use (root's reserve excluded).
+            bavail: super::limits::allowed(size, u32::MAX).saturating_sub(used) / block,
+            files: st.limits.inodes,
+            ffree: st.limits.inodes.saturating_sub(st.ns.len() as u64),
             bsize: PAGE as u32,
             namelen: crate::namespace::NAME_MAX as u32,
         }

@@ -87,6 +87,14 @@ impl Fs {
                     st.parked_at.insert(id, now);
                 }
             }
+            Outcome::Refused(Error::NoLock) => {
+                let (held, waiting) = st.lease.lock_usage();
+                st.hits.refuse(
+                    super::limits::Limit::Locks,
+                    Error::NoLock,
+                    format_args!("lock table bound reached ({held} locks held, {waiting} waiters on the mount)"),
+                );
+            }
             Outcome::Refused(_) => st.metrics.contention += 1,
             Outcome::Granted => {}
         }

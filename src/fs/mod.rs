@@ -25,6 +25,7 @@ use tracing::debug;
 mod control_files;
 pub use control_files::BREAK_ALL;
 mod io;
+pub mod limits;
 mod locks;
 mod names;
 mod xattr;
@@ -132,6 +133,7 @@ pub struct DirEntry {
 pub struct StatFs {
     pub blocks: u64,
     pub bfree: u64,
+    pub bavail: u64,
     pub files: u64,
     pub ffree: u64,
     pub bsize: u32,
@@ -151,6 +153,8 @@ pub struct WriteOpts {
     pub kill_suidgid: bool,
     /// The writer's group (request header), for the sgid rule.
     pub gid: u32,
+    /// The writer's user (request header), for root's reserve.
+    pub uid: u32,
     /// Writeback of cached pages (a shared mapping), sent by the kernel on
     /// behalf of whoever opened the handle.
     pub writeback: bool,
@@ -202,8 +206,6 @@ pub const RENAME_EXCHANGE: u32 = 2;
 const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
 const XATTR_SIZE_MAX: usize = 65_536;
-const TOTAL_BLOCKS: u64 = 1 << 28;
-const TOTAL_FILES: u64 = 1 << 32;
 
 #[derive(Debug)]
 struct OpenFile {
@@ -250,9 +252,79 @@ struct State {
     /// Wakes the lease timer (the authority has effects to hand over, a
     /// snapshot was written).
     wake: Wake,
+    /// What callers may make the daemon keep.
+    limits: limits::Limits,
+    /// Refusals by each limit.
+    hits: limits::Hits,
 }
 
 impl State {
+    /// Refuse with `ENOSPC` unless `extra` more bytes fit in what `uid` may use.
+    fn room_for_bytes(&mut self, uid: u32, extra: u64) -> Result<()> {
+        let used = self.ns.usage().bytes();
+        limits::check(used, extra, self.limits.size, uid).map_err(|e| {
+            let size = self.limits.size;
+            self.hits.refuse(
+                limits::Limit::Size,
+                e,
+                format_args!("{used} of {size} bytes used, {extra} more asked by uid {uid}"),
+            )
+        })
+    }
+
+    /// Refuse with `ENOSPC` unless `uid` may make one more inode.
+    fn room_for_inode(&mut self, uid: u32) -> Result<()> {
+        let used = self.ns.len() as u64;
+        limits::check(used, 1, self.limits.inodes, uid).map_err(|e| {
+            let max = self.limits.inodes;
+            self.hits.refuse(
+                limits::Limit::Inodes,
+                e,
+                format_args!("{used} of {max} inodes used, one more asked by uid {uid}"),
+            )
+        })
+    }
+
+    /// Refuse with `ENFILE` when no more handles may be open (control
+    /// files have a few more, so `.leasefs/` stays readable).
+    fn room_for_handle(&mut self, control: bool) -> Result<()> {
+        let max = self.limits.handles + if control { limits::CONTROL_HANDLES } else { 0 };
+        if self.handles.len() >= max {
+            let open = self.handles.len();
+            return Err(self.hits.refuse(
+                limits::Limit::Handles,
+                Error::TooManyOpen,
+                format_args!("{open} handles open"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Every bound with its use and refusals (status and metrics).
+    fn limit_rows(&self) -> Vec<crate::control::LimitRow> {
+        use crate::control::LimitRow;
+        use limits::Limit;
+        let (locks, waiters) = self.lease.lock_usage();
+        let ll = self.lease.lock_limits();
+        let row = |name, used, max, refused| LimitRow { name, used, max, refused };
+        vec![
+            row("size", Some(self.ns.usage().bytes()), self.limits.size, self.hits.count(Limit::Size)),
+            row("inodes", Some(self.ns.len() as u64), self.limits.inodes, self.hits.count(Limit::Inodes)),
+            row(
+                "handles",
+                Some(self.handles.len() as u64),
+                self.limits.handles as u64,
+                self.hits.count(Limit::Handles),
+            ),
+            row("xattrs_per_file", None, self.limits.xattrs_per_file as u64, self.hits.count(Limit::Xattrs)),
+            row("xattr_bytes_per_file", None, self.limits.xattr_bytes_per_file, 0),
+            row("locks", Some(locks as u64), ll.locks_total as u64, self.hits.count(Limit::Locks)),
+            row("ranges_per_owner", None, ll.ranges_per_owner as u64, 0),
+            row("waiters", Some(waiters as u64), ll.waiters_total as u64, 0),
+            row("waiters_per_lease", None, ll.waiters_per_lease as u64, 0),
+        ]
+    }
+
     /// Ask `lease` every lease question from now on.
     fn set_authority(&mut self, mut lease: Box<dyn LeaseAuthority>) {
         lease.set_wake(self.wake.clone());
@@ -591,12 +663,27 @@ impl Fs {
                 volatile: false,
                 compaction: None,
                 wake: Wake::default(),
+                limits: limits::Limits::default(),
+                hits: limits::Hits::default(),
             }),
             group: crate::store::group::GroupCommit::default(),
         };
         let wake = fs.state.lock().wake.clone();
         fs.state.lock().lease.set_wake(wake);
         fs
+    }
+
+    /// Bound what callers may make the daemon keep.
+    pub fn set_limits(&self, l: limits::Limits, locks: crate::lease::machine::LockLimits) {
+        let mut st = self.state.lock();
+        st.limits = l;
+        st.lease.set_lock_limits(locks);
+    }
+
+    /// The bounds in force.
+    pub fn limits(&self) -> (limits::Limits, crate::lease::machine::LockLimits) {
+        let st = self.state.lock();
+        (st.limits, st.lease.lock_limits())
     }
 
     /// What wakes the lease timer before its deadline.

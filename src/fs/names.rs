@@ -74,10 +74,10 @@ impl Fs {
                     let orphan = st.ns.get(ino)?.nlink == 0;
                     st.ns.link(parent, name, ino)?;
                     st.ns.add_lookup(ino);
-                    let i = st.ns.get_mut(ino)?;
                     if orphan {
-                        i.data_mut()?.truncate(0)?;
+                        st.ns.account(ino, |i| i.data_mut()?.truncate(0))?;
                     }
+                    let i = st.ns.get_mut(ino)?;
                     i.change_content(now);
                     st.ns.get_mut(parent)?.touch_content(now);
                     st.repoint(ino);
@@ -85,6 +85,7 @@ impl Fs {
                 }
             }
         }
+        st.room_for_inode(caller.uid)?;
         let ino = st.ns.alloc(NewInode { kind, perm, uid: caller.uid, gid, rdev, symlink }, parent, now);
         st.ns.link(parent, name, ino)?;
         st.ns.add_lookup(ino);
@@ -170,6 +171,7 @@ impl Fs {
             gid = p.gid;
         }
         let perm = (mode & !umask & 0o7777) as u16;
+        st.room_for_inode(caller.uid)?;
         let ino = st.ns.alloc(
             NewInode { kind: Kind::File, perm, uid: caller.uid, gid, rdev: 0, symlink: None },
             parent,
@@ -384,9 +386,11 @@ impl Fs {
                 // its inode, holders, waiters and epoch (SPEC 4). Anything
                 // else is renamed over exactly as POSIX says.
                 let data = st.ns.get(src)?.data()?.clone();
-                let d = st.ns.get_mut(dst)?;
-                d.data_mut()?.replace_with(data);
-                d.change_content(now);
+                st.ns.account(dst, |d| {
+                    d.data_mut()?.replace_with(data);
+                    Ok(())
+                })?;
+                st.ns.get_mut(dst)?.change_content(now);
                 st.remember_epoch(old_path, src);
                 st.ns.get_mut(src)?.ctime = now;
                 st.ns.unlink(parent, name)?;

@@ -62,14 +62,14 @@ fn xattr_flags_and_errors() {
     let fs = fs();
     let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
     let n = OsStr::new("user.k");
-    assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_REPLACE, 0), Err(Error::NoAttr));
-    fs.setxattr(f.ino, n, b"v", XATTR_CREATE, 0).unwrap();
-    assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_CREATE, 0), Err(Error::Exists));
+    assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_REPLACE, C), Err(Error::NoAttr));
+    fs.setxattr(f.ino, n, b"v", XATTR_CREATE, C).unwrap();
+    assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_CREATE, C), Err(Error::Exists));
     assert_eq!(fs.getxattr(f.ino, n).unwrap(), b"v");
     assert_eq!(fs.listxattr(f.ino).unwrap(), b"user.k\0");
     fs.removexattr(f.ino, n, 0).unwrap();
     assert_eq!(fs.getxattr(f.ino, n), Err(Error::NoAttr));
-    assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k"), b"v", 0, 0), Err(Error::NotSupported));
+    assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k"), b"v", 0, C), Err(Error::NotSupported));
 }
 
 fn flock(h: Handle, mode: Option<crate::lease::Mode>) -> Request {
@@ -121,4 +121,120 @@ fn unlinked_open_file_lives_until_forget_and_release() {
     // A new file never reuses the number.
     let (b, _) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, 0).unwrap();
     assert!(b.ino > a.ino);
+}
+
+#[test]
+fn size_and_inode_limits_refuse_with_enospc_change_nothing_and_free_up() {
+    let fs = fs();
+    fs.set_limits(
+        limits::Limits { size: 100 * 4096, inodes: 20, ..limits::Limits::with_size(100 * 4096) },
+        Default::default(),
+    );
+    let user = Caller { uid: 1000, gid: 1000, pid: 1 };
+    let as_user = WriteOpts { uid: 1000, ..WriteOpts::default() };
+    let (a, h) = fs.create(user, Ino::ROOT, OsStr::new("a"), 0o644, 0, libc::O_RDWR).unwrap();
+    // Users may fill 95 pages: a write needing the 96th changes nothing.
+    fs.write(a.ino, h, 0, &vec![7u8; 95 * 4096], as_user).unwrap();
+    assert_eq!(fs.write(a.ino, h, 95 * 4096, b"x", as_user), Err(Error::NoSpace));
+    assert_eq!(fs.getattr(a.ino, 0).unwrap().size, 95 * 4096, "the refused write changed nothing");
+    // Overwriting stored pages needs no room.
+    fs.write(a.ino, h, 10, b"over", as_user).unwrap();
+    assert_eq!(fs.fallocate(a.ino, 95 * 4096, 4096, 0, user), Err(Error::NoSpace));
+    assert_eq!(fs.setxattr(a.ino, OsStr::new("user.k"), &[1; 100], 0, user), Err(Error::NoSpace));
+    // Growing by truncate is sparse, as on tmpfs.
+    fs.setattr(a.ino, &SetAttr { size: Some(1 << 30), ..SetAttr::default() }, user).unwrap();
+    // Root keeps the reserve.
+    fs.write(a.ino, h, 95 * 4096, &[1u8; 5 * 4096], WriteOpts::default()).unwrap();
+    assert_eq!(fs.write(a.ino, h, 100 * 4096, b"x", WriteOpts::default()), Err(Error::NoSpace));
+    let s = fs.statfs();
+    assert_eq!((s.blocks, s.bfree, s.bavail), (100, 0, 0));
+    // Inodes: the root and `a` exist; users may have 19 (95 % of 20).
+    for i in 0..17 {
+        fs.mknod(user, Ino::ROOT, OsStr::new(&format!("f{i}")), libc::S_IFREG | 0o644, 0, 0).unwrap();
+    }
+    assert_eq!(fs.mkdir(user, Ino::ROOT, OsStr::new("d"), 0o755, 0), Err(Error::NoSpace));
+    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("d")), Err(Error::NotFound));
+    fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o755, 0).unwrap();
+    assert_eq!(fs.statfs().ffree, 0);
+    // Freeing makes room again, and the running count matches a recount.
+    fs.setattr(a.ino, &SetAttr { size: Some(4096), ..SetAttr::default() }, user).unwrap();
+    fs.write(a.ino, h, 8192, &[2u8; 8192], as_user).unwrap();
+    fs.fallocate(a.ino, 0, 40 * 4096, libc::FALLOC_FL_KEEP_SIZE, user).unwrap();
+    fs.fallocate(a.ino, 4096, 4096, libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, user).unwrap();
+    fs.setxattr(a.ino, OsStr::new("user.k"), &[1; 100], 0, user).unwrap();
+    fs.setxattr(a.ino, OsStr::new("user.k"), &[1; 10], 0, user).unwrap();
+    let st = fs.state.lock();
+    assert_eq!(st.ns.usage().pages, st.ns.pages());
+    assert_eq!(st.ns.usage().xattr_bytes, 16);
+}
+
+#[test]
+fn xattrs_are_bounded_per_file_in_count_and_bytes() {
+    let fs = fs();
+    let l = limits::Limits { xattrs_per_file: 3, xattr_bytes_per_file: 100, ..limits::Limits::with_size(1 << 20) };
+    fs.set_limits(l, Default::default());
+    let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+    for k in ["user.a", "user.b", "user.c"] {
+        fs.setxattr(f.ino, OsStr::new(k), b"v", 0, C).unwrap();
+    }
+    assert_eq!(fs.setxattr(f.ino, OsStr::new("user.d"), b"v", 0, C), Err(Error::NoSpace));
+    fs.setxattr(f.ino, OsStr::new("user.a"), b"replaced", 0, C).unwrap();
+    assert_eq!(fs.setxattr(f.ino, OsStr::new("user.b"), &[0; 90], 0, C), Err(Error::NoSpace));
+    assert_eq!(fs.getxattr(f.ino, OsStr::new("user.b")).unwrap(), b"v", "refused, unchanged");
+    fs.removexattr(f.ino, OsStr::new("user.c"), 0).unwrap();
+    fs.setxattr(f.ino, OsStr::new("user.d"), b"v", 0, C).unwrap();
+}
+
+/// A small deterministic generator (xorshift) for the parser property test.
+fn rng(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+#[test]
+fn control_and_xattr_parsers_never_panic_and_refuse_only_with_known_errnos() {
+    let fs = fs();
+    let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+    let names =
+        [XATTR_TTL, XATTR_RENEW, XATTR_GUARD, XATTR_EPOCH, XATTR_VERSION, XATTR_HOLDER, "user.leasefs.x", "user.k"];
+    let allowed = [
+        Error::Invalid,
+        Error::NotPermitted,
+        Error::NotFound,
+        Error::NoAttr,
+        Error::TooBig,
+        Error::NoLock,
+        Error::NoSpace,
+        Error::NotSupported,
+        Error::Exists,
+    ];
+    let pieces: [&[u8]; 12] =
+        [b"", b"0", b"30s", b"500ms", b"off", b"-1", b"99999999999999999999", b"/", b"..", b"a/b", b"\0", b"\xff\xfe"];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..20_000 {
+        let mut value = Vec::new();
+        for _ in 0..rng(&mut seed) % 4 {
+            if rng(&mut seed).is_multiple_of(2) {
+                value.extend_from_slice(pieces[(rng(&mut seed) % pieces.len() as u64) as usize]);
+            } else {
+                value.push(rng(&mut seed) as u8);
+            }
+        }
+        if rng(&mut seed).is_multiple_of(50) {
+            value = vec![b'9'; 70_000];
+        }
+        let name = names[(rng(&mut seed) % names.len() as u64) as usize];
+        let flags = [0, 1, 2, 3][(rng(&mut seed) % 4) as usize];
+        if let Err(e) = fs.setxattr(f.ino, OsStr::new(name), &value, flags, C) {
+            assert!(allowed.contains(&e), "setxattr {name} {value:?}: {e:?}");
+        }
+        let user = Caller { uid: 1000, gid: 1000, pid: 1 };
+        for who in [C, user] {
+            if let Err(e) = fs.control_write(control::ControlFile::Break.ino(), &value, who) {
+                assert!(allowed.contains(&e), "break {value:?}: {e:?}");
+            }
+        }
+    }
 }

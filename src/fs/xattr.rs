@@ -5,7 +5,8 @@ use super::*;
 
 impl Fs {
     /// `setxattr` by thread `tid`.
-    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32, tid: u32) -> Result<()> {
+    pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32, caller: Caller) -> Result<()> {
+        let tid = caller.pid;
         check_xattr_name(name)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(Error::TooBig);
@@ -59,9 +60,25 @@ impl Fs {
         if flags & XATTR_REPLACE != 0 && !exists {
             return Err(Error::NoAttr);
         }
-        i.xattrs.insert(name.to_os_string(), value.to_vec());
-        i.ctime = now();
-        Ok(())
+        // Bounded per file (count and bytes) and counted against the size limit.
+        let old = i.xattrs.get(name).map_or(0, |v| (name.len() + v.len()) as u64);
+        let new = (name.len() + value.len()) as u64;
+        let count = i.xattrs.len() + usize::from(!exists);
+        let bytes = crate::namespace::xattr_bytes(&i.xattrs) - old + new;
+        let (max_count, max_bytes) = (st.limits.xattrs_per_file, st.limits.xattr_bytes_per_file);
+        if count > max_count || bytes > max_bytes {
+            return Err(st.hits.refuse(
+                super::limits::Limit::Xattrs,
+                Error::NoSpace,
+                format_args!("{count} attributes, {bytes} bytes on one file (at most {max_count}, {max_bytes})"),
+            ));
+        }
+        st.room_for_bytes(caller.uid, new.saturating_sub(old))?;
+        st.ns.account(ino, |i| {
+            i.xattrs.insert(name.to_os_string(), value.to_vec());
+            i.ctime = now();
+            Ok(())
+        })
     }
 
     /// `getxattr`.
@@ -136,9 +153,10 @@ impl Fs {
                 _ => Err(Error::NotPermitted),
             };
         }
-        let i = st.ns.get_mut(ino)?;
-        i.xattrs.remove(name).ok_or(Error::NoAttr)?;
-        i.ctime = now();
-        Ok(())
+        st.ns.account(ino, |i| {
+            i.xattrs.remove(name).ok_or(Error::NoAttr)?;
+            i.ctime = now();
+            Ok(())
+        })
     }
 }

@@ -550,6 +550,7 @@ impl fuser::Filesystem for LeaseFs {
             append: flags.0 & libc::O_APPEND != 0,
             kill_suidgid: write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID),
             gid: req.gid(),
+            uid: req.uid(),
             writeback: write_flags.contains(WriteFlags::FUSE_WRITE_CACHE),
         };
         guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data, how) {
@@ -632,7 +633,7 @@ impl fuser::Filesystem for LeaseFs {
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         guarded("statfs", || {
             let s = self.fs.statfs();
-            reply.statfs(s.blocks, s.bfree, s.bfree, s.files, s.ffree, s.bsize, s.namelen, s.bsize);
+            reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize);
         });
     }
 
@@ -646,7 +647,7 @@ impl fuser::Filesystem for LeaseFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        guarded("setxattr", || match self.fs.setxattr(Ino(ino.0), name, value, flags, req.pid()) {
+        guarded("setxattr", || match self.fs.setxattr(Ino(ino.0), name, value, flags, caller(req)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });

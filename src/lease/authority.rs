@@ -137,6 +137,17 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// Observation records kept.
     fn observations(&self) -> usize;
 
+    // Bounds on the lock table (ENOLCK beyond them).
+
+    /// Bound what the lock table keeps.
+    fn set_lock_limits(&mut self, limits: crate::lease::machine::LockLimits);
+    /// The bounds in force.
+    fn lock_limits(&self) -> crate::lease::machine::LockLimits;
+    /// Locks held and waiters queued on the whole mount.
+    fn lock_usage(&self) -> (usize, usize);
+    /// Requests refused because a lock-table bound was reached.
+    fn lock_limit_refusals(&self) -> u64;
+
     // TTLs, renewal, breaking and fences (SPEC 7).
 
     /// Set or clear the file's own TTL.

@@ -171,6 +171,22 @@ impl LeaseAuthority for LocalAuthority {
         self.views.len()
     }
 
+    fn set_lock_limits(&mut self, limits: crate::lease::machine::LockLimits) {
+        self.locks.set_limits(limits);
+    }
+
+    fn lock_limits(&self) -> crate::lease::machine::LockLimits {
+        self.locks.limits()
+    }
+
+    fn lock_usage(&self) -> (usize, usize) {
+        self.locks.usage()
+    }
+
+    fn lock_limit_refusals(&self) -> u64 {
+        self.locks.limit_refusals()
+    }
+
     fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
         let effects = self.locks.set_ttl(ino, ttl);
         self.rearm(ino);

@@ -329,10 +329,36 @@ impl Lease {
     }
 }
 
+/// Bounds on what callers can make the lock table keep. Beyond them a lock
+/// request is refused with `ENOLCK`, as the kernel's own lock table does
+/// when it cannot grow, instead of the daemon's memory growing without end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockLimits {
+    /// POSIX/OFD ranges one owner may hold on one file.
+    pub ranges_per_owner: usize,
+    /// Locks (ranges and flocks) held on the whole mount.
+    pub locks_total: usize,
+    /// Waiters queued on one lease.
+    pub waiters_per_lease: usize,
+    /// Waiters queued on the whole mount.
+    pub waiters_total: usize,
+}
+
+impl Default for LockLimits {
+    fn default() -> LockLimits {
+        LockLimits { ranges_per_owner: 16_384, locks_total: 1 << 20, waiters_per_lease: 4096, waiters_total: 65_536 }
+    }
+}
+
 /// All leases and the waits-for relation between lock owners.
 #[derive(Debug, Default)]
 pub struct Locks {
     leases: HashMap<Ino, Lease>,
+    limits: LockLimits,
+    /// Locks held over every lease (kept up to date by [`Locks::recount`]).
+    total_locks: usize,
+    /// Requests refused because a limit was reached.
+    limit_refusals: u64,
     /// Where each parked owner waits (for deadlock detection).
     waiting: HashMap<Owner, (Ino, WaitId)>,
     /// The caller's clock as of the last [`Locks::tick`], in milliseconds.
@@ -353,6 +379,35 @@ impl Locks {
         Locks { default_ttl: ttl, ..Locks::default() }
     }
 
+    /// Bound what callers can make the table keep.
+    pub fn set_limits(&mut self, limits: LockLimits) {
+        self.limits = limits;
+    }
+
+    /// The bounds in force.
+    pub fn limits(&self) -> LockLimits {
+        self.limits
+    }
+
+    /// Locks held and waiters queued over the whole mount.
+    pub fn usage(&self) -> (usize, usize) {
+        (self.total_locks, self.waiting.len())
+    }
+
+    /// Requests refused with `ENOLCK` because a limit was reached.
+    pub fn limit_refusals(&self) -> u64 {
+        self.limit_refusals
+    }
+
+    fn lock_count(&self, ino: Ino) -> usize {
+        self.leases.get(&ino).map_or(0, |l| l.locks.len())
+    }
+
+    /// The lease at `ino` had `before` locks; account for what it has now.
+    fn recount(&mut self, ino: Ino, before: usize) {
+        self.total_locks = (self.total_locks + self.lock_count(ino)).saturating_sub(before);
+    }
+
     /// Advance the clock without acting on it (the next [`Locks::tick`] or
     /// lock request does).
     pub fn advance(&mut self, now: u64) {
@@ -371,8 +426,10 @@ impl Locks {
             .collect();
         let mut effects = Vec::new();
         for ino in due {
+            let before = self.lock_count(ino);
             self.break_holders(ino, None, &mut effects);
             self.drain(ino, &mut effects);
+            self.recount(ino, before);
         }
         effects
     }
@@ -481,8 +538,10 @@ impl Locks {
     pub fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
         let mut effects = Vec::new();
         if self.leases.get(&ino).is_some_and(|l| !l.locks.is_empty()) {
+            let before = self.lock_count(ino);
             self.break_holders(ino, None, &mut effects);
             self.drain(ino, &mut effects);
+            self.recount(ino, before);
         }
         effects
     }
@@ -571,6 +630,8 @@ impl Locks {
     /// re-bound); the target's own state is replaced.
     pub fn rebind(&mut self, from: Ino, to: Ino) {
         if let Some(l) = self.leases.remove(&from) {
+            let replaced = self.lock_count(to);
+            self.total_locks -= replaced.min(self.total_locks);
             for w in &l.waiters {
                 self.waiting.insert(w.req.owner, (to, w.id));
             }
@@ -596,6 +657,16 @@ impl Locks {
     /// Lock, unlock or wait. With `wait` the request parks when it cannot be
     /// granted; without it the request is refused with `EWOULDBLOCK`.
     pub fn set(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> (Outcome, Vec<Effect>) {
+        let before = self.lock_count(ino);
+        let answer = self.set_counted(ino, req, wait);
+        self.recount(ino, before);
+        if answer.0 == Outcome::Refused(Error::NoLock) {
+            self.limit_refusals += 1;
+        }
+        answer
+    }
+
+    fn set_counted(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> (Outcome, Vec<Effect>) {
         let mut effects = Vec::new();
         let now = self.now;
         let lease = self.leases.entry(ino).or_default();
@@ -609,7 +680,23 @@ impl Locks {
         let lease = self.leases.entry(ino).or_default();
         let ahead = lease.waiters.len();
         if req.mode.is_none() || lease.grantable(&req, ahead) {
-            if let Some(e) = lease.apply(&req, now, ttl) {
+            // A POSIX request may split one of the owner's ranges (+1) and
+            // add its own (+1); near the bound, apply it to a copy first so
+            // a refusal changes nothing.
+            let limits = self.limits;
+            if req.mode.is_some() && self.total_locks + 2 > limits.locks_total {
+                return (Outcome::Refused(Error::NoLock), effects);
+            }
+            let mine = lease.locks.iter().filter(|l| l.owner == req.owner).count();
+            let saved = (req.kind == LockKind::Posix && mine + 2 > limits.ranges_per_owner).then(|| lease.clone());
+            let epoch = lease.apply(&req, now, ttl);
+            if let Some(saved) = saved {
+                if lease.locks.iter().filter(|l| l.owner == req.owner).count() > limits.ranges_per_owner {
+                    *lease = saved;
+                    return (Outcome::Refused(Error::NoLock), effects);
+                }
+            }
+            if let Some(e) = epoch {
                 effects.push(Effect::Epoch(ino, e));
             }
             self.drain(ino, &mut effects);
@@ -618,6 +705,9 @@ impl Locks {
         let Some(id) = wait else {
             return (Outcome::Refused(Error::WouldBlock), effects);
         };
+        if lease.waiters.len() >= self.limits.waiters_per_lease || self.waiting.len() >= self.limits.waiters_total {
+            return (Outcome::Refused(Error::NoLock), effects);
+        }
         if req.kind == LockKind::Posix && self.would_deadlock(ino, &req) {
             return (Outcome::Refused(Error::Deadlock), effects);
         }
@@ -637,7 +727,9 @@ impl Locks {
         self.waiting.remove(&w.req.owner);
         let mut effects = vec![Effect::Refuse(id, Error::Interrupted)];
         // Later waiters may have queued only behind this one.
+        let before = self.lock_count(ino);
         self.drain(ino, &mut effects);
+        self.recount(ino, before);
         Some(effects)
     }
 
@@ -667,6 +759,7 @@ impl Locks {
             lease.settle_epoch_owner();
             self.drain(ino, &mut effects);
         }
+        self.recount(ino, before);
         effects
     }
 

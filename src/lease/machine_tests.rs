@@ -253,3 +253,55 @@ fn a_deadline_exists_only_while_a_holder_with_a_ttl_has_a_waiter() {
     t.interrupt(WaitId(2));
     assert_eq!(t.deadline(I), None);
 }
+
+#[test]
+fn lock_limits_refuse_with_enolck_change_nothing_and_free_up_again() {
+    let mut t = Locks::new();
+    let limits = LockLimits { ranges_per_owner: 4, locks_total: 100, waiters_per_lease: 2, waiters_total: 3 };
+    t.set_limits(limits);
+    // Owner 1 splits its locks into ranges 0, 2, 4, 6: the fifth is refused.
+    for r in 0..4 {
+        assert_eq!(t.set(I, posix(1, Some(Mode::Exclusive), r * 2, r * 2), None).0, Outcome::Granted);
+    }
+    assert_eq!(t.set(I, posix(1, Some(Mode::Exclusive), 8, 8), None).0, Outcome::Refused(Error::NoLock));
+    assert_eq!(t.set(I, posix(1, Some(Mode::Exclusive), 0, 2), None).0, Outcome::Granted, "merging is fine");
+    assert_eq!(t.set(I, posix(1, None, 1, 1), None).0, Outcome::Granted, "back to 4 ranges");
+    assert_eq!(t.set(I, posix(1, None, 0, 0), None).0, Outcome::Granted, "removing one");
+    assert_eq!(t.usage().0, 3);
+    // A merge that would go above the bound in between is not refused.
+    assert_eq!(t.set(I, posix(1, Some(Mode::Exclusive), 10, 10), None).0, Outcome::Granted);
+    assert_eq!(t.set(I, posix(1, Some(Mode::Exclusive), 12, 12), None).0, Outcome::Refused(Error::NoLock));
+    assert!(t.test(I, &posix(2, Some(Mode::Shared), 12, 12)).is_none(), "the refused lock is not held");
+    assert_eq!(t.usage().0, 4);
+    // The mount-wide bound counts every file's locks.
+    const J: Ino = Ino(8);
+    t.set_limits(LockLimits { locks_total: 5, ..limits });
+    assert_eq!(t.set(J, flock(5, Some(Mode::Exclusive)), None).0, Outcome::Refused(Error::NoLock), "4 + 2 > 5");
+    assert_eq!(t.limit_refusals(), 3);
+    t.set_limits(limits);
+    // Splitting by an unlock is refused too, and leaves every range as it was.
+    const K: Ino = Ino(9);
+    t.set(K, posix(3, Some(Mode::Exclusive), 0, 99), None);
+    for hole in [10, 20, 30] {
+        assert_eq!(t.set(K, posix(3, None, hole, hole), None).0, Outcome::Granted);
+    }
+    assert_eq!(t.set(K, posix(3, None, 40, 40), None).0, Outcome::Refused(Error::NoLock));
+    assert_eq!(t.test(K, &posix(4, Some(Mode::Shared), 40, 40)).map(|l| l.owner), Some(Owner(3)));
+    t.set(K, posix(3, None, 0, OFFSET_MAX), None);
+    // Waiters: two per lease, three in all.
+    t.set(I, posix(1, None, 0, OFFSET_MAX), None);
+    assert_eq!(t.usage().0, 0);
+    t.set(J, flock(5, Some(Mode::Exclusive)), None);
+    assert_eq!(t.set(J, flock(6, Some(Mode::Exclusive)), Some(WaitId(1))).0, Outcome::Parked);
+    assert_eq!(t.set(J, flock(7, Some(Mode::Exclusive)), Some(WaitId(2))).0, Outcome::Parked);
+    assert_eq!(t.set(J, flock(8, Some(Mode::Exclusive)), Some(WaitId(3))).0, Outcome::Refused(Error::NoLock));
+    t.set(I, flock(9, Some(Mode::Exclusive)), None);
+    assert_eq!(t.set(I, flock(10, Some(Mode::Exclusive)), Some(WaitId(4))).0, Outcome::Parked);
+    assert_eq!(t.set(I, flock(11, Some(Mode::Exclusive)), Some(WaitId(5))).0, Outcome::Refused(Error::NoLock));
+    assert_eq!(t.usage(), (2, 3));
+    // Releases free the room: the waiter is granted and a new one may queue.
+    let fx = t.release_handle(J, 5, Some(Owner(5)));
+    assert!(fx.contains(&Effect::Grant(WaitId(1))));
+    assert_eq!(t.set(J, flock(8, Some(Mode::Exclusive)), Some(WaitId(3))).0, Outcome::Parked);
+    assert_eq!(t.usage(), (2, 3));
+}

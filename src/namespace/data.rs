@@ -32,6 +32,36 @@ impl Data {
         self.pages.len() as u64
     }
 
+    /// Pages a write or allocation of `len` bytes at `offset` would add.
+    pub fn new_pages(&self, offset: u64, len: u64) -> u64 {
+        if len == 0 {
+            return 0;
+        }
+        let first = offset / PAGE as u64;
+        let last = offset.saturating_add(len - 1) / PAGE as u64;
+        let span = last - first + 1;
+        // Counting what is stored is bounded by what the file has, not by the span.
+        span - self.pages.range(first..=last).count() as u64
+    }
+
+    /// Store zero pages for every hole in `[offset, offset + len)` (what
+    /// `fallocate` reserves), without changing the size.
+    pub fn allocate(&mut self, offset: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let first = offset / PAGE as u64;
+        let last = offset.saturating_add(len - 1) / PAGE as u64;
+        for idx in first..=last {
+            if let std::collections::btree_map::Entry::Vacant(e) = self.pages.entry(idx) {
+                e.insert(Box::new([0u8; PAGE]));
+                if let Some(d) = &mut self.dirty {
+                    d.insert(idx);
+                }
+            }
+        }
+    }
+
     /// Read up to `len` bytes at `offset`; holes read as zeros.
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
         if offset >= self.size {

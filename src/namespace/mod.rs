@@ -351,6 +351,41 @@ pub struct Namespace {
     /// Where each non-directory was last given a name: a hint for finding
     /// a file's path without walking the tree (verified before use).
     hints: HashMap<Ino, (Ino, OsString)>,
+    /// What the contents and extended attributes occupy, kept up to date by
+    /// [`Namespace::account`] and [`Namespace::maybe_drop`] so the size
+    /// limit is checked in O(1).
+    usage: Usage,
+}
+
+/// Space the namespace occupies.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Content pages stored.
+    pub pages: u64,
+    /// Names and values of extended attributes.
+    pub xattr_bytes: u64,
+}
+
+impl Usage {
+    /// Bytes counted against the size limit.
+    pub fn bytes(&self) -> u64 {
+        self.pages * PAGE as u64 + self.xattr_bytes
+    }
+
+    fn of(i: &Inode) -> Usage {
+        Usage {
+            pages: match &i.body {
+                Body::File(d) => d.pages(),
+                _ => 0,
+            },
+            xattr_bytes: xattr_bytes(&i.xattrs),
+        }
+    }
+}
+
+/// Bytes of a file's extended attributes (names and values).
+pub fn xattr_bytes(x: &BTreeMap<OsString, Vec<u8>>) -> u64 {
+    x.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum()
 }
 
 impl Namespace {
@@ -385,6 +420,7 @@ impl Namespace {
             fresh: HashSet::new(),
             freed: HashSet::new(),
             hints: HashMap::new(),
+            usage: Usage::default(),
         }
     }
 
@@ -450,6 +486,10 @@ impl Namespace {
             i.opens = 0;
         }
         let next_ino = next_ino.max(inodes.keys().map(|i| i.0 + 1).max().unwrap_or(2));
+        let usage = inodes.values().map(Usage::of).fold(Usage::default(), |a, u| Usage {
+            pages: a.pages + u.pages,
+            xattr_bytes: a.xattr_bytes + u.xattr_bytes,
+        });
         Namespace {
             inodes,
             next_ino,
@@ -458,6 +498,7 @@ impl Namespace {
             fresh: HashSet::new(),
             freed: HashSet::new(),
             hints,
+            usage,
         }
     }
 
@@ -555,7 +596,25 @@ impl Namespace {
         self.inodes.is_empty()
     }
 
-    /// Total stored pages over all files.
+    /// Space the contents and extended attributes occupy now.
+    pub fn usage(&self) -> Usage {
+        self.usage
+    }
+
+    /// Run `change` on the inode `ino` and account for the space it takes
+    /// or frees (every change of contents or extended attributes goes
+    /// through here, so [`Namespace::usage`] stays exact).
+    pub fn account<T>(&mut self, ino: Ino, change: impl FnOnce(&mut Inode) -> Result<T>) -> Result<T> {
+        let i = self.get_mut(ino)?;
+        let before = Usage::of(i);
+        let out = change(i);
+        let after = Usage::of(i);
+        self.usage.pages = (self.usage.pages + after.pages).saturating_sub(before.pages);
+        self.usage.xattr_bytes = (self.usage.xattr_bytes + after.xattr_bytes).saturating_sub(before.xattr_bytes);
+        out
+    }
+
+    /// Total stored pages over all files, counted afresh (checks [`Namespace::usage`]).
     pub fn pages(&self) -> u64 {
         self.inodes
             .values()
@@ -674,6 +733,9 @@ impl Namespace {
                 if let Body::File(d) = &i.body {
                     freed(d.pages.len());
                 }
+                let gone = Usage::of(i);
+                self.usage.pages -= gone.pages.min(self.usage.pages);
+                self.usage.xattr_bytes -= gone.xattr_bytes.min(self.usage.xattr_bytes);
                 self.inodes.remove(&ino);
                 self.hints.remove(&ino);
                 if self.track {

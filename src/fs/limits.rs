@@ -1,0 +1,221 @@
+//! Bounds on everything a caller can make the daemon keep, so no user can
+//! exhaust the process every lease on the host depends on.
+//!
+//! Contents and extended attributes count against `size` and inodes
+//! against `inodes`, as tmpfs counts `size=` and `nr_inodes=`; the lock
+//! table's bounds live in [`crate::lease::machine::LockLimits`]. Root
+//! keeps a reserve of each ([`RESERVE_PERCENT`], like ext4's reserved
+//! blocks), so `leasefs break`, reading `.leasefs/` and root's own leases
+//! still work when users filled the mount. A refusal changes nothing; it is
+//! counted per limit (metrics) and logged at most once a minute per limit.
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::namespace::PAGE;
+
+/// Share of each limit only root may use.
+pub const RESERVE_PERCENT: u64 = 5;
+
+/// Default `--size`: this share of the machine's memory.
+pub const DEFAULT_SIZE_PERCENT: u64 = 10;
+
+/// Open handles of control files (`.leasefs/`) allowed beyond `handles`.
+pub const CONTROL_HANDLES: usize = 64;
+
+/// The bounds of one mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes of contents (stored 4 KiB pages) and extended attributes.
+    pub size: u64,
+    /// Inodes (files, directories, symlinks, the root).
+    pub inodes: u64,
+    /// Extended attributes per file.
+    pub xattrs_per_file: usize,
+    /// Bytes of extended attribute names and values per file.
+    pub xattr_bytes_per_file: u64,
+    /// Open file handles.
+    pub handles: usize,
+}
+
+impl Limits {
+    /// Defaults for a machine with `ram` bytes of memory: `size` 10 % of
+    /// it, one inode per 4 KiB of `size`.
+    pub fn for_memory(ram: u64) -> Limits {
+        let size = (ram / 100 * DEFAULT_SIZE_PERCENT).max(16 << 20);
+        Limits::with_size(size)
+    }
+
+    /// Defaults around a given `size`.
+    pub fn with_size(size: u64) -> Limits {
+        Limits {
+            size,
+            inodes: (size / PAGE as u64).max(1024),
+            xattrs_per_file: 128,
+            xattr_bytes_per_file: 256 << 10,
+            handles: 1 << 20,
+        }
+    }
+
+    /// This machine's defaults (memory from `/proc/meminfo`).
+    pub fn for_this_machine() -> Limits {
+        Limits::for_memory(memory_total().unwrap_or(4 << 30))
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits::for_this_machine()
+    }
+}
+
+/// `MemTotal` in bytes.
+pub fn memory_total() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// `BYTES` with an optional `k`/`m`/`g`/`t` suffix (powers of 1024), or
+/// `N%` of the machine's memory, as tmpfs's `size=` takes it.
+pub fn parse_size(text: &str) -> std::result::Result<u64, String> {
+    let t = text.trim();
+    if let Some(p) = t.strip_suffix('%') {
+        let p: u64 = p.parse().map_err(|_| format!("{text:?}: not a percentage"))?;
+        if p == 0 || p > 100 {
+            return Err(format!("{text:?}: a percentage from 1% to 100%"));
+        }
+        let ram = memory_total().ok_or("cannot read MemTotal from /proc/meminfo")?;
+        return Ok(ram / 100 * p);
+    }
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m: u64 = match c.to_ascii_lowercase() {
+                'k' => 1 << 10,
+                'm' => 1 << 20,
+                'g' => 1 << 30,
+                't' => 1 << 40,
+                _ => return Err(format!("{text:?}: unknown unit (k, m, g, t or %)")),
+            };
+            (&t[..i], m)
+        }
+        _ => (t, 1),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("{text:?}: not a size"))?;
+    let bytes = n.checked_mul(mult).ok_or_else(|| format!("{text:?}: too large"))?;
+    if bytes < PAGE as u64 {
+        return Err(format!("{text:?}: at least 4k"));
+    }
+    Ok(bytes)
+}
+
+/// Which bound a refusal hit (the `limit` label of the metrics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Limit {
+    Size,
+    Inodes,
+    Xattrs,
+    Handles,
+    Locks,
+}
+
+impl Limit {
+    pub const ALL: [Limit; 5] = [Limit::Size, Limit::Inodes, Limit::Xattrs, Limit::Handles, Limit::Locks];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::Size => "size",
+            Limit::Inodes => "inodes",
+            Limit::Xattrs => "xattrs",
+            Limit::Handles => "handles",
+            Limit::Locks => "locks",
+        }
+    }
+}
+
+/// Refusals per limit, and when each was last logged.
+#[derive(Debug, Default)]
+pub struct Hits {
+    counts: [u64; 5],
+    logged: [Option<Instant>; 5],
+}
+
+impl Hits {
+    /// Count a refusal by `limit` (logged once a minute per limit) and
+    /// return the error the caller sees.
+    pub fn refuse(&mut self, limit: Limit, err: Error, detail: std::fmt::Arguments<'_>) -> Error {
+        let i = Limit::ALL.iter().position(|l| *l == limit).expect("every limit is listed");
+        self.counts[i] += 1;
+        let due = self.logged[i].is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+        if due {
+            self.logged[i] = Some(Instant::now());
+            tracing::warn!(
+                limit = limit.name(),
+                refusals = self.counts[i],
+                "limit reached: {detail} (logged once a minute)"
+            );
+        }
+        err
+    }
+
+    /// Refusals by `limit` so far.
+    pub fn count(&self, limit: Limit) -> u64 {
+        let i = Limit::ALL.iter().position(|l| *l == limit).expect("every limit is listed");
+        self.counts[i]
+    }
+
+    /// Add refusals counted elsewhere (the lock table).
+    pub fn set_count(&mut self, limit: Limit, n: u64) {
+        let i = Limit::ALL.iter().position(|l| *l == limit).expect("every limit is listed");
+        self.counts[i] = n;
+    }
+}
+
+/// What `uid` may use of a limit of `total`: root all of it, others all
+/// but the reserve.
+pub fn allowed(total: u64, uid: u32) -> u64 {
+    if uid == 0 {
+        total
+    } else {
+        total - (u128::from(total) * u128::from(RESERVE_PERCENT)).div_ceil(100) as u64
+    }
+}
+
+/// Refuse with `ENOSPC` when `used + extra` exceeds what `uid` may use.
+pub fn check(used: u64, extra: u64, total: u64, uid: u32) -> Result<()> {
+    if extra > 0 && used.saturating_add(extra) > allowed(total, uid) {
+        return Err(Error::NoSpace);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_tmpfs_size_options() {
+        assert_eq!(parse_size("4096").unwrap(), 4096);
+        assert_eq!(parse_size("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_size("2M").unwrap(), 2 << 20);
+        assert_eq!(parse_size("1g").unwrap(), 1 << 30);
+        let ram = memory_total().unwrap();
+        assert_eq!(parse_size("10%").unwrap(), ram / 100 * 10);
+        for bad in ["", "x", "10q", "0%", "101%", "1", "-5", "99999999999999999999t"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn root_may_use_the_reserve_and_others_may_not() {
+        assert!(check(90, 5, 100, 1000).is_ok());
+        assert_eq!(check(90, 6, 100, 1000), Err(Error::NoSpace));
+        assert!(check(90, 10, 100, 0).is_ok());
+        assert_eq!(check(90, 11, 100, 0), Err(Error::NoSpace));
+        assert!(check(200, 0, 100, 1000).is_ok(), "nothing new needs no room");
+        let d = Limits::for_memory(24 << 30);
+        assert_eq!(d.size, (24u64 << 30) / 100 * 10);
+        assert_eq!(d.inodes, d.size / 4096);
+    }
+}
