@@ -118,9 +118,16 @@ fn help_reads_well_for_every_subcommand() {
     }
     let o = run_timeout(Command::new(leasefs_bin()).args(["mount", "--help"]), Duration::from_secs(10));
     let text = String::from_utf8_lossy(&o.stdout);
-    for flag in
-        ["--state-dir", "--foreground", "--nonempty", "--allow-other", "--private", "--source", "--ready-timeout"]
-    {
+    for flag in [
+        "--state-dir",
+        "--foreground",
+        "--nonempty",
+        "--allow-other",
+        "--private",
+        "--source",
+        "--ready-timeout",
+        "--size",
+    ] {
         assert!(text.contains(flag), "mount --help lacks {flag}");
     }
     let o = run_timeout(Command::new(leasefs_bin()).args(["--help"]), Duration::from_secs(10));
@@ -128,6 +135,9 @@ fn help_reads_well_for_every_subcommand() {
     assert!(text.contains("mount.fuse.leasefs") && text.contains("Exit codes"), "{text}");
     let o = run_timeout(Command::new(leasefs_bin()).args(["mount"]), Duration::from_secs(10));
     assert_eq!(o.status.code(), Some(2), "a usage error exits 2: {o:?}");
+    let o = run_timeout(Command::new(leasefs_bin()).args(["mount", "/tmp", "--size", "12q"]), Duration::from_secs(10));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(2) && err.contains("unknown unit"), "a bad --size is a usage error: {err}");
 }
 
 #[test]

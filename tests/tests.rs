@@ -17,6 +17,7 @@ mod durability;
 mod etcd;
 mod examples;
 mod fencing;
+mod limits;
 mod locks;
 mod operate;
 mod posix;

@@ -241,10 +241,20 @@ pub struct Tmpfs {
 
 impl Tmpfs {
     pub fn new() -> Tmpfs {
+        Tmpfs::with_options("")
+    }
+
+    /// A tmpfs mounted with `-o OPTIONS` (e.g. `size=1m,nr_inodes=64`).
+    pub fn with_options(options: &str) -> Tmpfs {
         let dir = tempfile::Builder::new().prefix("leasefs-tmpfs").tempdir().unwrap();
         let path = dir.path().join("mnt");
         std::fs::create_dir(&path).unwrap();
-        let o = run_timeout(Command::new("mount").args(["-t", "tmpfs", "tmpfs"]).arg(&path), STEP);
+        let mut cmd = Command::new("mount");
+        cmd.args(["-t", "tmpfs", "tmpfs"]).arg(&path);
+        if !options.is_empty() {
+            cmd.args(["-o", options]);
+        }
+        let o = run_timeout(&mut cmd, STEP);
         assert!(o.status.success(), "mount tmpfs: {}", String::from_utf8_lossy(&o.stderr));
         Tmpfs { dir, path }
     }
