@@ -2,7 +2,8 @@
 //!
 //! Reachable by name, left out of `readdir` (like ZFS's `.zfs`). Read-only
 //! `status` (JSON), `leases` (JSON lines), `metrics` (Prometheus text), and
-//! `break` (root only: write a mount-relative path to break that lease).
+//! `break` (root only: write a mount-relative path to break that lease),
+//! `events` (the event stream, see [`crate::events`]).
 //! Contents are rendered when the file is opened, so every read of one
 //! descriptor sees one consistent snapshot.
 
@@ -20,12 +21,13 @@ pub enum ControlFile {
     Leases,
     Metrics,
     Break,
+    Events,
 }
 
 impl ControlFile {
     /// All control files.
-    pub const ALL: [ControlFile; 4] =
-        [ControlFile::Status, ControlFile::Leases, ControlFile::Metrics, ControlFile::Break];
+    pub const ALL: [ControlFile; 5] =
+        [ControlFile::Status, ControlFile::Leases, ControlFile::Metrics, ControlFile::Break, ControlFile::Events];
 
     /// Its name in `.leasefs/`.
     pub fn name(self) -> &'static str {
@@ -34,6 +36,7 @@ impl ControlFile {
             ControlFile::Leases => "leases",
             ControlFile::Metrics => "metrics",
             ControlFile::Break => "break",
+            ControlFile::Events => "events",
         }
     }
 
@@ -56,6 +59,8 @@ impl ControlFile {
     pub fn perm(self) -> u16 {
         match self {
             ControlFile::Break => 0o200,
+            // Read the stream; write a path prefix to filter it.
+            ControlFile::Events => 0o666,
             _ => 0o444,
         }
     }

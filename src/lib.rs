@@ -9,6 +9,7 @@
 
 pub mod control;
 pub mod error;
+pub mod events;
 pub mod fs;
 pub mod fuse;
 pub mod lease;

@@ -372,6 +372,8 @@ fn fio_random_writes_verify_through_pwrite_and_mmap() {
             Command::new("fio")
                 .args(["--name=verify", "--size=8M", "--bsrange=512-64k", "--rw=randwrite", "--verify=crc32c"])
                 .args(["--verify_fatal=1", "--do_verify=1", "--randseed=7", "--output-format=terse"])
+                // No verify-state file in the working directory.
+                .arg("--verify_state_save=0")
                 .arg(format!("--ioengine={engine}"))
                 .arg(format!("--directory={}", m.path.display())),
             STEP,

@@ -15,6 +15,7 @@ mod control;
 mod differential;
 mod durability;
 mod etcd;
+mod events;
 mod examples;
 mod fencing;
 mod limits;

@@ -288,6 +288,21 @@ impl Rng {
     }
 }
 
+/// Start `cmd` in `dir` in its own process group with default signal
+/// handling and its stdout piped to us.
+fn spawn_piped(cmd: &mut Command, dir: &Path) -> (Child, std::process::ChildStdout) {
+    let mut child = cmd
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .process_group(0)
+        .default_signals()
+        .spawn()
+        .expect("spawn");
+    let out = child.stdout.take().unwrap();
+    (child, out)
+}
+
 /// A background process killed (and reaped) on drop.
 pub struct Bg {
     pub child: Child,
@@ -299,17 +314,7 @@ impl Bg {
     /// Start `sh -c script` in `dir` and wait until it prints a line `ready`.
     pub fn ready(dir: &Path, script: &str) -> Bg {
         use std::io::BufRead;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .process_group(0)
-            .default_signals()
-            .spawn()
-            .expect("spawn");
-        let out = child.stdout.take().unwrap();
+        let (child, out) = spawn_piped(Command::new("sh").arg("-c").arg(script), dir);
         let (tx, rx) = std::sync::mpsc::channel();
         let rest = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = rest.clone();
@@ -321,6 +326,7 @@ impl Bg {
                 sink.lock().unwrap().push(l);
             }
         });
+        let mut child = child;
         let line = rx.recv_timeout(STEP).unwrap_or_else(|_| {
             let _ = child.kill();
             panic!("`{script}` did not get ready within {STEP:?}")
@@ -354,6 +360,21 @@ impl Bg {
             .spawn()
             .expect("spawn");
         Bg { child, lines: Default::default() }
+    }
+
+    /// Start a program directly, collecting every line it prints
+    /// (see [`Bg::output`]).
+    pub fn capture(dir: &Path, prog: &str, args: &[&str]) -> Bg {
+        use std::io::BufRead;
+        let (child, out) = spawn_piped(Command::new(prog).args(args), dir);
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        Bg { child, lines }
     }
 
     /// Lines printed after `ready`, once the output is drained (after exit).

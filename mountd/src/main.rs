@@ -4,8 +4,10 @@
 
 mod docs;
 mod helper;
+mod lock;
 mod metrics_http;
 mod notify;
+mod watch;
 
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, RawFd};
@@ -60,12 +62,89 @@ enum Cmd {
     /// With --all, every lease held on the mount is broken: use it before handing the
     /// leases of a host to another (every holder here is fenced at once).
     Break(BreakArgs),
+    /// Follow lease events (grant, release, wait, cancel, break, fence,
+    /// cas_reject) as they happen, until Ctrl-C.
+    ///
+    /// With PATHs, only events of those files and of files under those
+    /// directories. Lines show the time, event, path, epoch, holder pid/comm,
+    /// mode, lock API and reason; --json prints the daemon's JSON lines.
+    Watch(WatchArgs),
+    /// Hold a lease while a command runs, and never let the command outlive it.
+    ///
+    /// Takes PATH's lease like flock(1) (created if missing), runs COMMAND with
+    /// LEASEFS_EPOCH (the fencing token) and LEASEFS_PATH set, renews a --ttl lease
+    /// while it runs, and when the lease is broken, taken over or fenced sends the
+    /// command SIGTERM, then SIGKILL after --grace, and exits 75. Otherwise exits
+    /// with the command's status, or 1 (-E) when the lease was not taken (-n, -w).
+    #[command(override_usage = "leasefs lock [OPTIONS] <PATH> -- <COMMAND> [ARGS]...")]
+    Lock(LockArgs),
+    /// Block until a lease is free (default) or held; exits 1 at the -w timeout.
+    Wait(WaitArgs),
     /// Write man pages and shell completions into DIR (for packaging).
     #[command(hide = true)]
     GenerateDocs {
         /// Output directory (man/ and completions/ are created in it).
         dir: PathBuf,
     },
+}
+
+#[derive(Args, Debug)]
+struct LockArgs {
+    /// The lease file, on a leasefs mount (absolute or relative to the current directory).
+    path: PathBuf,
+    /// Take a shared lease.
+    #[arg(short = 's', long, conflicts_with = "exclusive")]
+    shared: bool,
+    /// Take an exclusive lease (the default).
+    #[arg(short = 'x', long)]
+    exclusive: bool,
+    /// Fail (exit 1, or -E) instead of waiting when the lease is taken.
+    #[arg(short = 'n', long)]
+    nonblock: bool,
+    /// Wait at most SECS for the lease (fractions allowed), then fail like -n.
+    #[arg(short = 'w', long = "timeout", value_name = "SECS")]
+    timeout: Option<f64>,
+    /// Exit code when the lease was not taken.
+    #[arg(short = 'E', long = "conflict-exit-code", value_name = "CODE", default_value_t = 1)]
+    conflict_exit_code: u8,
+    /// Give the lease a TTL (`30s`); it is renewed while the command runs.
+    #[arg(long, value_name = "DUR")]
+    ttl: Option<String>,
+    /// Time between SIGTERM and SIGKILL when the lease is lost.
+    #[arg(long, value_name = "DUR", default_value = "5s", value_parser = parse_ttl_arg)]
+    grace: TtlArg,
+    /// The command and its arguments (after --).
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args, Debug)]
+struct WaitArgs {
+    /// Mount point of a leasefs mount.
+    mountpoint: PathBuf,
+    /// The lease (relative to the mount point or absolute inside it).
+    path: PathBuf,
+    /// Until nobody holds it (the default).
+    #[arg(long, conflicts_with = "held")]
+    free: bool,
+    /// Until somebody holds it.
+    #[arg(long)]
+    held: bool,
+    /// Wait at most SECS, then exit 1.
+    #[arg(short = 'w', long = "timeout", value_name = "SECS")]
+    timeout: Option<f64>,
+}
+
+#[derive(Args, Debug)]
+struct WatchArgs {
+    /// Mount point of a leasefs mount.
+    mountpoint: PathBuf,
+    /// Only these files, and files under these directories (relative to the
+    /// mount point or absolute inside it).
+    paths: Vec<PathBuf>,
+    /// Print JSON lines (the `.leasefs/events` schema) instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args, Debug)]
@@ -210,6 +289,36 @@ fn main() -> ExitCode {
         Cmd::Status(args) => status(&args),
         Cmd::Leases(args) => leases(&args),
         Cmd::Break(args) => break_lease(&args),
+        Cmd::Lock(args) => lock::lock(&lock::LockSpec {
+            path: args.path,
+            shared: args.shared,
+            nonblock: args.nonblock,
+            wait: args.timeout,
+            conflict_exit: args.conflict_exit_code,
+            ttl: args.ttl,
+            grace: Duration::from_millis(args.grace.0.unwrap_or(0)),
+            command: args.command,
+        }),
+        Cmd::Wait(args) => match control_file(&args.mountpoint, "events") {
+            Ok(events) => {
+                let mount = events.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf();
+                lock::wait(&mount, &args.path, args.held, args.timeout)
+            }
+            Err(e) => {
+                eprintln!("leasefs: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Cmd::Watch(args) => match control_file(&args.mountpoint, "events") {
+            Ok(events) => {
+                let mount = events.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf();
+                watch::watch(&events, &mount, &args.paths, args.json)
+            }
+            Err(e) => {
+                eprintln!("leasefs: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::GenerateDocs { dir } => match docs::generate(<Cli as clap::CommandFactory>::command(), &dir) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

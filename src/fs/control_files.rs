@@ -33,6 +33,15 @@ impl Fs {
     pub(super) fn control_open(&self, ino: Ino, flags: i32) -> Result<Handle> {
         let content = match ControlFile::by_ino(ino) {
             None => None,
+            Some(ControlFile::Events) => {
+                let mut st = self.state.lock();
+                st.room_for_handle(true)?;
+                let h = Handle(st.next_handle);
+                st.events.open(h.0)?;
+                st.next_handle += 1;
+                st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: None });
+                return Ok(h);
+            }
             Some(ControlFile::Break) => {
                 if flags & libc::O_ACCMODE == libc::O_RDONLY {
                     return Err(Error::Access);
@@ -57,6 +66,38 @@ impl Fs {
     /// A write to `.leasefs/break`: the mount-relative path of the lease to
     /// break at once, or [`BREAK_ALL`] for every lease held on the mount.
     /// Root only.
+    /// Read the event stream on `h` (see [`crate::events::Hub::read`]).
+    pub fn events_read(&self, h: Handle, max: u32, nonblock: bool, id: u64) -> Result<crate::events::Read> {
+        self.state.lock().events.read(h.0, max, nonblock, id)
+    }
+
+    /// Filter the event stream on `h` to a path prefix.
+    pub fn events_filter(&self, h: Handle, data: &[u8]) -> Result<u32> {
+        let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?;
+        self.state.lock().events.filter(h.0, text)?;
+        Ok(data.len() as u32)
+    }
+
+    /// Whether the event stream on `h` has data; remember `kh` to wake otherwise.
+    pub fn events_poll(&self, h: Handle, kh: Option<u64>) -> Result<bool> {
+        self.state.lock().events.poll(h.0, kh)
+    }
+
+    /// A parked read of the event stream was interrupted.
+    pub fn events_interrupt(&self, id: u64) -> bool {
+        self.state.lock().events.interrupt(id)
+    }
+
+    /// Parked event reads that can be answered, and polls to wake.
+    pub fn events_ready(&self) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
+        self.state.lock().events.take_ready()
+    }
+
+    /// Whether `ino` is the event stream.
+    pub fn is_events(ino: Ino) -> bool {
+        ControlFile::by_ino(ino) == Some(ControlFile::Events)
+    }
+
     pub fn control_write(&self, ino: Ino, data: &[u8], caller: Caller) -> Result<(u32, Vec<Effect>)> {
         if ControlFile::by_ino(ino) != Some(ControlFile::Break) {
             return Err(Error::NotPermitted);
@@ -77,7 +118,9 @@ impl Fs {
         st.clock();
         st.reserve(lease)?;
         let effects = st.lease.break_now(lease);
+        st.breaking = "admin";
         st.account(&effects);
+        st.breaking = "ttl";
         tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.lease.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
         Ok((data.len() as u32, effects))
     }
@@ -200,7 +243,7 @@ impl Fs {
                     &st.mount_point.to_string_lossy(),
                 )
             }
-            ControlFile::Break => String::new(),
+            ControlFile::Break | ControlFile::Events => String::new(),
         }
     }
 }

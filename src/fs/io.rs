@@ -83,6 +83,7 @@ impl Fs {
         if let Some(f) = st.lease.fenced_handle(ino, h.0) {
             debug!(path = %st.path_for_log(ino), ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.lease.epoch(ino).0, op = what, "fenced");
             st.metrics.fenced_operations += 1;
+            st.emit_fence(ino, f.pid, f.epoch, what);
             return Err(Error::Stale);
         }
         if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
@@ -90,6 +91,7 @@ impl Fs {
             if now != epoch || st.lease.held_by(lease, &[pid]).is_none() {
                 debug!(path = %st.path_for_log(ino), lease = %st.path_for_log(lease), pid, held = epoch.0, current = now.0, op = what, "guard fenced");
                 st.metrics.fenced_operations += 1;
+                st.emit_fence(lease, pid, epoch, what);
                 return Err(Error::Stale);
             }
         }
@@ -137,10 +139,21 @@ impl Fs {
     pub fn release(&self, h: Handle, flock_owner: Option<Owner>) -> Result<Vec<Effect>> {
         let mut st = self.state.lock();
         let f = st.handles.remove(&h).ok_or(Error::BadHandle)?;
+        if Fs::is_events(f.ino) {
+            // A read cannot be in flight on a descriptor being released.
+            st.events.close(h.0);
+            return Ok(Vec::new());
+        }
         if let Err(e) = st.reserve(f.ino) {
             tracing::error!(ino = f.ino.0, "cannot make the next epoch durable: {e}");
         }
+        let released = st.releases(f.ino, |l| {
+            l.handle == h.0 || Some(l.owner) == flock_owner && l.kind == crate::lease::LockKind::Flock
+        });
         let effects = st.lease.release_handle(f.ino, h.0, flock_owner);
+        for ev in released {
+            st.emit(ev, f.ino);
+        }
         st.account(&effects);
         if let Ok(i) = st.ns.get_mut(f.ino) {
             i.opens = i.opens.saturating_sub(1);
@@ -156,7 +169,11 @@ impl Fs {
         if let Err(e) = st.reserve(ino) {
             tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
         }
+        let released = st.releases(ino, |l| l.owner == owner && l.kind == crate::lease::LockKind::Posix);
         let effects = st.lease.release_owner(ino, owner);
+        for ev in released {
+            st.emit(ev, ino);
+        }
         st.account(&effects);
         st.collect(ino);
         effects

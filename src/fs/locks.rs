@@ -43,7 +43,9 @@ impl Fs {
             st.reserve(ino)?;
         }
         let effects = st.lease.fence_all();
+        st.breaking = "admin";
         st.account(&effects);
+        st.breaking = "ttl";
         let fenced = effects.iter().filter(|e| matches!(e, Effect::Broken(..))).count();
         Ok((fenced, effects))
     }
@@ -56,7 +58,9 @@ impl Fs {
             return Vec::new();
         }
         let effects = st.lease.break_now(ino);
+        st.breaking = "admin";
         st.account(&effects);
+        st.breaking = "ttl";
         effects
     }
 
@@ -78,14 +82,31 @@ impl Fs {
         } else if let Err(e) = st.reserve(ino) {
             tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
         }
+        let released = if req.mode.is_none() { st.releases(ino, |l| l.owner == req.owner) } else { Vec::new() };
         let (outcome, effects) = st.lease.request(ino, req, wait)?;
         match outcome {
-            Outcome::Granted if req.mode.is_some() => st.metrics.acquisitions += 1,
+            Outcome::Granted if req.mode.is_some() => {
+                st.metrics.acquisitions += 1;
+                let ev = State::lock_event(crate::events::Kind::Grant, &req, st.lease.epoch(ino));
+                st.emit(ev, ino);
+            }
+            Outcome::Granted => {
+                // An unlock: only what it really let go is a release.
+                let still = st.lease.lease(ino).is_some_and(|l| l.locks().iter().any(|k| k.owner == req.owner));
+                if !still {
+                    for ev in released {
+                        st.emit(ev, ino);
+                    }
+                }
+            }
             Outcome::Parked => {
                 st.metrics.contention += 1;
                 if let Some(id) = wait {
                     st.parked_at.insert(id, now);
+                    st.parked_req.insert(id, (ino, req));
                 }
+                let ev = State::lock_event(crate::events::Kind::Wait, &req, st.lease.epoch(ino));
+                st.emit(ev, ino);
             }
             Outcome::Refused(Error::NoLock) => {
                 let (held, waiting) = st.lease.lock_usage();
@@ -96,7 +117,6 @@ impl Fs {
                 );
             }
             Outcome::Refused(_) => st.metrics.contention += 1,
-            Outcome::Granted => {}
         }
         st.account(&effects);
         st.collect(ino);

@@ -256,9 +256,80 @@ struct State {
     limits: limits::Limits,
     /// Refusals by each limit.
     hits: limits::Hits,
+    /// Readers of `.leasefs/events`.
+    events: crate::events::Hub,
+    /// Parked lock requests, for the events of their grant or cancellation.
+    parked_req: HashMap<WaitId, (Ino, Request)>,
+    /// Why holders are being broken (`ttl` unless an administrator does it).
+    breaking: &'static str,
 }
 
 impl State {
+    /// Publish `ev` about the lease at `ino` to the readers of
+    /// `.leasefs/events` (nothing is computed when nobody reads).
+    fn emit(&mut self, mut ev: crate::events::Event, ino: Ino) {
+        if !self.events.listening() {
+            return;
+        }
+        ev.path = self.lease_path(ino);
+        let ts = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let comm = ev.pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok());
+        self.events.publish(&ev, || ev.line(ts, comm.as_deref().map(str::trim_end)));
+        if self.events.has_ready() {
+            self.wake.wake();
+        }
+    }
+
+    /// The event of `req` (pid, lock API, mode).
+    fn lock_event(kind: crate::events::Kind, req: &Request, epoch: Epoch) -> crate::events::Event {
+        let mut ev = crate::events::Event::new(kind, String::new(), epoch.0);
+        ev.pid = Some(req.pid);
+        ev.owner = Some(match req.kind {
+            crate::lease::LockKind::Flock => "flock",
+            crate::lease::LockKind::Posix => "posix",
+        });
+        ev.mode = req.mode.map(|m| match m {
+            crate::lease::Mode::Shared => "shared",
+            crate::lease::Mode::Exclusive => "exclusive",
+        });
+        ev
+    }
+
+    /// Release events for the locks of `ino` that `gone` selects, before
+    /// they go.
+    fn releases(&mut self, ino: Ino, gone: impl Fn(&Lock) -> bool) -> Vec<crate::events::Event> {
+        if !self.events.listening() {
+            return Vec::new();
+        }
+        let epoch = self.lease.epoch(ino);
+        let mut seen = Vec::new();
+        let mut out = Vec::new();
+        for k in self.lease.lease(ino).map(|l| l.locks().to_vec()).unwrap_or_default() {
+            if gone(&k) && !seen.contains(&k.owner) {
+                seen.push(k.owner);
+                let req = Request {
+                    owner: k.owner,
+                    kind: k.kind,
+                    mode: Some(k.mode),
+                    range: k.range,
+                    pid: k.pid,
+                    handle: k.handle,
+                };
+                out.push(Self::lock_event(crate::events::Kind::Release, &req, epoch));
+            }
+        }
+        out
+    }
+
+    /// A file's mount-relative path (`/a/b`), empty if it has none.
+    fn lease_path(&self, ino: Ino) -> String {
+        if let Some(p) = self.ns.path_hint(ino) {
+            return format!("/{}", p.display());
+        }
+        let wanted = std::iter::once(ino).collect();
+        Fs::paths_of(self, &wanted).get(&ino).map(|p| format!("/{}", p.display())).unwrap_or_default()
+    }
+
     /// Refuse with `ENOSPC` unless `extra` more bytes fit in what `uid` may use.
     fn room_for_bytes(&mut self, uid: u32, extra: u64) -> Result<()> {
         let used = self.ns.usage().bytes();
@@ -363,9 +434,14 @@ impl State {
             return Ok(());
         }
         let version = i.version;
-        self.lease.views().check(tid, ino, version, content_counts).map_err(|v| {
+        let verdict = self.lease.views().check(tid, ino, version, content_counts);
+        verdict.map_err(|v| {
             debug!(path = %self.path_for_log(ino), pid = v.pid, ino = ino.0, seen = v.seen, current = v.current, epoch = self.lease.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
             self.metrics.cas_rejections += 1;
+            let mut ev = crate::events::Event::new(crate::events::Kind::CasReject, String::new(), self.lease.epoch(ino).0);
+            ev.pid = Some(v.pid);
+            ev.reason = Some(what.to_string());
+            self.emit(ev, ino);
             Error::Stale
         })
     }
@@ -516,11 +592,26 @@ impl State {
                     if let Some(t) = self.parked_at.remove(id) {
                         self.metrics.waited(now.saturating_sub(t) as f64 / 1000.0);
                     }
+                    if let Some((ino, req)) = self.parked_req.remove(id) {
+                        let ev = Self::lock_event(crate::events::Kind::Grant, &req, self.lease.epoch(ino));
+                        self.emit(ev, ino);
+                    }
                 }
-                Effect::Refuse(id, _) => {
+                Effect::Refuse(id, err) => {
                     self.parked_at.remove(id);
+                    if let Some((ino, req)) = self.parked_req.remove(id) {
+                        let mut ev = Self::lock_event(crate::events::Kind::Cancel, &req, self.lease.epoch(ino));
+                        ev.reason = Some(if *err == Error::Interrupted { "signal".into() } else { format!("{err}") });
+                        self.emit(ev, ino);
+                    }
                 }
-                Effect::Broken(..) => self.metrics.breaks += 1,
+                Effect::Broken(ino, f) => {
+                    self.metrics.breaks += 1;
+                    let mut ev = crate::events::Event::new(crate::events::Kind::Break, String::new(), f.epoch.0);
+                    ev.pid = Some(f.pid);
+                    ev.reason = Some(self.breaking.to_string());
+                    self.emit(ev, *ino);
+                }
                 Effect::Epoch(..) => {}
             }
         }
@@ -536,6 +627,14 @@ impl State {
         self.lease.views().lineage(tid)
     }
 
+    /// A fenced holder's operation was refused.
+    fn emit_fence(&mut self, ino: Ino, pid: u32, epoch: Epoch, what: &str) {
+        let mut ev = crate::events::Event::new(crate::events::Kind::Fence, String::new(), epoch.0);
+        ev.pid = Some(pid);
+        ev.reason = Some(what.to_string());
+        self.emit(ev, ino);
+    }
+
     /// Refuse with `ESTALE` when the process was fenced off this lease.
     fn check_fenced_pid(&mut self, tid: u32, ino: Ino, what: &str) -> Result<()> {
         if !self.lease.has_fenced(ino) {
@@ -545,6 +644,7 @@ impl State {
         if let Some(f) = self.lease.fenced_pid(ino, &pids) {
             debug!(path = %self.path_for_log(ino), pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.lease.epoch(ino).0, op = what, "fenced");
             self.metrics.fenced_operations += 1;
+            self.emit_fence(ino, f.pid, f.epoch, what);
             return Err(Error::Stale);
         }
         Ok(())
@@ -665,6 +765,9 @@ impl Fs {
                 wake: Wake::default(),
                 limits: limits::Limits::default(),
                 hits: limits::Hits::default(),
+                events: crate::events::Hub::default(),
+                parked_req: HashMap::new(),
+                breaking: "ttl",
             }),
             group: crate::store::group::GroupCommit::default(),
         };

@@ -18,8 +18,9 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock,
-    ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
+    TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use tracing::{debug, error, warn};
@@ -86,6 +87,10 @@ struct Waits {
     notices: Option<Notices>,
     /// Regular files are opened with direct I/O (decided at INIT).
     direct_io: bool,
+    /// Reads of `.leasefs/events` waiting for an event, by request id.
+    parked_reads: HashMap<u64, ReplyData>,
+    /// Polls of `.leasefs/events` waiting for an event, by kernel handle.
+    polls: HashMap<u64, PollNotifier>,
 }
 
 impl Waits {
@@ -117,6 +122,23 @@ impl Waits {
         }
     }
 
+    /// Answer the event reads that can be answered and wake the polls.
+    fn deliver_events(&mut self, fs: &Fs) {
+        let (answers, polls) = fs.events_ready();
+        for (id, data) in answers {
+            if let Some(r) = self.parked_reads.remove(&id) {
+                r.data(&data);
+            }
+        }
+        for kh in polls {
+            if let Some(p) = self.polls.remove(&kh) {
+                // A poll wake-up only wakes a wait queue in the kernel:
+                // safe from any thread, unlike invalidations.
+                let _ = p.notify();
+            }
+        }
+    }
+
     fn take_early(&mut self, unique: u64) -> bool {
         match self.early.iter().position(|u| *u == unique) {
             Some(i) => {
@@ -141,6 +163,12 @@ impl Intercept for Interceptor {
             Some(effects) => {
                 debug!(unique, "lock wait interrupted by a signal");
                 w.deliver(effects, &self.fs);
+            }
+            None if w.parked_reads.contains_key(&unique) && self.fs.events_interrupt(unique) => {
+                debug!(unique, "event read interrupted by a signal");
+                if let Some(r) = w.parked_reads.remove(&unique) {
+                    r.error(errno(Error::Interrupted));
+                }
             }
             None => {
                 // Either not a lock wait (ignored: it completes on its own) or
@@ -189,6 +217,7 @@ impl Intercept for Interceptor {
                 let mut w = waits.lock();
                 let (effects, next) = fs.tick();
                 w.deliver(effects, &fs);
+                w.deliver_events(&fs);
                 next
             };
             drop((fs, waits));
@@ -494,6 +523,10 @@ impl fuser::Filesystem for LeaseFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         guarded("open", || {
             match self.fs.open(Ino(ino.0), flags.0, req.pid()) {
+                // The event stream has no offsets.
+                Ok(h) if Fs::is_events(Ino(ino.0)) => {
+                    reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NONSEEKABLE)
+                }
                 // Control files have no size: their reads must reach the daemon.
                 Ok(h) if crate::control::is_control(Ino(ino.0)) || self.direct_io => {
                     reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO)
@@ -511,10 +544,27 @@ impl fuser::Filesystem for LeaseFs {
         fh: FileHandle,
         offset: u64,
         size: u32,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        if Fs::is_events(Ino(ino.0)) {
+            return guarded("events read", || {
+                let unique = req.unique().0;
+                let mut w = self.waits.lock();
+                if w.take_early(unique) {
+                    return reply.error(errno(Error::Interrupted));
+                }
+                let nonblock = flags.0 & libc::O_NONBLOCK != 0;
+                match self.fs.events_read(Handle(fh.0), size, nonblock, unique) {
+                    Ok(crate::events::Read::Data(d)) => reply.data(&d),
+                    Ok(crate::events::Read::Parked) => {
+                        w.parked_reads.insert(unique, reply);
+                    }
+                    Err(e) => reply.error(errno(e)),
+                }
+            });
+        }
         guarded("read", || match self.fs.read(Ino(ino.0), Handle(fh.0), offset, size, req.pid()) {
             Ok(d) => reply.data(&d),
             Err(e) => reply.error(errno(e)),
@@ -533,6 +583,12 @@ impl fuser::Filesystem for LeaseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        if Fs::is_events(Ino(ino.0)) {
+            return guarded("events filter", || match self.fs.events_filter(Handle(fh.0), data) {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(e)),
+            });
+        }
         if crate::control::is_control(Ino(ino.0)) {
             return guarded("control write", || {
                 let mut w = self.waits.lock();
@@ -756,6 +812,38 @@ impl fuser::Filesystem for LeaseFs {
                 Ok((Outcome::Refused(e), effects)) => {
                     reply.error(errno(e));
                     w.deliver(effects, &self.fs);
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        ph: PollNotifier,
+        _events: PollEvents,
+        flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        guarded("poll", || {
+            if !Fs::is_events(Ino(ino.0)) {
+                // Files and directories are always ready, as on any disk filesystem.
+                let all = PollEvents::POLLIN | PollEvents::POLLOUT | PollEvents::POLLRDNORM | PollEvents::POLLWRNORM;
+                return reply.poll(all);
+            }
+            let mut w = self.waits.lock();
+            let kh = ph.handle().0;
+            let schedule = flags.contains(PollFlags::FUSE_POLL_SCHEDULE_NOTIFY);
+            match self.fs.events_poll(Handle(fh.0), schedule.then_some(kh)) {
+                Ok(true) => reply.poll(PollEvents::POLLIN | PollEvents::POLLRDNORM | PollEvents::POLLOUT),
+                Ok(false) => {
+                    if schedule {
+                        w.polls.insert(kh, ph);
+                    }
+                    reply.poll(PollEvents::POLLOUT)
                 }
                 Err(e) => reply.error(errno(e)),
             }

@@ -1,0 +1,359 @@
+//! `leasefs lock` (hold a lease around a command, and never let the
+//! command outlive it) and `leasefs wait` (block until a lease is free or
+//! held), both driven by `.leasefs/events`, never by polling the lease.
+
+use std::ffi::{CString, OsString};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use leasefs::fuse::session;
+
+/// Exit status when the lease was lost while the command ran (broken,
+/// taken over, fenced); the command was terminated.
+pub const LOST: u8 = 75;
+
+/// Exit status of flock(1) when the lock was not taken (conflict, timeout).
+pub const NOT_TAKEN: u8 = 1;
+
+/// The leasefs mount `path` is on, and `path` relative to it (`/a/b`).
+pub fn locate(path: &Path) -> Result<(PathBuf, PathBuf, String), String> {
+    let abs = session::absolute(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut dir = abs.parent();
+    while let Some(d) = dir {
+        if session::find_mount(d).is_some() {
+            let rel = crate::watch::lease_path(d, &abs)?;
+            return Ok((d.to_path_buf(), abs.clone(), rel));
+        }
+        dir = d.parent();
+    }
+    Err(format!("{}: not on a leasefs mount", path.display()))
+}
+
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    if sig != libc::SIGCHLD && sig != libc::SIGALRM {
+        LAST_SIGNAL.store(sig, Ordering::Relaxed);
+    }
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: write(2) is async-signal-safe; a full pipe loses nothing
+        // that matters (one byte already wakes the loop).
+        unsafe { libc::write(fd, [sig as u8].as_ptr().cast(), 1) };
+    }
+}
+
+/// Signals wake the main loop through a pipe (the self-pipe trick) and end
+/// a blocking `flock` with EINTR (no SA_RESTART).
+fn catch_signals() -> std::io::Result<RawFd> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid array for pipe2.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD, libc::SIGALRM] {
+        // SAFETY: a handler that only writes to a pipe and stores atomics.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+    Ok(fds[0])
+}
+
+fn drain(fd: RawFd) {
+    let mut buf = [0u8; 64];
+    // SAFETY: reading into a local buffer from our non-blocking pipe.
+    while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+}
+
+/// Poll `fds` for input for at most `timeout` (None: forever).
+fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> Vec<bool> {
+    let mut p: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+    // SAFETY: p is a valid array of pollfd.
+    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+    if n <= 0 {
+        return vec![false; fds.len()];
+    }
+    p.iter().map(|x| x.revents != 0).collect()
+}
+
+/// The events stream of `mount`, filtered to `rel`.
+fn open_events(mount: &Path, rel: &str) -> Result<std::fs::File, String> {
+    let p = mount.join(".leasefs/events");
+    let mut f =
+        std::fs::OpenOptions::new().read(true).write(true).open(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    f.write_all(rel.as_bytes()).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(f)
+}
+
+/// Whole event lines read so far from a stream.
+#[derive(Default)]
+struct Lines {
+    pending: Vec<u8>,
+}
+
+impl Lines {
+    fn read(&mut self, f: &mut std::fs::File) -> std::io::Result<Vec<serde_json::Value>> {
+        let mut buf = [0u8; 16 * 1024];
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the event stream ended"));
+        }
+        self.pending.extend_from_slice(&buf[..n]);
+        let mut out = Vec::new();
+        while let Some(i) = self.pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.pending.drain(..=i).collect();
+            if let Ok(v) = serde_json::from_slice(&line) {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn epoch_of(file: &Path) -> Option<u64> {
+    let c = CString::new(file.as_os_str().as_bytes()).ok()?;
+    let mut buf = [0u8; 32];
+    // SAFETY: valid C strings and a buffer of the given size.
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.leasefs.epoch".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (n > 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).trim().parse().ok()).flatten()
+}
+
+/// The holders of the lease at `file`, from `user.leasefs.holder`.
+fn holders(file: &Path) -> Option<usize> {
+    let c = CString::new(file.as_os_str().as_bytes()).ok()?;
+    let mut buf = vec![0u8; 64 * 1024];
+    // SAFETY: valid C strings and a buffer of the given size.
+    let n = unsafe { libc::getxattr(c.as_ptr(), c"user.leasefs.holder".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(&buf[..n as usize]).ok()?;
+    Some(v["holders"].as_array().map_or(0, Vec::len))
+}
+
+/// What `leasefs lock` was asked.
+pub struct LockSpec {
+    pub path: PathBuf,
+    pub shared: bool,
+    pub nonblock: bool,
+    pub wait: Option<f64>,
+    pub conflict_exit: u8,
+    pub ttl: Option<String>,
+    pub grace: Duration,
+    pub command: Vec<OsString>,
+}
+
+fn fail(msg: String) -> ExitCode {
+    eprintln!("leasefs: {msg}");
+    ExitCode::FAILURE
+}
+
+/// Take the lease, run the command with `LEASEFS_EPOCH`/`LEASEFS_PATH`,
+/// renew a TTL while it runs, and terminate it if the lease is lost.
+pub fn lock(spec: &LockSpec) -> ExitCode {
+    let (mount, file, rel) = match locate(&spec.path) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    let sigs = match catch_signals() {
+        Ok(fd) => fd,
+        Err(e) => return fail(format!("signals: {e}")),
+    };
+    // Listen before taking the lease, so no loss can go unseen.
+    let mut events = match open_events(&mount, &rel) {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
+    // As flock(1) opens it: read-only, created if missing.
+    let opened = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CREAT | libc::O_NOCTTY).mode(0o666).open(&file)
+    };
+    let f = match opened {
+        Ok(f) => f,
+        Err(e) => return fail(format!("{}: {e}", file.display())),
+    };
+    if let Some(ttl) = &spec.ttl {
+        let c = CString::new(file.as_os_str().as_bytes()).expect("no NUL in a path");
+        // SAFETY: valid C strings and value buffer.
+        let r = unsafe { libc::setxattr(c.as_ptr(), c"user.leasefs.ttl".as_ptr(), ttl.as_ptr().cast(), ttl.len(), 0) };
+        if r != 0 {
+            return fail(format!("{}: setting the TTL: {}", file.display(), std::io::Error::last_os_error()));
+        }
+    }
+    let op = if spec.shared { libc::LOCK_SH } else { libc::LOCK_EX };
+    if let Some(w) = spec.wait.filter(|w| *w > 0.0) {
+        // SAFETY: arms a one-shot real-time timer; its SIGALRM ends flock with EINTR.
+        unsafe {
+            let t = libc::itimerval {
+                it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+                it_value: libc::timeval { tv_sec: w.trunc() as i64, tv_usec: (w.fract() * 1e6) as i64 },
+            };
+            libc::setitimer(libc::ITIMER_REAL, &t, std::ptr::null_mut());
+        }
+    }
+    let nonblock = spec.nonblock || spec.wait == Some(0.0);
+    // SAFETY: flock on our own descriptor.
+    let r = unsafe { libc::flock(f.as_raw_fd(), op | if nonblock { libc::LOCK_NB } else { 0 }) };
+    if r != 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => ExitCode::from(spec.conflict_exit),
+            // The -w timer.
+            Some(libc::EINTR) if LAST_SIGNAL.load(Ordering::Relaxed) == 0 => ExitCode::from(spec.conflict_exit),
+            Some(libc::EINTR) => ExitCode::from(128 + LAST_SIGNAL.load(Ordering::Relaxed) as u8),
+            _ => fail(format!("{}: {e}", file.display())),
+        };
+    }
+    // SAFETY: disarm the -w timer.
+    unsafe {
+        let zero = libc::itimerval {
+            it_interval: libc::timeval { tv_sec: 0, tv_usec: 0 },
+            it_value: libc::timeval { tv_sec: 0, tv_usec: 0 },
+        };
+        libc::setitimer(libc::ITIMER_REAL, &zero, std::ptr::null_mut());
+    }
+    let epoch = epoch_of(&file).unwrap_or(0);
+    let me = std::process::id();
+    let mut cmd = std::process::Command::new(&spec.command[0]);
+    cmd.args(&spec.command[1..]).env("LEASEFS_EPOCH", epoch.to_string()).env("LEASEFS_PATH", &file);
+    // SAFETY: prctl and sigprocmask are async-signal-safe. The command dies
+    // with us (it must never run without the lease), and starts with the
+    // default signal handling.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD, libc::SIGALRM] {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+            Ok(())
+        });
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return fail(format!("{}: {e}", spec.command[0].to_string_lossy())),
+    };
+    let renew_every = spec
+        .ttl
+        .as_deref()
+        .and_then(|t| leasefs::fs::parse_ttl(t).ok().flatten())
+        .map(|ms| Duration::from_millis(ms / 3));
+    let mut next_renew = renew_every.map(|d| Instant::now() + d);
+    let mut lines = Lines::default();
+    let mut lost: Option<String> = None;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            if lost.is_some() {
+                return ExitCode::from(LOST);
+            }
+            return match status.code() {
+                Some(c) => ExitCode::from(c as u8),
+                None => ExitCode::from(128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0) as u8),
+            };
+        }
+        if let Some(why) = &lost {
+            eprintln!("leasefs: {}: lease lost ({why}); terminating the command", rel);
+            terminate(&mut child, spec.grace);
+            continue;
+        }
+        let timeout = next_renew.map(|t| t.saturating_duration_since(Instant::now()));
+        let ready = wait_readable(&[events.as_raw_fd(), sigs], timeout);
+        if ready[1] {
+            drain(sigs);
+            let sig = LAST_SIGNAL.swap(0, Ordering::Relaxed);
+            if sig != 0 {
+                // Pass Ctrl-C and friends on to the command.
+                // SAFETY: signalling our own child.
+                unsafe { libc::kill(child.id() as i32, sig) };
+            }
+        }
+        if ready[0] {
+            match lines.read(&mut events) {
+                Ok(evs) => {
+                    for v in evs {
+                        let ours = v["pid"].as_u64() == Some(u64::from(me));
+                        let newer = v["epoch"].as_u64().is_some_and(|e| e > epoch);
+                        lost = lost.or(match v["event"].as_str() {
+                            Some("break") if ours => Some(format!("broken: {}", v["reason"].as_str().unwrap_or("?"))),
+                            Some("fence") if ours => Some("fenced".into()),
+                            Some("grant") if !ours && newer && !spec.shared => {
+                                Some(format!("taken over at epoch {}", v["epoch"]))
+                            }
+                            Some("host_lost") => Some("host lost".into()),
+                            _ => None,
+                        });
+                    }
+                }
+                Err(e) => lost = Some(format!("{e}")),
+            }
+        }
+        if let (Some(t), Some(every)) = (next_renew, renew_every) {
+            if Instant::now() >= t {
+                // A holder's touch renews its lease.
+                // SAFETY: futimens on our own descriptor with "now" for both times.
+                unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
+                next_renew = Some(Instant::now() + every);
+            }
+        }
+    }
+}
+
+/// SIGTERM now, SIGKILL after `grace` if it is still running.
+fn terminate(child: &mut std::process::Child, grace: Duration) {
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// Block until the lease at `path` is free (or held), at most `wait`.
+pub fn wait(mount: &Path, path: &Path, held: bool, wait: Option<f64>) -> ExitCode {
+    let abs = if path.is_absolute() { path.to_path_buf() } else { mount.join(path) };
+    let rel = match crate::watch::lease_path(mount, &abs) {
+        Ok(r) => r,
+        Err(e) => return fail(e),
+    };
+    let mut events = match open_events(mount, &rel) {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
+    let deadline = wait.map(|w| Instant::now() + Duration::from_secs_f64(w));
+    let mut lines = Lines::default();
+    loop {
+        // Checked after listening, so a change in between is seen either way.
+        match holders(&abs) {
+            Some(n) if (n > 0) == held => return ExitCode::SUCCESS,
+            Some(_) => {}
+            None => return fail(format!("{}: no such lease", abs.display())),
+        }
+        let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        if timeout.is_some_and(|t| t.is_zero()) {
+            return ExitCode::from(NOT_TAKEN);
+        }
+        if wait_readable(&[events.as_raw_fd()], timeout)[0] {
+            if let Err(e) = lines.read(&mut events) {
+                return fail(format!("{rel}: {e}"));
+            }
+        }
+    }
+}
