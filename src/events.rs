@@ -10,6 +10,7 @@
 //! readers is bounded too ([`MAX_READERS`]; `ENFILE` beyond).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, OnceLock};
 
 use serde_json::json;
 
@@ -39,6 +40,9 @@ pub enum Kind {
     Fence,
     /// A rename or unlink was refused by compare-and-swap (`ESTALE`).
     CasReject,
+    /// A lease's TTL ran out with nobody waiting (the holder keeps it until
+    /// a contender comes, which breaks it).
+    Expire,
 }
 
 impl Kind {
@@ -51,6 +55,7 @@ impl Kind {
             Kind::Break => "break",
             Kind::Fence => "fence",
             Kind::CasReject => "cas_reject",
+            Kind::Expire => "expire",
         }
     }
 }
@@ -100,9 +105,30 @@ impl Event {
     }
 }
 
+/// A published event, shared by every reader that gets it and rendered
+/// once, when the first of them reads it (a reader that never reads costs
+/// no rendering).
+#[derive(Debug)]
+pub struct Item {
+    pub event: Event,
+    pub ts_ms: u64,
+    pub comm: Option<String>,
+    line: OnceLock<String>,
+}
+
+impl Item {
+    pub fn new(event: Event, ts_ms: u64, comm: Option<String>) -> Item {
+        Item { event, ts_ms, comm, line: OnceLock::new() }
+    }
+
+    fn line(&self) -> &str {
+        self.line.get_or_init(|| self.event.line(self.ts_ms, self.comm.as_deref()))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Reader {
-    lines: VecDeque<String>,
+    lines: VecDeque<Arc<Item>>,
     lost: u64,
     /// Only events whose path starts with this.
     prefix: String,
@@ -110,6 +136,8 @@ struct Reader {
     parked: Option<(u64, u32)>,
     /// A poll waiting for readability (the kernel's poll handle).
     polled: Option<u64>,
+    /// In [`Hub::ready`]: its parked read is answered at the next delivery.
+    queued: bool,
 }
 
 impl Reader {
@@ -124,7 +152,8 @@ impl Reader {
             out.extend_from_slice(format!("{{\"event\":\"lost\",\"count\":{}}}\n", self.lost).as_bytes());
             self.lost = 0;
         }
-        while let Some(l) = self.lines.front() {
+        while let Some(item) = self.lines.front() {
+            let l = item.line();
             if !out.is_empty() && out.len() + l.len() > max {
                 break;
             }
@@ -139,8 +168,10 @@ impl Reader {
 #[derive(Debug, Default)]
 pub struct Hub {
     readers: HashMap<u64, Reader>,
-    /// Reads that can be answered now: (request id, data).
-    answers: Vec<(u64, Vec<u8>)>,
+    /// Readers whose parked read can be answered. The answer is taken when
+    /// it is delivered, so events published in between go with it (one
+    /// wake-up per burst, not per event).
+    ready: Vec<u64>,
     /// Polls to wake (kernel poll handles).
     polls: Vec<u64>,
     published: u64,
@@ -238,39 +269,52 @@ impl Hub {
         Ok(false)
     }
 
-    /// Hand `event` to every reader whose filter matches (`line` renders it
-    /// once, only when someone gets it).
-    pub fn publish(&mut self, event: &Event, line: impl FnOnce() -> String) {
+    /// Hand `item` to every reader whose filter matches. True when a parked
+    /// read or a poll became ready (the caller wakes the delivery).
+    pub fn publish(&mut self, item: Item) -> bool {
         self.published += 1;
-        let mut rendered: Option<String> = None;
-        let mut line = Some(line);
-        for r in self.readers.values_mut() {
-            if !event.path.starts_with(&r.prefix) {
+        let item = Arc::new(item);
+        let mut woke = false;
+        for (h, r) in self.readers.iter_mut() {
+            if !item.event.path.starts_with(&r.prefix) {
                 continue;
             }
-            let l = rendered.get_or_insert_with(|| (line.take().expect("rendered once"))()).clone();
             if r.lines.len() >= READER_BUFFER {
                 r.lines.pop_front();
                 r.lost += 1;
             }
-            r.lines.push_back(l);
-            if let Some((id, max)) = r.parked.take() {
-                self.answers.push((id, r.take(max as usize)));
+            r.lines.push_back(item.clone());
+            if r.parked.is_some() && !r.queued {
+                r.queued = true;
+                self.ready.push(*h);
+                woke = true;
             }
             if let Some(kh) = r.polled.take() {
                 self.polls.push(kh);
+                woke = true;
             }
         }
+        woke
     }
 
-    /// Parked reads that can be answered, and polls to wake.
+    /// Parked reads that can be answered, with everything buffered for
+    /// them now, and polls to wake.
     pub fn take_ready(&mut self) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
-        (std::mem::take(&mut self.answers), std::mem::take(&mut self.polls))
+        let mut answers = Vec::new();
+        for h in std::mem::take(&mut self.ready) {
+            if let Some(r) = self.readers.get_mut(&h) {
+                r.queued = false;
+                if let Some((id, max)) = r.parked.take() {
+                    answers.push((id, r.take(max as usize)));
+                }
+            }
+        }
+        (answers, std::mem::take(&mut self.polls))
     }
 
     /// Whether answers or wake-ups are waiting to be delivered.
     pub fn has_ready(&self) -> bool {
-        !self.answers.is_empty() || !self.polls.is_empty()
+        !self.ready.is_empty() || !self.polls.is_empty()
     }
 }
 
@@ -282,9 +326,8 @@ mod tests {
         Event::new(kind, path.to_string(), epoch)
     }
 
-    fn publish(h: &mut Hub, e: Event) {
-        let line = e.line(0, None);
-        h.publish(&e, move || line);
+    fn publish(h: &mut Hub, e: Event) -> bool {
+        h.publish(Item::new(e, 0, None))
     }
 
     #[test]
@@ -315,9 +358,11 @@ mod tests {
         assert_eq!(h.read(1, 4096, false, 5).unwrap(), Read::Parked);
         assert!(!h.has_ready());
         assert!(!h.poll(1, Some(77)).unwrap());
-        publish(&mut h, ev(Kind::Wait, "/a", 0));
+        assert!(publish(&mut h, ev(Kind::Wait, "/a", 0)), "the first event wakes the delivery");
+        assert!(!publish(&mut h, ev(Kind::Grant, "/a", 1)), "later ones of the burst do not");
         let (answers, polls) = h.take_ready();
         assert_eq!(answers.len(), 1);
+        assert_eq!(answers[0].1.iter().filter(|&&b| b == b'\n').count(), 2, "the burst goes in one answer");
         assert_eq!(answers[0].0, 5);
         assert!(String::from_utf8_lossy(&answers[0].1).contains("\"event\":\"wait\""));
         assert_eq!(polls, [77]);

@@ -98,8 +98,16 @@ except OSError as e:
 "#,
     );
     assert_eq!(cas.trim(), "ESTALE");
+    // A TTL lease whose holder does not renew goes to the contender.
+    sh_ok(&m.path, "touch X && setfattr -n user.leasefs.ttl -v 300ms X");
+    let _x_holder = Bg::ready(&m.path, "exec flock X sh -c 'echo ready; exec sleep 60'");
+    sh_ok(&m.path, "flock -w 20 X true");
     sh_ok(&m.path, "flock END true");
     let evs = events_of(&mut reader);
+    let x: Vec<(&str, u64)> = about(&evs, "/X");
+    assert_eq!(x, [("grant", 1), ("wait", 1), ("break", 1), ("grant", 2), ("release", 2)], "{evs:#?}");
+    let ttl_break = evs.iter().find(|e| e["event"] == "break" && e["path"] == "/X").unwrap();
+    assert_eq!(ttl_break["reason"], "ttl");
     assert!(!evs.iter().any(|e| e["path"] == "/START"), "nothing from before the reader opened");
     let l = about(&evs, "/L");
     assert_eq!(
@@ -294,7 +302,7 @@ fn leasefs_lock_terminates_the_command_when_its_lease_is_broken_and_exits_75() {
     while !stubborn.output().contains(&"started".to_string()) {
         assert!(std::time::Instant::now() < deadline, "the command never started");
     }
-    let sleeper = sh_ok(&m.path, "pgrep -f 'sleep 60' | head -1");
+    let sleeper = sh_ok(&m.path, &format!("pgrep -P {}", stubborn.pid()));
     sh_ok(&m.path, &format!("{} break . /job", bin.display()));
     assert_eq!(stubborn.wait(STEP).code(), Some(75));
     let pid: i32 = sleeper.trim().parse().unwrap();
@@ -332,4 +340,81 @@ fn leasefs_lock_renews_a_ttl_lease_while_the_command_runs_and_wait_follows_it() 
     assert_eq!(w(&[&m.p("t").to_string_lossy(), "--free", "-w", "20"]), Some(0), "wait sees the lease go");
     assert_eq!(lock.wait(STEP).code(), Some(0), "the lease was renewed, never lost");
     assert!(contender.wait(STEP).success());
+}
+
+#[test]
+fn a_frozen_command_lets_its_ttl_lease_go_to_a_contender_and_is_terminated() {
+    let m = Mount::new();
+    let bin = leasefs_bin();
+    let mut lock = Bg::capture(
+        &m.path,
+        bin.to_str().unwrap(),
+        &["lock", "--ttl", "1s", "--grace", "1s", "job", "--", "sh", "-c", "echo epoch $LEASEFS_EPOCH; exec sleep 60"],
+    );
+    let deadline = std::time::Instant::now() + STEP;
+    let epoch: u64 = loop {
+        if let Some(l) = lock.output().iter().find(|l| l.starts_with("epoch ")) {
+            break l[6..].parse().unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "the command never started");
+    };
+    assert_eq!(crate::util::epoch(&m.path, "job"), epoch, "LEASEFS_EPOCH is the epoch granted");
+    // Freeze the command: renewals stop, the TTL runs out, a contender breaks it.
+    let sleeper: i32 = sh_ok(&m.path, &format!("pgrep -P {}", lock.pid())).trim().parse().unwrap();
+    // SAFETY: stopping a process this test started.
+    unsafe { libc::kill(sleeper, libc::SIGSTOP) };
+    let contender = py_ok(
+        &m.path,
+        "import fcntl, os\nfd = os.open('job', os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(os.getxattr('job', 'user.leasefs.epoch').decode())",
+    );
+    let theirs: u64 = contender.trim().parse().unwrap();
+    assert!(theirs > epoch, "the contender's epoch {theirs} is above the frozen holder's {epoch}");
+    assert_eq!(lock.wait(STEP).code(), Some(75), "the command was terminated for losing its lease");
+    let gone = !std::path::Path::new(&format!("/proc/{sleeper}")).exists()
+        || std::fs::read_to_string(format!("/proc/{sleeper}/stat")).unwrap_or_default().contains(") Z");
+    assert!(gone, "the frozen command is gone");
+}
+
+#[test]
+fn lock_exit_codes_match_flock_1_on_the_same_cases() {
+    let m = Mount::new();
+    let _holder = Bg::ready(&m.path, "exec flock job sh -c 'echo ready; exec sleep 60'");
+    for args in [&["-n"][..], &["-w", "0.2"], &["-n", "-E", "9"], &["-w", "0.2", "-E", "3"]] {
+        let flock = crate::util::sh(&m.path, &format!("flock {} job true", args.join(" "))).status.code();
+        let mut ours = args.to_vec();
+        ours.extend(["job", "--", "true"]);
+        assert_eq!(lock_cmd(&m, &ours).status.code(), flock, "leasefs lock {args:?} vs flock(1)");
+    }
+    drop(_holder);
+    let flock = crate::util::sh(&m.path, "flock -n job sh -c 'exit 5'").status.code();
+    assert_eq!(lock_cmd(&m, &["-n", "job", "--", "sh", "-c", "exit 5"]).status.code(), flock);
+}
+
+#[test]
+fn an_uncontended_ttl_lease_reports_its_expiry_once_and_keeps_its_holder() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch E && setfattr -n user.leasefs.ttl -v 200ms E");
+    let out = py_ok(
+        &m.path,
+        r#"
+import json, os, select, subprocess
+ev = os.open(".leasefs/events", os.O_RDONLY)
+holder = subprocess.Popen(["python3", "-c", "import fcntl, os, time\nfd = os.open('E', os.O_RDONLY)\nfcntl.flock(fd, fcntl.LOCK_EX)\ntime.sleep(60)"])
+p = select.poll()
+p.register(ev, select.POLLIN)
+seen = []
+while not any(e["event"] == "expire" for e in seen):
+    if not p.poll(10000):
+        break
+    seen += [json.loads(l) for l in os.read(ev, 65536).splitlines()]
+exp = [e for e in seen if e["event"] == "expire"]
+print(len(exp), exp[0]["path"], exp[0]["epoch"], exp[0]["pid"] == holder.pid)
+# Reported once: nothing more comes while the holder keeps it.
+print("quiet", p.poll(500) == [])
+print("held", json.loads(os.getxattr("E", "user.leasefs.holder"))["holders"][0]["pid"] == holder.pid)
+holder.kill()
+holder.wait()
+"#,
+    );
+    assert_eq!(out, "1 /E 1 True\nquiet True\nheld True\n");
 }

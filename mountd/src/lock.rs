@@ -302,19 +302,32 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
         }
         if let (Some(t), Some(every)) = (next_renew, renew_every) {
             if Instant::now() >= t {
-                // A holder's touch renews its lease.
-                // SAFETY: futimens on our own descriptor with "now" for both times.
-                unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
+                // Renew only while the command runs: a stopped (frozen) command
+                // lets its lease expire, so a contender can break it.
+                if !stopped(child.id()) {
+                    // A holder's touch renews its lease.
+                    // SAFETY: futimens on our own descriptor with "now" for both times.
+                    unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
+                }
                 next_renew = Some(Instant::now() + every);
             }
         }
     }
 }
 
+/// Whether process `pid` is stopped (SIGSTOP, a debugger).
+fn stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(')').is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('T' | 't')))
+}
+
 /// SIGTERM now, SIGKILL after `grace` if it is still running.
 fn terminate(child: &mut std::process::Child, grace: Duration) {
-    // SAFETY: signalling our own child.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    // SAFETY: signalling our own child; SIGCONT lets a stopped one act on SIGTERM.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+        libc::kill(child.id() as i32, libc::SIGCONT);
+    }
     let deadline = Instant::now() + grace;
     while Instant::now() < deadline {
         if let Ok(Some(_)) = child.try_wait() {

@@ -262,6 +262,8 @@ struct State {
     parked_req: HashMap<WaitId, (Ino, Request)>,
     /// Why holders are being broken (`ttl` unless an administrator does it).
     breaking: &'static str,
+    /// Command names of processes named in events.
+    comms: HashMap<Proc, String>,
 }
 
 impl State {
@@ -273,11 +275,25 @@ impl State {
         }
         ev.path = self.lease_path(ino);
         let ts = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let comm = ev.pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/comm")).ok());
-        self.events.publish(&ev, || ev.line(ts, comm.as_deref().map(str::trim_end)));
-        if self.events.has_ready() {
+        let comm = ev.pid.and_then(|p| self.comm(p));
+        if self.events.publish(crate::events::Item::new(ev, ts, comm)) {
             self.wake.wake();
         }
+    }
+
+    /// A process's command name, cached by its identity (pid and start
+    /// time, so a reused pid is not given an old name).
+    fn comm(&mut self, pid: u32) -> Option<String> {
+        let p = self.proc(pid, false)?;
+        if let Some(c) = self.comms.get(&p) {
+            return Some(c.clone());
+        }
+        let c = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?.trim_end().to_string();
+        if self.comms.len() >= 4096 {
+            self.comms.clear();
+        }
+        self.comms.insert(p, c.clone());
+        Some(c)
     }
 
     /// The event of `req` (pid, lock API, mode).
@@ -605,6 +621,11 @@ impl State {
                         self.emit(ev, ino);
                     }
                 }
+                Effect::Expired(ino, epoch, pid) => {
+                    let mut ev = crate::events::Event::new(crate::events::Kind::Expire, String::new(), epoch.0);
+                    ev.pid = Some(*pid);
+                    self.emit(ev, *ino);
+                }
                 Effect::Broken(ino, f) => {
                     self.metrics.breaks += 1;
                     let mut ev = crate::events::Event::new(crate::events::Kind::Break, String::new(), f.epoch.0);
@@ -768,6 +789,7 @@ impl Fs {
                 events: crate::events::Hub::default(),
                 parked_req: HashMap::new(),
                 breaking: "ttl",
+                comms: HashMap::new(),
             }),
             group: crate::store::group::GroupCommit::default(),
         };

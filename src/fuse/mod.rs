@@ -111,6 +111,9 @@ impl Waits {
                 Effect::Epoch(ino, epoch) => {
                     debug!(path = %fs.describe(ino), ino = ino.0, epoch = epoch.0, "lease acquired: new epoch")
                 }
+                Effect::Expired(ino, epoch, pid) => {
+                    debug!(path = %fs.describe(ino), ino = ino.0, pid, epoch = epoch.0, "lease TTL ran out uncontended")
+                }
                 Effect::Broken(ino, f) => debug!(
                     path = %fs.describe(ino),
                     ino = ino.0,

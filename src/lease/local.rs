@@ -286,9 +286,9 @@ mod tests {
         }
     }
 
-    /// The timer sleeps to its deadline; a waiter arriving on a TTL lease
-    /// brings a nearer one and must wake it, or the break would wait for
-    /// the timer's idle nap.
+    /// The timer sleeps to its deadline; a holder taking a TTL lease brings
+    /// a nearer one (its expiry) and must wake it, or the expiry would be
+    /// seen only after the timer's idle nap.
     #[test]
     fn a_nearer_deadline_wakes_the_timer_and_a_later_one_does_not() {
         let wake = Wake::default();
@@ -296,12 +296,12 @@ mod tests {
         a.set_wake(wake.clone());
         let i = Ino(5);
         a.request(i, flock(1, Some(Mode::Exclusive)), None).unwrap();
-        assert!(!wake.sleep(Duration::ZERO), "a holder alone has no deadline");
-        let (o, _) = a.request(i, flock(2, Some(Mode::Exclusive)), Some(WaitId(2))).unwrap();
-        assert_eq!(o, Outcome::Parked);
-        assert!(wake.sleep(Duration::ZERO), "a waiter on a TTL lease brings a deadline");
+        assert!(wake.sleep(Duration::ZERO), "a holder of a TTL lease brings its expiry");
         let (_, next) = a.tick();
         assert!(next.is_some_and(|n| n <= 60_000));
+        let (o, _) = a.request(i, flock(2, Some(Mode::Exclusive)), Some(WaitId(2))).unwrap();
+        assert_eq!(o, Outcome::Parked);
+        assert!(!wake.sleep(Duration::ZERO), "a waiter brings the same deadline: no wake-up");
         // A second waiter has the same deadline: no wake-up.
         a.request(i, flock(3, Some(Mode::Exclusive)), Some(WaitId(3))).unwrap();
         assert!(!wake.sleep(Duration::ZERO));

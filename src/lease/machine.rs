@@ -144,6 +144,9 @@ pub enum Effect {
     /// A holder's lease was broken (TTL passed with a contender waiting, or
     /// an administrator broke it); it is fenced from now on.
     Broken(Ino, Fenced),
+    /// A lease's TTL ran out with nobody waiting: its holder (pid) keeps it
+    /// until a contender comes (then it is broken). Reported once per expiry.
+    Expired(Ino, Epoch, u32),
 }
 
 /// Outcome of a lock request.
@@ -177,6 +180,8 @@ pub struct Lease {
     expires: Option<u64>,
     /// Holders whose lease was broken.
     fenced: Vec<Fenced>,
+    /// The expiry already reported as [`Effect::Expired`] (uncontended).
+    told_expiry: Option<u64>,
 }
 
 impl Lease {
@@ -185,10 +190,11 @@ impl Lease {
         self.epoch
     }
 
-    /// When the holders' TTL runs out while someone waits (the lease timer
-    /// has work then).
+    /// When the lease timer has work on this lease: the holders' TTL runs
+    /// out while someone waits (break), or, uncontended, the first time it
+    /// runs out (reported once; the holders keep the lease).
     fn deadline(&self) -> Option<u64> {
-        if self.waiters.is_empty() || self.locks.is_empty() {
+        if self.locks.is_empty() || self.waiters.is_empty() && self.told_expiry == self.expires {
             return None;
         }
         self.expires
@@ -430,6 +436,16 @@ impl Locks {
             self.break_holders(ino, None, &mut effects);
             self.drain(ino, &mut effects);
             self.recount(ino, before);
+        }
+        let now = self.now;
+        for (ino, l) in self.leases.iter_mut() {
+            let lapsed = l.expires.is_some_and(|e| e <= now) && l.told_expiry != l.expires;
+            if lapsed && l.waiters.is_empty() {
+                if let Some(holder) = l.locks.first() {
+                    l.told_expiry = l.expires;
+                    effects.push(Effect::Expired(*ino, l.epoch, holder.pid));
+                }
+            }
         }
         effects
     }

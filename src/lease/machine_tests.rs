@@ -243,14 +243,25 @@ fn break_all_fences_every_holder_and_grants_each_lease_its_first_waiter() {
 }
 
 #[test]
-fn a_deadline_exists_only_while_a_holder_with_a_ttl_has_a_waiter() {
+fn a_deadline_exists_while_a_holder_with_a_ttl_has_a_waiter_or_its_expiry_was_not_yet_reported() {
     let mut t = Locks::with_default_ttl(Some(1000));
-    t.set(I, flock(1, Some(Mode::Exclusive)), None);
     assert_eq!(t.deadline(I), None);
-    t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2)));
-    assert_eq!(t.deadline(I), Some(1000));
-    assert_eq!(t.next_deadline(), Some(1000));
-    t.interrupt(WaitId(2));
+    t.set(I, flock(1, Some(Mode::Exclusive)), None);
+    assert_eq!(t.deadline(I), Some(1000), "the expiry is reported once");
+    assert!(t.tick(999).is_empty());
+    assert_eq!(t.tick(1000), [Effect::Expired(I, Epoch(1), 1)]);
+    assert_eq!(t.deadline(I), None, "reported; the holder keeps the lease");
+    assert!(t.tick(5000).is_empty());
+    // A renewal makes a new expiry to report.
+    assert!(t.renew(I, Some(1), &[]));
+    assert_eq!(t.deadline(I), Some(6000));
+    // A contender after the expiry breaks it at once and holds a new one.
+    t.tick(6000);
+    let (o, fx) = t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(2)));
+    assert_eq!(o, Outcome::Granted);
+    assert!(fx.iter().any(|e| matches!(e, Effect::Broken(..))));
+    assert_eq!(t.deadline(I), Some(7000));
+    t.release_handle(I, 2, Some(Owner(2)));
     assert_eq!(t.deadline(I), None);
 }
 
