@@ -45,14 +45,19 @@ fn a_reader_sees_grants_waits_releases_cancels_breaks_fences_and_cas_rejections_
     let script = m.dir.path().join("reader.py");
     std::fs::write(&script, READER).unwrap();
     let mut reader = Bg::ready(&m.path, &format!("exec python3 -u {}", script.display()));
+    // A close reaches the daemon after the process exited (the kernel
+    // sends RELEASE asynchronously): wait for it so the order is fixed.
+    let free = |f: &str| sh_ok(&m.path, &format!("{} wait . {f} --free -w 20", leasefs_bin().display()));
     // Uncontended: grant and release.
     sh_ok(&m.path, "flock L true");
+    free("L");
     // Contention: a waiter is granted when the holder goes.
     let holder = Bg::ready(&m.path, "exec flock L sh -c 'echo ready; exec sleep 60'");
     let mut waiter = Bg::spawn(&m.path, "exec flock -w 30 L true");
     waiter.wait_blocked();
     drop(holder);
     assert!(waiter.wait(STEP).success());
+    free("L");
     // A waiter ended by a signal is a cancel.
     let _w_holder = Bg::ready(&m.path, "exec flock W sh -c 'echo ready; exec sleep 60'");
     let mut cancelled = Bg::spawn(&m.path, "exec flock -w 30 W true");
@@ -102,6 +107,7 @@ except OSError as e:
     sh_ok(&m.path, "touch X && setfattr -n user.leasefs.ttl -v 300ms X");
     let _x_holder = Bg::ready(&m.path, "exec flock X sh -c 'echo ready; exec sleep 60'");
     sh_ok(&m.path, "flock -w 20 X true");
+    free("X");
     sh_ok(&m.path, "flock END true");
     let evs = events_of(&mut reader);
     let x: Vec<(&str, u64)> = about(&evs, "/X");
