@@ -1,0 +1,75 @@
+//! Cost of cross-host arbitration on a real etcd cluster (run by
+//! scripts/etcdbench.sh, which starts the cluster): the arbiter's
+//! uncontended acquire+release against a bare etcd transaction cycle
+//! (create-if-absent, delete) through the same client, and two hosts
+//! contending for one lease.
+//!   etcdbench ENDPOINTS ITERATIONS SECONDS
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasefs::lease::etcd::arbiter::{Arbiter, Asker, Mode};
+use leasefs::lease::etcd::client::{Client, Compare, Op};
+use leasefs::lease::etcd::session::HostSession;
+
+fn median_us(mut v: Vec<Duration>) -> f64 {
+    v.sort();
+    v[v.len() / 2].as_secs_f64() * 1e6
+}
+
+fn host(endpoints: &[String], name: &str) -> Arbiter {
+    let client = Arc::new(Client::new(endpoints, Duration::from_secs(2)));
+    let session = Arc::new(HostSession::start(client.clone(), 10).expect("etcd session"));
+    Arbiter::new(client, "leasefs-bench", session, name)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let endpoints: Vec<String> = args[1].split(',').map(str::to_string).collect();
+    let n: usize = args[2].parse().expect("iterations");
+    let secs: u64 = args[3].parse().expect("seconds");
+    let raw = Client::new(&endpoints, Duration::from_secs(2));
+    let mut cycle = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = format!("bench/raw/{}", i % 16).into_bytes();
+        let t = Instant::now();
+        let r = raw.txn(&[Compare::absent(key.clone())], &[Op::put(key.clone(), b"x".to_vec(), 0)], &[]).expect("txn");
+        assert!(r.succeeded);
+        raw.delete(&key, &[]).expect("delete");
+        cycle.push(t.elapsed());
+    }
+    let a = host(&endpoints, "a");
+    let me = Asker { pid: std::process::id(), comm: "etcdbench".into(), owner: "bench".into() };
+    let mut arb = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("/bench/{}", i % 16);
+        let t = Instant::now();
+        let (ticket, _) =
+            a.acquire(&name, Mode::Exclusive, &me, Duration::from_secs(5)).expect("acquire").expect("granted");
+        a.release(&ticket).expect("release");
+        arb.push(t.elapsed());
+    }
+    println!("raw_txn_cycle_us {:.0}", median_us(cycle));
+    println!("arbiter_cycle_us {:.0}", median_us(arb));
+    // Two hosts, one lease.
+    let hosts = [Arc::new(a), Arc::new(host(&endpoints, "b"))];
+    let stop = Instant::now() + Duration::from_secs(secs);
+    let workers: Vec<_> = hosts
+        .iter()
+        .map(|h| {
+            let (h, me) = (h.clone(), me.clone());
+            std::thread::spawn(move || {
+                let mut done = 0u64;
+                while Instant::now() < stop {
+                    if let Ok(Some((t, _))) = h.acquire("/bench/shared", Mode::Exclusive, &me, Duration::from_secs(5)) {
+                        let _ = h.release(&t);
+                        done += 1;
+                    }
+                }
+                done
+            })
+        })
+        .collect();
+    let total: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+    println!("contend2_acq_s {:.0}", total as f64 / secs as f64);
+}
