@@ -390,6 +390,17 @@ mod tests {
     }
 
     #[test]
+    fn readers_are_bounded_with_enfile() {
+        let mut h = Hub::default();
+        for i in 0..MAX_READERS as u64 {
+            h.open(i).unwrap();
+        }
+        assert_eq!(h.open(u64::MAX).map_err(Error::errno), Err(libc::ENFILE));
+        h.close(0);
+        h.open(u64::MAX).unwrap();
+    }
+
+    #[test]
     fn a_filter_keeps_only_paths_under_its_prefix() {
         let mut h = Hub::default();
         h.open(1).unwrap();

@@ -205,31 +205,57 @@ fn recv_until(sock: &UnixDatagram, want: &str) -> Vec<String> {
     got
 }
 
+/// A work directory with a datagram socket standing in for systemd's
+/// `NOTIFY_SOCKET` and an empty mount point (unmounted on drop).
+struct Notified {
+    work: tempfile::TempDir,
+    sock: UnixDatagram,
+    dir: PathBuf,
+    _guard: Unmount,
+}
+
+impl Notified {
+    fn new() -> Notified {
+        let work = tempfile::tempdir().unwrap();
+        let sock = UnixDatagram::bind(work.path().join("notify")).unwrap();
+        let dir = work.path().join("mnt");
+        std::fs::create_dir(&dir).unwrap();
+        Notified { _guard: Unmount(dir.clone()), work, sock, dir }
+    }
+
+    /// `leasefs mount DIR --foreground` with `NOTIFY_SOCKET` set to `socket`.
+    fn mount(&self, socket: &std::ffi::OsStr, extra: &[&str], env: &[(&str, &str)]) -> std::process::Child {
+        Command::new(leasefs_bin())
+            .args(["mount", self.dir.to_str().unwrap(), "--foreground", "--state-dir"])
+            .arg(self.work.path().join("state"))
+            .args(extra)
+            .env("NOTIFY_SOCKET", socket)
+            .envs(env.iter().copied())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    fn socket_path(&self) -> PathBuf {
+        self.work.path().join("notify")
+    }
+}
+
 #[test]
 fn the_daemon_tells_systemd_it_is_ready_once_the_mount_is_live_and_when_it_stops() {
-    let work = tempfile::tempdir().unwrap();
-    let sock_path = work.path().join("notify");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    let dir = work.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    let _guard = Unmount(dir.clone());
-    let mut child = Command::new(leasefs_bin())
-        .args(["mount", dir.to_str().unwrap(), "--foreground", "--state-dir"])
-        .arg(work.path().join("state"))
-        .env("NOTIFY_SOCKET", &sock_path)
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let got = recv_until(&sock, "READY=1");
+    let n = Notified::new();
+    let (sock, dir) = (&n.sock, &n.dir);
+    let mut child = n.mount(n.socket_path().as_os_str(), &[], &[]);
+    let got = recv_until(sock, "READY=1");
     // Recovery asked for more start-up time before it was ready.
     assert!(got[0].contains("EXTEND_TIMEOUT_USEC=") && got[0].contains("STATUS=recovering"), "{got:?}");
     let ready = got.last().unwrap();
     assert!(ready.contains(&format!("MAINPID={}", child.id())), "{ready}");
-    assert_eq!(leasefs_mounts(&dir).0, 1, "READY=1 comes after the mount is live");
+    assert_eq!(leasefs_mounts(dir).0, 1, "READY=1 comes after the mount is live");
     assert!(dir.join(".leasefs/status").exists());
     // SAFETY: signalling our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    recv_until(&sock, "STOPPING=1");
+    recv_until(sock, "STOPPING=1");
     assert!(wait_timeout(&mut child, STEP, "daemon").success());
 
     // The abstract namespace (`@name`), as systemd uses it too.
@@ -237,45 +263,28 @@ fn the_daemon_tells_systemd_it_is_ready_once_the_mount_is_live_and_when_it_stops
     let addr =
         <std::os::unix::net::SocketAddr as std::os::linux::net::SocketAddrExt>::from_abstract_name(&name).unwrap();
     let sock = UnixDatagram::bind_addr(&addr).unwrap();
-    let mut child = Command::new(leasefs_bin())
-        .args(["mount", dir.to_str().unwrap(), "--foreground", "--volatile", "--state-dir"])
-        .arg(work.path().join("state"))
-        .env("NOTIFY_SOCKET", format!("@{name}"))
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = n.mount(std::ffi::OsStr::new(&format!("@{name}")), &["--volatile"], &[]);
     recv_until(&sock, "READY=1");
-    assert_eq!(leasefs_mounts(&dir).0, 1);
-    run_ok(Command::new(leasefs_bin()).arg("unmount").arg(&dir));
+    assert_eq!(leasefs_mounts(dir).0, 1);
+    run_ok(Command::new(leasefs_bin()).arg("unmount").arg(dir));
     recv_until(&sock, "STOPPING=1");
     assert!(wait_timeout(&mut child, STEP, "daemon").success());
 }
 
 #[test]
 fn a_long_recovery_keeps_asking_systemd_for_time_until_it_is_ready() {
-    let work = tempfile::tempdir().unwrap();
-    let sock_path = work.path().join("notify");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    let dir = work.path().join("mnt");
-    std::fs::create_dir(&dir).unwrap();
-    let _guard = Unmount(dir.clone());
+    let n = Notified::new();
     let started = Instant::now();
-    let mut child = Command::new(leasefs_bin())
-        .args(["mount", dir.to_str().unwrap(), "--foreground", "--state-dir"])
-        .arg(work.path().join("state"))
-        .env("NOTIFY_SOCKET", &sock_path)
-        // Recovery that takes 10.5 s: longer than one extension interval (10 s).
-        .env("LEASEFS_PAUSE", "recovery:10500")
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let got = recv_until(&sock, "READY=1");
+    // Recovery that takes 10.5 s: longer than one extension interval (10 s).
+    let mut child = n.mount(n.socket_path().as_os_str(), &[], &[("LEASEFS_PAUSE", "recovery:10500")]);
+    let (sock, dir) = (&n.sock, &n.dir);
+    let got = recv_until(sock, "READY=1");
     let extends = got.iter().filter(|m| m.contains("EXTEND_TIMEOUT_USEC=30000000")).count();
     assert!(extends >= 2, "one extension per 10 s of recovery: {got:?}");
     assert!(started.elapsed() >= Duration::from_millis(10_500), "READY=1 only after recovery");
     assert!(got.last().unwrap().contains("READY=1") && !got.last().unwrap().contains("EXTEND"), "{got:?}");
-    assert_eq!(leasefs_mounts(&dir).0, 1);
-    run_ok(Command::new(leasefs_bin()).arg("unmount").arg(&dir));
+    assert_eq!(leasefs_mounts(dir).0, 1);
+    run_ok(Command::new(leasefs_bin()).arg("unmount").arg(dir));
     assert!(wait_timeout(&mut child, STEP, "daemon").success());
 }
 

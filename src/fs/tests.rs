@@ -238,3 +238,20 @@ fn control_and_xattr_parsers_never_panic_and_refuse_only_with_known_errnos() {
         }
     }
 }
+
+#[test]
+fn open_handles_are_bounded_with_enfile_and_control_files_keep_a_few() {
+    let fs = fs();
+    fs.set_limits(limits::Limits { handles: 2, ..limits::Limits::with_size(1 << 20) }, Default::default());
+    let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+    let a = fs.open(f.ino, libc::O_RDONLY, 0).unwrap();
+    fs.open(f.ino, libc::O_RDONLY, 0).unwrap();
+    let refused = fs.open(f.ino, libc::O_RDONLY, 0);
+    assert_eq!(refused.map_err(Error::errno), Err(libc::ENFILE));
+    // `.leasefs/` stays readable for the administrator.
+    let status = fs.open(control::ControlFile::Status.ino(), libc::O_RDONLY, 0).unwrap();
+    // Closing frees room (the control file's handle counts too).
+    fs.release(a, None).unwrap();
+    fs.release(status, None).unwrap();
+    fs.open(f.ino, libc::O_RDONLY, 0).unwrap();
+}
