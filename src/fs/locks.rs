@@ -12,7 +12,7 @@ impl Fs {
     pub fn tick(&self) -> (Vec<Effect>, Option<std::time::Duration>) {
         let mut st = self.state.lock();
         st.finish_compaction(false);
-        let waited: Vec<Ino> = st.lease.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        let waited = st.lease.waited();
         for ino in waited {
             if let Err(e) = st.reserve(ino) {
                 tracing::error!(
@@ -133,7 +133,7 @@ impl Fs {
     /// A signal interrupted a parked lock request.
     pub fn interrupt(&self, id: WaitId) -> Option<Vec<Effect>> {
         let mut st = self.state.lock();
-        let waited: Vec<Ino> = st.lease.leases().into_iter().filter(|(_, l)| l.waiters() > 0).map(|(i, _)| i).collect();
+        let waited = st.lease.waited();
         for ino in waited {
             let _ = st.reserve(ino);
         }

@@ -162,6 +162,9 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn break_now(&mut self, ino: Ino) -> Vec<Effect>;
     /// Every lease with a holder on this host.
     fn held(&self) -> Vec<Ino>;
+    /// Every lease with a waiter (found from the waiters, not by looking
+    /// at every lease).
+    fn waited(&self) -> Vec<Ino>;
     /// Break every lease held on this host at once (administrator, or the
     /// host lost its arbiter session): every holder is fenced.
     fn fence_all(&mut self) -> Vec<Effect>;

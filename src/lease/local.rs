@@ -218,6 +218,10 @@ impl LeaseAuthority for LocalAuthority {
         self.locks.held()
     }
 
+    fn waited(&self) -> Vec<Ino> {
+        self.locks.waited()
+    }
+
     fn fence_all(&mut self) -> Vec<Effect> {
         let held = self.locks.held();
         let effects = self.locks.break_all();

@@ -371,6 +371,10 @@ pub struct Locks {
     now: u64,
     /// The mount's default TTL in milliseconds.
     default_ttl: Option<u64>,
+    /// Leases with a TTL of their own: without a mount default, only these
+    /// can have a deadline, so the timer looks at them and not at every
+    /// lease of a mount with a million.
+    timed: HashSet<Ino>,
 }
 
 impl Locks {
@@ -412,6 +416,16 @@ impl Locks {
     /// The lease at `ino` had `before` locks; account for what it has now.
     fn recount(&mut self, ino: Ino, before: usize) {
         self.total_locks = (self.total_locks + self.lock_count(ino)).saturating_sub(before);
+        if let Some(l) = self.leases.get_mut(&ino) {
+            // An idle lease keeps its epoch, not the memory of its last
+            // holders and waiters (a mount may have a million idle leases).
+            if l.locks.is_empty() && l.locks.capacity() > 0 {
+                l.locks = Vec::new();
+            }
+            if l.waiters.is_empty() && l.waiters.capacity() > 0 {
+                l.waiters = VecDeque::new();
+            }
+        }
     }
 
     /// Advance the clock without acting on it (the next [`Locks::tick`] or
@@ -425,10 +439,9 @@ impl Locks {
     pub fn tick(&mut self, now: u64) -> Vec<Effect> {
         self.now = self.now.max(now);
         let due: Vec<Ino> = self
-            .leases
-            .iter()
+            .timed_leases()
             .filter(|(_, l)| !l.waiters.is_empty() && !l.locks.is_empty() && l.expires.is_some_and(|e| e <= self.now))
-            .map(|(i, _)| *i)
+            .map(|(i, _)| i)
             .collect();
         let mut effects = Vec::new();
         for ino in due {
@@ -438,21 +451,34 @@ impl Locks {
             self.recount(ino, before);
         }
         let now = self.now;
-        for (ino, l) in self.leases.iter_mut() {
-            let lapsed = l.expires.is_some_and(|e| e <= now) && l.told_expiry != l.expires;
-            if lapsed && l.waiters.is_empty() {
-                if let Some(holder) = l.locks.first() {
-                    l.told_expiry = l.expires;
-                    effects.push(Effect::Expired(*ino, l.epoch, holder.pid));
-                }
+        let lapsed: Vec<Ino> = self
+            .timed_leases()
+            .filter(|(_, l)| l.expires.is_some_and(|e| e <= now) && l.told_expiry != l.expires && l.waiters.is_empty())
+            .map(|(i, _)| i)
+            .collect();
+        for ino in lapsed {
+            let l = self.leases.get_mut(&ino).expect("listed above");
+            if let Some(holder) = l.locks.first() {
+                l.told_expiry = l.expires;
+                effects.push(Effect::Expired(ino, l.epoch, holder.pid));
             }
         }
         effects
     }
 
+    /// The leases that can have a deadline: every one under a mount-wide
+    /// TTL, otherwise those with a TTL of their own.
+    fn timed_leases(&self) -> Box<dyn Iterator<Item = (Ino, &Lease)> + '_> {
+        if self.default_ttl.is_some() {
+            Box::new(self.leases.iter().map(|(i, l)| (*i, l)))
+        } else {
+            Box::new(self.timed.iter().filter_map(|i| Some((*i, self.leases.get(i)?))))
+        }
+    }
+
     /// The earliest moment [`Locks::tick`] has work to do.
     pub fn next_deadline(&self) -> Option<u64> {
-        self.leases.values().filter_map(Lease::deadline).min()
+        self.timed_leases().filter_map(|(_, l)| l.deadline()).min()
     }
 
     /// The moment [`Locks::tick`] has work to do on this lease.
@@ -471,6 +497,14 @@ impl Locks {
         effects
     }
 
+    /// Every lease with a waiter, in inode order.
+    pub fn waited(&self) -> Vec<Ino> {
+        let mut inos: Vec<Ino> = self.waiting.values().map(|(i, _)| *i).collect();
+        inos.sort();
+        inos.dedup();
+        inos
+    }
+
     /// Every lease with a holder, in inode order.
     pub fn held(&self) -> Vec<Ino> {
         let mut held: Vec<Ino> = self.leases.iter().filter(|(_, l)| !l.locks.is_empty()).map(|(i, _)| *i).collect();
@@ -485,6 +519,11 @@ impl Locks {
         let default = self.default_ttl;
         let l = self.leases.entry(ino).or_default();
         l.ttl = ttl;
+        if ttl.is_some() {
+            self.timed.insert(ino);
+        } else {
+            self.timed.remove(&ino);
+        }
         let eff = ttl.or(default);
         l.expires = if l.locks.is_empty() { None } else { eff.map(|t| now.saturating_add(t)) };
         // A shorter TTL may already have run out for a waiter.
@@ -651,6 +690,12 @@ impl Locks {
             for w in &l.waiters {
                 self.waiting.insert(w.req.owner, (to, w.id));
             }
+            self.timed.remove(&from);
+            if l.ttl.is_some() {
+                self.timed.insert(to);
+            } else {
+                self.timed.remove(&to);
+            }
             self.leases.insert(to, l);
         }
     }
@@ -659,7 +704,10 @@ impl Locks {
     /// so the caller can remember it for the path.
     pub fn forget(&mut self, ino: Ino) -> Epoch {
         match self.leases.get(&ino) {
-            Some(l) if !l.is_live() => self.leases.remove(&ino).map_or(Epoch(0), |l| l.epoch),
+            Some(l) if !l.is_live() => {
+                self.timed.remove(&ino);
+                self.leases.remove(&ino).map_or(Epoch(0), |l| l.epoch)
+            }
             Some(l) => l.epoch,
             None => Epoch(0),
         }
@@ -736,7 +784,7 @@ impl Locks {
     /// A parked request was interrupted by a signal: it ends with `EINTR`.
     /// Returns `None` when no such request is parked.
     pub fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
-        let ino = self.leases.iter().find(|(_, l)| l.waiters.iter().any(|w| w.id == id)).map(|(i, _)| *i)?;
+        let ino = self.waiting.values().find(|(_, w)| *w == id).map(|(i, _)| *i)?;
         let lease = self.leases.get_mut(&ino)?;
         let pos = lease.waiters.iter().position(|w| w.id == id)?;
         let w = lease.waiters.remove(pos)?;

@@ -156,6 +156,36 @@ fn ttl_without_contention_keeps_the_incumbent_and_waiters_are_granted_at_expiry(
     assert_eq!(t.epoch(I), Epoch(2));
 }
 
+#[test]
+fn a_files_own_ttl_is_timed_without_a_mount_default_and_follows_a_rebind() {
+    // Only leases with a TTL of their own are looked at by the timer here;
+    // a waiter on one must still be granted when the holder's TTL runs out,
+    // also after the lease moved to another inode number.
+    let mut t = Locks::new();
+    t.tick(0);
+    for other in 100..200 {
+        t.set(Ino(other), flock(other, Some(Mode::Exclusive)), None);
+    }
+    t.set_ttl(I, Some(1000));
+    t.set(I, flock(1, Some(Mode::Exclusive)), None);
+    assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), Some(WaitId(9))).0, Outcome::Parked);
+    assert_eq!(t.next_deadline(), Some(1000));
+    let moved = Ino(8);
+    t.rebind(I, moved);
+    assert_eq!(t.next_deadline(), Some(1000));
+    let e = t.tick(1000);
+    assert!(e.contains(&Effect::Grant(WaitId(9))), "{e:?}");
+    assert_eq!(t.epoch(moved), Epoch(2));
+    assert_eq!(t.next_deadline(), Some(2000), "the new holder runs on the file's TTL");
+    t.set_ttl(moved, None);
+    assert_eq!(t.next_deadline(), None);
+    // An uncontended holder's expiry is reported once.
+    t.set_ttl(Ino(100), Some(500));
+    let e = t.tick(2500);
+    assert!(e.contains(&Effect::Expired(Ino(100), Epoch(1), 100)), "{e:?}");
+    assert!(t.tick(3000).is_empty());
+}
+
 /// Model test: random operations from several owners; after every step
 /// no two owners hold conflicting locks and the epoch never decreases.
 #[test]
@@ -205,6 +235,9 @@ fn model_no_two_exclusive_holders_and_monotonic_epochs() {
                 parked.retain(|p| *p != id);
             }
         }
+        let waiters = t.lease(I).map_or(0, |l| l.waiters());
+        assert_eq!(t.waited(), if waiters > 0 { vec![I] } else { vec![] }, "step {step}: waited() is the waiters");
+        assert_eq!(t.waiting.len(), waiters, "step {step}: every waiter is indexed");
         let locks = t.lease(I).map(|l| l.locks().to_vec()).unwrap_or_default();
         for a in &locks {
             for b in &locks {

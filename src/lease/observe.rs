@@ -14,7 +14,8 @@
 //!   process that reuses a pid starts empty, and [`Observations::forget_dead`]
 //!   drops processes that exited.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::hash::Hash;
 
 use crate::namespace::Ino;
 
@@ -43,17 +44,85 @@ pub enum Verdict {
     Stale { seen: u64, current: u64 },
 }
 
-#[derive(Debug, Default)]
+/// A map that keeps its `cap` most recently used keys. Evicting costs
+/// O(1) amortised (a queue of uses, stale uses skipped and the queue
+/// rebuilt when it is mostly stale), not a scan of the map per insert: a
+/// process touching a million leases, or a shell loop starting a new
+/// process per lock, pays the same per request as one touching ten.
+#[derive(Debug)]
+struct Lru<K, V> {
+    map: HashMap<K, (V, u64)>,
+    /// Uses in order, `(key, tick)`; a use is current when the map holds
+    /// the same tick for the key.
+    order: VecDeque<(K, u64)>,
+    tick: u64,
+    cap: usize,
+}
+
+impl<K: Copy + Eq + Hash, V> Lru<K, V> {
+    fn new(cap: usize) -> Lru<K, V> {
+        Lru { map: HashMap::new(), order: VecDeque::new(), tick: 0, cap }
+    }
+
+    fn get(&self, k: &K) -> Option<&V> {
+        self.map.get(k).map(|(v, _)| v)
+    }
+
+    /// The value at `k` (made with `make` if absent), now the most recent.
+    fn touch(&mut self, k: K, make: impl FnOnce() -> V) -> &mut V {
+        self.tick += 1;
+        let tick = self.tick;
+        self.order.push_back((k, tick));
+        let fresh = !self.map.contains_key(&k);
+        self.map.entry(k).or_insert_with(|| (make(), tick)).1 = tick;
+        if fresh {
+            while self.map.len() > self.cap {
+                let Some((old, t)) = self.order.pop_front() else { break };
+                if self.map.get(&old).is_some_and(|(_, at)| *at == t) {
+                    self.map.remove(&old);
+                }
+            }
+        }
+        if self.order.len() > 2 * self.cap + 64 {
+            let mut live: Vec<(K, u64)> = self.map.iter().map(|(k, (_, t))| (*k, *t)).collect();
+            live.sort_unstable_by_key(|(_, t)| *t);
+            self.order = live.into();
+        }
+        &mut self.map.get_mut(&k).expect("inserted above").0
+    }
+
+    fn remove(&mut self, k: &K) {
+        self.map.remove(k);
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.map.retain(|k, _| keep(k));
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn values(&self) -> impl Iterator<Item = &V> {
+        self.map.values().map(|(v, _)| v)
+    }
+}
+
+#[derive(Debug)]
 struct Seen {
-    versions: HashMap<Ino, (u64, u64)>,
-    last: u64,
+    versions: Lru<Ino, u64>,
 }
 
 /// Observations of all processes.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Observations {
-    procs: HashMap<Proc, Seen>,
-    clock: u64,
+    procs: Lru<Proc, Seen>,
+}
+
+impl Default for Observations {
+    fn default() -> Observations {
+        Observations { procs: Lru::new(MAX_PROCS) }
+    }
 }
 
 impl Observations {
@@ -69,26 +138,13 @@ impl Observations {
 
     /// True when nothing is tracked.
     pub fn is_empty(&self) -> bool {
-        self.procs.is_empty()
+        self.procs.len() == 0
     }
 
     /// `p` observed `ino` at `version`.
     pub fn record(&mut self, p: Proc, ino: Ino, version: u64) {
-        self.clock += 1;
-        let now = self.clock;
-        if !self.procs.contains_key(&p) && self.procs.len() >= MAX_PROCS {
-            if let Some(oldest) = self.procs.iter().min_by_key(|(_, s)| s.last).map(|(k, _)| *k) {
-                self.procs.remove(&oldest);
-            }
-        }
-        let seen = self.procs.entry(p).or_default();
-        seen.last = now;
-        if !seen.versions.contains_key(&ino) && seen.versions.len() >= MAX_PER_PROC {
-            if let Some(oldest) = seen.versions.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) {
-                seen.versions.remove(&oldest);
-            }
-        }
-        seen.versions.insert(ino, (version, now));
+        let seen = self.procs.touch(p, || Seen { versions: Lru::new(MAX_PER_PROC) });
+        *seen.versions.touch(ino, || version) = version;
     }
 
     /// May `p` replace or remove the lease now at `ino` (version `current`),
@@ -97,13 +153,13 @@ impl Observations {
         let Some(seen) = self.procs.get(&p) else {
             return Verdict::Unobserved;
         };
-        if let Some(&(v, _)) = seen.versions.get(&ino) {
+        if let Some(&v) = seen.versions.get(&ino) {
             return if v == current { Verdict::Current } else { Verdict::Stale { seen: v, current } };
         }
         // The process looked at an inode the name pointed at before: its view
         // of the lease is older than the current target.
         match predecessors.iter().find_map(|(i, _)| seen.versions.get(i)) {
-            Some(&(v, _)) => Verdict::Stale { seen: v, current },
+            Some(&v) => Verdict::Stale { seen: v, current },
             None => Verdict::Unobserved,
         }
     }
@@ -117,7 +173,7 @@ impl Observations {
         let Some(seen) = self.procs.get(&p) else {
             return Verdict::Unobserved;
         };
-        if let Some(&(v, _)) = seen.versions.get(&ino) {
+        if let Some(&v) = seen.versions.get(&ino) {
             return if v >= repointed_at {
                 Verdict::Current
             } else {
@@ -125,7 +181,7 @@ impl Observations {
             };
         }
         match predecessors.iter().find_map(|(i, _)| seen.versions.get(i)) {
-            Some(&(v, _)) => Verdict::Stale { seen: v, current: repointed_at },
+            Some(&v) => Verdict::Stale { seen: v, current: repointed_at },
             None => Verdict::Unobserved,
         }
     }
@@ -133,7 +189,7 @@ impl Observations {
     /// Drop every process for which `alive` says no (exited, or its pid now
     /// names another process).
     pub fn forget_dead(&mut self, alive: impl Fn(&Proc) -> bool) {
-        self.procs.retain(|p, _| alive(p));
+        self.procs.retain(|p| alive(p));
     }
 
     /// Drop one process's observations.
@@ -195,5 +251,35 @@ mod tests {
             o.record(Proc { tgid: 1000 + t, start: 0 }, Ino(1), 1);
         }
         assert!(o.procs.len() <= MAX_PROCS);
+    }
+
+    #[test]
+    fn the_least_recently_used_is_forgotten_first() {
+        let mut o = Observations::new();
+        for i in 0..MAX_PER_PROC as u64 {
+            o.record(A, Ino(i), 1);
+        }
+        // Ino 0 is used again, so ino 1 is the oldest now.
+        o.record(A, Ino(0), 2);
+        for round in 0..5u64 {
+            // Many repeated uses of the same inodes keep the queue bounded.
+            for _ in 0..3000 {
+                o.record(A, Ino(0), 2 + round);
+            }
+        }
+        assert!(o.procs.get(&A).unwrap().versions.order.len() <= 2 * MAX_PER_PROC + 64);
+        o.record(A, Ino(5000), 1);
+        assert_eq!(o.check(A, Ino(1), 1, &[]), Verdict::Unobserved, "the oldest went");
+        assert_eq!(o.check(A, Ino(0), 6, &[]), Verdict::Current, "the recently used stayed");
+        assert_eq!(o.check(A, Ino(2), 1, &[]), Verdict::Current);
+        assert_eq!(o.len(), MAX_PER_PROC);
+        // Processes alike: the first one, used again, outlives newer ones.
+        for t in 0..(MAX_PROCS as u32 - 1) {
+            o.record(Proc { tgid: 1000 + t, start: 0 }, Ino(1), 1);
+        }
+        o.record(A, Ino(0), 6);
+        o.record(Proc { tgid: 99_999, start: 0 }, Ino(1), 1);
+        assert_eq!(o.check(A, Ino(0), 6, &[]), Verdict::Current);
+        assert_eq!(o.check(Proc { tgid: 1000, start: 0 }, Ino(1), 1, &[]), Verdict::Unobserved);
     }
 }

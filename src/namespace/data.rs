@@ -1,6 +1,8 @@
 //! Contents of regular files: sparse 4 KiB pages (holes and huge sizes cost
-//! nothing), with the pages changed since the last flush.
+//! nothing, a page stores only its bytes up to the last one written), with
+//! the pages changed since the last flush.
 
+use super::pages::{Page, PageMap};
 use super::*;
 
 /// Content pages freed (truncated, punched, replaced or dropped with their
@@ -16,7 +18,7 @@ pub(super) fn freed(pages: usize) {
 #[derive(Debug, Default, Clone)]
 pub struct Data {
     pub(super) size: u64,
-    pub(super) pages: BTreeMap<u64, Box<[u8; PAGE]>>,
+    pub(super) pages: PageMap,
     /// Pages changed since the last flush, when the namespace is durable.
     pub(super) dirty: Option<BTreeSet<u64>>,
 }
@@ -53,8 +55,8 @@ impl Data {
         let first = offset / PAGE as u64;
         let last = offset.saturating_add(len - 1) / PAGE as u64;
         for idx in first..=last {
-            if let std::collections::btree_map::Entry::Vacant(e) = self.pages.entry(idx) {
-                e.insert(Box::new([0u8; PAGE]));
+            if !self.pages.contains(idx) {
+                self.pages.insert(idx, Page::default());
                 if let Some(d) = &mut self.dirty {
                     d.insert(idx);
                 }
@@ -71,12 +73,15 @@ impl Data {
         let mut out = vec![0u8; (end - offset) as usize];
         let first = offset / PAGE as u64;
         let last = (end - 1) / PAGE as u64;
-        for (&idx, page) in self.pages.range(first..=last) {
+        for (idx, page) in self.pages.range(first..=last) {
             let page_start = idx * PAGE as u64;
             let from = offset.max(page_start);
-            let to = end.min(page_start + PAGE as u64);
-            out[(from - offset) as usize..(to - offset) as usize]
-                .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
+            // Bytes past the page's stored length are zeros already.
+            let to = end.min(page_start + page.len() as u64);
+            if from < to {
+                out[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&page[(from - page_start) as usize..(to - page_start) as usize]);
+            }
         }
         out
     }
@@ -99,7 +104,7 @@ impl Data {
             if let Some(d) = &mut self.dirty {
                 d.insert(idx);
             }
-            let page = self.pages.entry(idx).or_insert_with(|| Box::new([0u8; PAGE]));
+            let page = self.pages.page_mut(idx, in_page + n);
             page[in_page..in_page + n].copy_from_slice(&rest[..n]);
             pos += n as u64;
             rest = &rest[n..];
@@ -116,18 +121,21 @@ impl Data {
         }
         if size < self.size {
             let keep = size.div_ceil(PAGE as u64);
-            let gone = self.pages.split_off(&keep);
+            let gone = self.pages.split_off(keep);
             freed(gone.len());
             if let Some(d) = &mut self.dirty {
-                d.extend(gone.keys());
+                d.extend(gone);
                 if !size.is_multiple_of(PAGE as u64) {
                     d.insert(size / PAGE as u64);
                 }
             }
             let tail = (size % PAGE as u64) as usize;
             if tail != 0 {
-                if let Some(page) = self.pages.get_mut(&(size / PAGE as u64)) {
-                    page[tail..].fill(0);
+                if let Some(page) = self.pages.get_mut(size / PAGE as u64) {
+                    if page.len() > tail {
+                        // Keep only the bytes below the new end.
+                        *page = page[..tail].into();
+                    }
                 }
             }
         }
@@ -147,11 +155,12 @@ impl Data {
                 d.insert(idx);
             }
             if in_page == 0 && n == PAGE {
-                if self.pages.remove(&idx).is_some() {
+                if self.pages.remove(idx) {
                     freed(1);
                 }
-            } else if let Some(page) = self.pages.get_mut(&idx) {
-                page[in_page..in_page + n].fill(0);
+            } else if let Some(page) = self.pages.get_mut(idx) {
+                let stored = page.len();
+                page[in_page.min(stored)..(in_page + n).min(stored)].fill(0);
             }
             pos += n as u64;
         }
@@ -163,7 +172,7 @@ impl Data {
         if from >= self.size {
             return None;
         }
-        let (&idx, _) = self.pages.range(from / PAGE as u64..).next()?;
+        let (idx, _) = self.pages.range(from / PAGE as u64..=u64::MAX).next()?;
         let off = (idx * PAGE as u64).max(from);
         (off < self.size).then_some(off)
     }
@@ -175,7 +184,7 @@ impl Data {
             return None;
         }
         let mut idx = from / PAGE as u64;
-        for (&i, _) in self.pages.range(idx..) {
+        for (i, _) in self.pages.range(idx..=u64::MAX) {
             if i != idx {
                 break;
             }
@@ -197,32 +206,36 @@ impl Data {
         self.dirty = dirty;
     }
 
-    /// The page at `idx`, if stored (for persisting).
-    pub fn page(&self, idx: u64) -> Option<&[u8; PAGE]> {
-        self.pages.get(&idx).map(|p| &**p)
+    /// The stored bytes of the page at `idx` (the rest of the page reads as
+    /// zeros), if stored (for persisting).
+    pub fn page(&self, idx: u64) -> Option<&[u8]> {
+        self.pages.get(idx).map(|p| &**p)
     }
 
     /// Stored page indices (for persisting).
     pub fn page_indices(&self) -> impl Iterator<Item = u64> + '_ {
-        self.pages.keys().copied()
+        self.pages.keys()
     }
 
-    /// Put a recovered page back (an empty slice makes a hole).
-    pub fn restore_page(&mut self, idx: u64, bytes: &[u8]) {
-        if bytes.is_empty() {
-            self.pages.remove(&idx);
-        } else {
-            let mut page = Box::new([0u8; PAGE]);
-            let n = bytes.len().min(PAGE);
-            page[..n].copy_from_slice(&bytes[..n]);
-            self.pages.insert(idx, page);
+    /// Put a recovered page back (`None` makes a hole). Trailing zeros are
+    /// not kept: they read as zeros anyway.
+    pub fn restore_page(&mut self, idx: u64, bytes: Option<&[u8]>) {
+        match bytes {
+            None => {
+                self.pages.remove(idx);
+            }
+            Some(b) => {
+                let b = &b[..b.len().min(PAGE)];
+                let n = b.iter().rposition(|&x| x != 0).map_or(0, |i| i + 1);
+                self.pages.insert(idx, b[..n].into());
+            }
         }
     }
 
     /// Set a recovered size: pages beyond it are dropped.
     pub fn restore_size(&mut self, size: u64) {
         let keep = size.div_ceil(PAGE as u64);
-        self.pages.split_off(&keep);
+        self.pages.split_off(keep);
         self.size = size;
     }
 

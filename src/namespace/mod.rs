@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use crate::error::{Error, Result};
 
 mod data;
+mod pages;
 
 pub use data::Data;
 use data::{freed, FREED_PAGES};
@@ -210,7 +211,7 @@ impl Dir {
 #[derive(Debug, Clone)]
 pub enum Body {
     File(Data),
-    Dir(Dir),
+    Dir(Box<Dir>),
     Symlink(OsString),
     /// FIFOs, sockets and device nodes carry nothing.
     Special,
@@ -408,7 +409,7 @@ impl Namespace {
             opens: 0,
             version: 1,
             xattrs: BTreeMap::new(),
-            body: Body::Dir(Dir::new(Ino::ROOT)),
+            body: Body::Dir(Box::new(Dir::new(Ino::ROOT))),
         };
         let mut inodes = HashMap::new();
         inodes.insert(Ino::ROOT, root);
@@ -637,7 +638,7 @@ impl Namespace {
         self.next_ino += 1;
         let body = match new.kind {
             Kind::File => Body::File(Data::default()),
-            Kind::Dir => Body::Dir(Dir::new(parent)),
+            Kind::Dir => Body::Dir(Box::new(Dir::new(parent))),
             Kind::Symlink => Body::Symlink(new.symlink.unwrap_or_default()),
             Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => Body::Special,
         };

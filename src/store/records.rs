@@ -10,7 +10,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::namespace::{Body, Data, Ino, Inode, Kind, PAGE};
+use crate::namespace::{Body, Data, Ino, Inode, Kind};
 
 /// Frame header: payload length, CRC of the length, CRC of the payload.
 pub(super) const FRAME: usize = 12;
@@ -126,12 +126,18 @@ impl Enc {
         self.end();
     }
 
-    /// One page of a file (`None`: a hole).
-    pub fn page(&mut self, ino: Ino, idx: u64, page: Option<&[u8; PAGE]>) {
+    /// One page of a file: its stored bytes (the rest of the page reads as
+    /// zeros); `None` is a hole, and a stored page without bytes (reserved
+    /// by `fallocate`) is written as one zero byte so it is not one.
+    pub fn page(&mut self, ino: Ino, idx: u64, page: Option<&[u8]>) {
         self.begin(T_PAGE);
         self.u64(ino.0);
         self.u64(idx);
-        self.bytes(page.map_or(&[][..], |p| &p[..]));
+        self.bytes(match page {
+            None => &[][..],
+            Some([]) => &[0][..],
+            Some(p) => p,
+        });
         self.end();
     }
 
@@ -264,7 +270,7 @@ pub(super) fn decode(payload: &[u8]) -> Option<Rec> {
             };
             let body = match kind {
                 Kind::File => Body::File(Data::default()),
-                Kind::Dir => Body::Dir(crate::namespace::Dir::empty(ino)),
+                Kind::Dir => Body::Dir(Box::new(crate::namespace::Dir::empty(ino))),
                 Kind::Symlink => Body::Symlink(target),
                 _ => Body::Special,
             };

@@ -132,7 +132,7 @@ impl Recovered {
             }
             Rec::Page(ino, idx, bytes) => {
                 if let Some(Inode { body: Body::File(d), .. }) = self.inodes.get_mut(&ino) {
-                    d.restore_page(idx, &bytes);
+                    d.restore_page(idx, (!bytes.is_empty()).then_some(&bytes[..]));
                 }
             }
             Rec::Entry(dir, name, ino) => {

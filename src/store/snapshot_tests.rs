@@ -346,3 +346,36 @@ fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
     }
     every_image_recovers_an_acknowledged_state(&store, &acked, &images_at_ack);
 }
+
+#[test]
+fn small_files_are_stored_compactly_and_reserved_pages_survive_recovery() {
+    use crate::namespace::PAGE;
+    let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let small = file(&mut ns, Ino::ROOT, "lease.json", b"{\"holder\":42}\n");
+    let reserved = file(&mut ns, Ino::ROOT, "reserved", b"");
+    ns.get_mut(reserved).unwrap().data_mut().unwrap().allocate(0, 2 * PAGE as u64);
+    let big = file(&mut ns, Ino::ROOT, "big", &vec![7u8; 3 * PAGE + 5]);
+    flush(&mut ns, &mut store);
+    // The journal holds the 14 bytes, not a 4 KiB page per small file.
+    let journal = encode_changes(&ns, |_| Extra::default());
+    assert!(journal.len() < 256, "nothing is pending after a flush: {} bytes", journal.len());
+    let image = encode_all(&ns, |_| Extra::default());
+    assert!(image.len() < 3 * PAGE + 1024, "image of {} bytes stores whole pages of small files", image.len());
+    let check = |ns: &Namespace| {
+        let d = ns.get(small).unwrap().data().unwrap();
+        assert_eq!(d.read(0, 100), b"{\"holder\":42}\n");
+        assert_eq!(d.page(0).unwrap().len(), 14);
+        let r = ns.get(reserved).unwrap().data().unwrap();
+        assert_eq!((r.size(), r.pages()), (0, 2), "fallocate's pages stay reserved");
+        let b = ns.get(big).unwrap().data().unwrap();
+        assert_eq!(b.read(0, 4 * PAGE), vec![7u8; 3 * PAGE + 5]);
+    };
+    check(&ns);
+    // From the journal, then from a snapshot.
+    check(&recover(recording_mut(&mut store).clone()));
+    store.snapshot(&encode_all(&ns, |_| Extra::default())).unwrap();
+    assert!(store.snapshot_bytes() < 3 * PAGE as u64 + 1024);
+    check(&recover(recording_mut(&mut store).clone()));
+}

@@ -1,0 +1,138 @@
+/* Lease-population helper used by scripts/scalebench.sh.
+ *
+ *   scale create DIR N DIRS     create N leases: open(O_CREAT|O_EXCL), flock,
+ *                               write a 14-byte JSON body, unlock, close; in
+ *                               DIRS subdirectories d0..d{DIRS-1} (DIRS=1: all
+ *                               in DIR itself). Prints create_ns (per lease).
+ *   scale ops DIR N DIRS OPS    time OPS of each operation on existing leases
+ *                               picked at random: stat (by path: a lookup
+ *                               and a getattr), open+close,
+ *                               flock pair on an open descriptor, lease cycle
+ *                               (open, LOCK_EX|LOCK_NB, write 14 B, close).
+ *                               Prints "<metric>_ns <median of 5 batches>".
+ *   scale churn DIR N           N cycles of create/lock/write/unlock/close/
+ *                               unlink of unique names. Prints churn_ns.
+ */
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char BODY[] = "{\"holder\":42}\n";
+
+static double now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e9 + ts.tv_nsec;
+}
+
+static void die(const char *what, const char *path) {
+    fprintf(stderr, "scale: %s %s: ", what, path ? path : "");
+    perror(NULL);
+    exit(1);
+}
+
+static void name(char *buf, size_t len, const char *dir, long i, long dirs) {
+    if (dirs > 1)
+        snprintf(buf, len, "%s/d%ld/lease-%ld.json", dir, i % dirs, i);
+    else
+        snprintf(buf, len, "%s/lease-%ld.json", dir, i);
+}
+
+static void cycle(const char *path, int flags) {
+    int fd = open(path, O_RDWR | flags, 0644);
+    if (fd < 0) die("open", path);
+    if (flock(fd, LOCK_EX | LOCK_NB)) die("flock", path);
+    if (pwrite(fd, BODY, sizeof BODY - 1, 0) != (ssize_t)(sizeof BODY - 1)) die("write", path);
+    if (flags & O_EXCL && flock(fd, LOCK_UN)) die("unlock", path);
+    if (close(fd)) die("close", path);
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static unsigned long long rng = 88172645463325252ULL;
+static long pick(long n) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (long)(rng % (unsigned long long)n);
+}
+
+int main(int argc, char **argv) {
+    char path[4096];
+    if (argc < 4) {
+        fprintf(stderr, "usage: scale create|ops|churn DIR N [DIRS [OPS]]\n");
+        return 2;
+    }
+    const char *mode = argv[1], *dir = argv[2];
+    long n = atol(argv[3]);
+    long dirs = argc > 4 ? atol(argv[4]) : 1;
+    if (!strcmp(mode, "create")) {
+        for (long d = 0; dirs > 1 && d < dirs; d++) {
+            snprintf(path, sizeof path, "%s/d%ld", dir, d);
+            if (mkdir(path, 0755)) die("mkdir", path);
+        }
+        double t0 = now_ns();
+        for (long i = 0; i < n; i++) {
+            name(path, sizeof path, dir, i, dirs);
+            cycle(path, O_CREAT | O_EXCL);
+        }
+        printf("create_ns %.0f\n", (now_ns() - t0) / n);
+    } else if (!strcmp(mode, "churn")) {
+        double t0 = now_ns();
+        for (long i = 0; i < n; i++) {
+            snprintf(path, sizeof path, "%s/churn-%d-%ld", dir, getpid(), i);
+            cycle(path, O_CREAT | O_EXCL);
+            if (unlink(path)) die("unlink", path);
+        }
+        printf("churn_ns %.0f\n", (now_ns() - t0) / n);
+    } else if (!strcmp(mode, "ops")) {
+        long ops = argc > 5 ? atol(argv[5]) : 2000;
+        const char *metrics[] = { "stat", "open_close", "lock_pair", "lease_cycle" };
+        for (int m = 0; m < 4; m++) {
+            double batch[5];
+            for (int b = 0; b < 5; b++) {
+                double spent = 0;
+                for (long k = 0; k < ops; k++) {
+                    name(path, sizeof path, dir, pick(n), dirs);
+                    struct stat st;
+                    int fd = -1;
+                    if (m == 2 && (fd = open(path, O_RDONLY)) < 0) die("open", path);
+                    double t0 = now_ns();
+                    switch (m) {
+                    case 0:
+                        if (stat(path, &st)) die("stat", path);
+                        break;
+                    case 1:
+                        if ((fd = open(path, O_RDONLY)) < 0) die("open", path);
+                        close(fd);
+                        break;
+                    case 2:
+                        /* The descriptor is opened outside the timed pair. */
+                        if (flock(fd, LOCK_EX) || flock(fd, LOCK_UN)) die("flock", path);
+                        break;
+                    default:
+                        cycle(path, 0);
+                    }
+                    spent += now_ns() - t0;
+                    if (m == 2) close(fd);
+                }
+                batch[b] = spent / ops;
+            }
+            qsort(batch, 5, sizeof batch[0], cmp);
+            printf("%s_ns %.0f\n", metrics[m], batch[2]);
+        }
+    } else {
+        fprintf(stderr, "scale: unknown mode %s\n", mode);
+        return 2;
+    }
+    return 0;
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Scale: for each N, create N leases (open O_CREAT|O_EXCL, flock, write a
+# 14-byte JSON body, unlock, close; scripts/scale.c) on a fresh durable mount,
+# in one directory and spread over 1 000 directories, and report per N:
+# create time per lease (against the minimal fuser filesystem,
+# scripts/minimalfs.rs, creating the same N in its one directory), RSS and
+# state-directory bytes per lease (after one fsync), the latency of stat,
+# open+close, flock pair and lease cycle on random existing leases, the
+# clean-unmount time and the restart time after kill -9 and after a clean
+# unmount. A churn of unique names (create, lock, write, unlock, close,
+# unlink) then shows what it leaves behind.
+#   scripts/scalebench.sh [N...]          (default: 1000 10000 100000)
+#   CHURN=N (default 100000) OPS=N (default 2000) PIN=1 (pin to CPU 0)
+# Needs root, gcc, python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sizes=${*:-1000 10000 100000}
+pin=()
+[ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
+cargo build --release --quiet -p leasefs-mountd
+cargo build --release --quiet --example minimalfs
+bin=$PWD/target/release/leasefs
+work=$(mktemp -d /tmp/leasefs-scalebench.XXXXXX)
+gcc -O2 -o "$work/scale" scripts/scale.c
+minimal_pid=
+cleanup() {
+    for m in "$work"/mnt "$work"/minimal; do
+        grep -q " $m " /proc/self/mountinfo || continue
+        if [ "$m" = "$work/minimal" ]; then
+            umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+        else
+            "$bin" unmount "$m" >/dev/null 2>&1 || umount -l "$m" 2>/dev/null || true
+        fi
+    done
+    [ -n "$minimal_pid" ] && { kill "$minimal_pid" 2>/dev/null || true; wait "$minimal_pid" 2>/dev/null || true; }
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+python3 - "$bin" "$work" "${OPS:-2000}" "${CHURN:-100000}" "${PIN:-0}" $sizes <<'PY'
+import json, os, shutil, subprocess, sys, time
+bin, work, ops, churn, pin = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
+sizes = [int(n) for n in sys.argv[6:]]
+pinned = ["taskset", "-c", "0"] if pin else []
+mnt, state, scale = f"{work}/mnt", f"{work}/state", f"{work}/scale"
+os.makedirs(mnt, exist_ok=True)
+
+def run(*args):
+    out = subprocess.run(pinned + [scale, *map(str, args)], check=True, capture_output=True, text=True).stdout
+    return {k: float(v) for k, v in (l.split() for l in out.splitlines())}
+
+def mount():
+    t = time.monotonic()
+    subprocess.run(pinned + [bin, "mount", mnt, "--state-dir", state], check=True)
+    return time.monotonic() - t
+
+def pid():
+    return json.load(open(f"{mnt}/.leasefs/status"))["pid"]
+
+def rss(p):
+    for line in open(f"/proc/{p}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+
+def unmount():
+    t = time.monotonic()
+    subprocess.run([bin, "unmount", mnt], check=True, stdout=subprocess.DEVNULL)
+    return time.monotonic() - t
+
+def kill9():
+    p = pid()
+    os.kill(p, 9)
+    while True:
+        try:
+            st = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]
+            if st == "Z" and len(os.listdir(f"/proc/{p}/task")) <= 1:
+                break
+        except FileNotFoundError:
+            break
+        time.sleep(0.005)
+    subprocess.run([bin, "unmount", mnt], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+def fsync_mount():
+    fd = os.open(mnt, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+
+def state_bytes():
+    return sum(os.path.getsize(f"{state}/{f}") for f in os.listdir(state))
+
+def minimal_create(n):
+    d = f"{work}/minimal"
+    os.makedirs(d, exist_ok=True)
+    m = subprocess.Popen(pinned + [f"{os.getcwd()}/target/release/examples/minimalfs", d])
+    for _ in range(200):
+        if os.path.ismount(d):
+            break
+        time.sleep(0.05)
+    try:
+        return run("create", d, n, 1)["create_ns"]
+    finally:
+        subprocess.run(["umount", d])
+        m.wait()
+
+rows = []
+for n in sizes:
+    for dirs in (1, 1000):
+        if dirs > n:
+            continue
+        shutil.rmtree(state, ignore_errors=True)
+        mount()
+        p = pid()
+        base = rss(p)
+        r = run("create", mnt, n, dirs)
+        fsync_mount()
+        grown = rss(p) - base
+        row = {"n": n, "dirs": dirs, "create_us": r["create_ns"] / 1000, "rss_per": grown / n,
+               "state_per": state_bytes() / n}
+        row.update({k: v / 1000 for k, v in run("ops", mnt, n, dirs, ops).items()})
+        row["unmount_s"] = unmount()
+        row["restart_clean_s"] = mount()
+        kill9()
+        row["restart_kill_s"] = mount()
+        unmount()
+        if dirs == 1:
+            row["minimal_create_us"] = minimal_create(n) / 1000
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+
+print(f"# {'pinned to CPU 0' if pin else 'unpinned'}; {ops} random picks per latency, median of 5 batches")
+print("| leases | dirs | create µs | minimal create µs | ratio | RSS B/lease | state B/lease | stat µs | open+close µs | flock pair µs | lease cycle µs | unmount s | restart (clean) s | restart (kill -9) s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+for r in rows:
+    mc = r.get("minimal_create_us")
+    mcs, ratio = (f"{mc:.1f}", f"{r['create_us'] / mc:.2f}×") if mc else ("—", "—")
+    print(f"| {r['n']} | {r['dirs']} | {r['create_us']:.1f} | {mcs} | {ratio} "
+          f"| {r['rss_per']:.0f} | {r['state_per']:.0f} | {r['stat_ns']:.1f} | {r['open_close_ns']:.1f} | {r['lock_pair_ns']:.1f} "
+          f"| {r['lease_cycle_ns']:.1f} | {r['unmount_s']:.2f} | {r['restart_clean_s']:.2f} | {r['restart_kill_s']:.2f} |")
+
+# Churn of unique names: what is left after it (RSS, state directory).
+shutil.rmtree(state, ignore_errors=True)
+mount()
+p = pid()
+fsync_mount()
+r0, s0 = rss(p), state_bytes()
+c = run("churn", mnt, churn)
+fsync_mount()
+r1, s1 = rss(p), state_bytes()
+unmount()
+print(f"\nchurn of {churn} unique names: {c['churn_ns'] / 1000:.1f} µs per cycle; RSS {(r1 - r0) / 1e6:+.1f} MB, state directory {(s1 - s0) / 1e6:+.2f} MB")
+PY
