@@ -173,7 +173,7 @@ impl Fs {
                     "access": if st.shared { "shared" } else { "private" },
                     "metrics_addr": st.metrics_addr,
                     "uptime_secs": st.lease.uptime(),
-                    "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": leases.len() },
+                    "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": st.lease.known() },
                     "inodes": st.ns.len(),
                     "limits": st.limit_rows().iter().map(|l| (l.name.to_string(), serde_json::json!({
                         "used": l.used, "max": l.max, "refused": l.refused,

@@ -596,6 +596,8 @@ impl State {
             // Failures are logged by the store.
             let _ = store.finish_snapshot(written);
         }
+        // The snapshot thread freed an image as large as the namespace.
+        give_memory_back();
     }
 
     /// Count what the lease core decided (grants, waits, breaks).

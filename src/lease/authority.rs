@@ -188,8 +188,11 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
 
     // What `.leasefs/` shows.
 
-    /// Every lease with state.
+    /// Every lease with state beyond its epoch (idle leases, known only by
+    /// their epoch, are not listed).
     fn leases(&self) -> Vec<(Ino, &Lease)>;
+    /// How many leases are known, idle ones included.
+    fn known(&self) -> usize;
     /// One lease's state.
     fn lease(&self, ino: Ino) -> Option<&Lease>;
     /// Seconds since the authority started.

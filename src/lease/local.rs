@@ -263,6 +263,10 @@ impl LeaseAuthority for LocalAuthority {
         self.locks.leases()
     }
 
+    fn known(&self) -> usize {
+        self.locks.leases().len() + self.locks.idle_count()
+    }
+
     fn lease(&self, ino: Ino) -> Option<&Lease> {
         self.locks.lease(ino)
     }

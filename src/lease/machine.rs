@@ -375,6 +375,15 @@ pub struct Locks {
     /// can have a deadline, so the timer looks at them and not at every
     /// lease of a mount with a million.
     timed: HashSet<Ino>,
+    /// Leases with nothing but an epoch (no holder, waiter, fence or TTL
+    /// of their own): kept as just the epoch, 16 bytes instead of a
+    /// [`Lease`], since a mount may hold a million idle leases.
+    idle: HashMap<Ino, Epoch>,
+}
+
+/// The lease at `ino`, made a full [`Lease`] again if it was idle.
+fn slot<'a>(leases: &'a mut HashMap<Ino, Lease>, idle: &mut HashMap<Ino, Epoch>, ino: Ino) -> &'a mut Lease {
+    leases.entry(ino).or_insert_with(|| Lease { epoch: idle.remove(&ino).unwrap_or_default(), ..Lease::default() })
 }
 
 impl Locks {
@@ -416,6 +425,7 @@ impl Locks {
     /// The lease at `ino` had `before` locks; account for what it has now.
     fn recount(&mut self, ino: Ino, before: usize) {
         self.total_locks = (self.total_locks + self.lock_count(ino)).saturating_sub(before);
+        self.settle(ino);
         if let Some(l) = self.leases.get_mut(&ino) {
             // An idle lease keeps its epoch, not the memory of its last
             // holders and waiters (a mount may have a million idle leases).
@@ -426,6 +436,28 @@ impl Locks {
                 l.waiters = VecDeque::new();
             }
         }
+    }
+
+    /// Keep a lease that has nothing but its epoch as just the epoch.
+    fn settle(&mut self, ino: Ino) {
+        let Some(l) = self.leases.get(&ino) else { return };
+        let bare = l.locks.is_empty()
+            && l.waiters.is_empty()
+            && l.fenced.is_empty()
+            && l.ttl.is_none()
+            && l.expires.is_none()
+            && l.told_expiry.is_none()
+            && l.epoch_owner.is_none();
+        if bare {
+            let epoch = l.epoch;
+            self.leases.remove(&ino);
+            self.idle.insert(ino, epoch);
+        }
+    }
+
+    /// Leases kept as just their epoch.
+    pub fn idle_count(&self) -> usize {
+        self.idle.len()
     }
 
     /// Advance the clock without acting on it (the next [`Locks::tick`] or
@@ -517,7 +549,7 @@ impl Locks {
     pub fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
         let now = self.now;
         let default = self.default_ttl;
-        let l = self.leases.entry(ino).or_default();
+        let l = slot(&mut self.leases, &mut self.idle, ino);
         l.ttl = ttl;
         if ttl.is_some() {
             self.timed.insert(ino);
@@ -623,7 +655,7 @@ impl Locks {
         l.settle_epoch_owner();
     }
 
-    /// Every lease with state.
+    /// Every lease with state beyond its epoch.
     pub fn leases(&self) -> Vec<(Ino, &Lease)> {
         self.leases.iter().map(|(i, l)| (*i, l)).collect()
     }
@@ -635,7 +667,7 @@ impl Locks {
 
     /// The epoch of an inode's lease (0 if it never had one).
     pub fn epoch(&self, ino: Ino) -> Epoch {
-        self.leases.get(&ino).map_or(Epoch(0), |l| l.epoch)
+        self.leases.get(&ino).map_or_else(|| self.idle.get(&ino).copied().unwrap_or_default(), |l| l.epoch)
     }
 
     /// True while the inode's lease has a holder or waiter.
@@ -646,17 +678,20 @@ impl Locks {
     /// Start a lease's epochs at `floor` (a path's remembered epoch) unless
     /// it is already higher.
     pub fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
-        let l = self.leases.entry(ino).or_default();
+        let l = slot(&mut self.leases, &mut self.idle, ino);
         if l.epoch < floor {
             l.epoch = floor;
         }
+        self.settle(ino);
     }
 
     /// A new holder took the lease by creating the file (`O_CREAT|O_EXCL`):
     /// the epoch advances.
     pub fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
-        let l = self.leases.entry(ino).or_default();
-        Self::next_epoch(ino, l)
+        let l = slot(&mut self.leases, &mut self.idle, ino);
+        let effects = Self::next_epoch(ino, l);
+        self.settle(ino);
+        effects
     }
 
     /// A new holder took the lease by creating its name with `link()` (the
@@ -665,13 +700,14 @@ impl Locks {
     /// of the idiom was created with `O_EXCL` and already carries epoch 1, so
     /// each dotlock holder advances the lock path by exactly one.
     pub fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect> {
-        let l = self.leases.entry(ino).or_default();
+        let l = slot(&mut self.leases, &mut self.idle, ino);
         let next = Epoch(floor.0 + 1).max(l.epoch);
         if next == l.epoch {
             return Vec::new();
         }
         l.epoch = next;
         l.epoch_owner = None;
+        self.settle(ino);
         vec![Effect::Epoch(ino, next)]
     }
 
@@ -684,7 +720,16 @@ impl Locks {
     /// Move a lease's state to another inode number (used when a name is
     /// re-bound); the target's own state is replaced.
     pub fn rebind(&mut self, from: Ino, to: Ino) {
+        if let Some(epoch) = self.idle.remove(&from) {
+            if let Some(old) = self.leases.remove(&to) {
+                self.total_locks -= old.locks.len().min(self.total_locks);
+            }
+            self.timed.remove(&to);
+            self.idle.insert(to, epoch);
+            return;
+        }
         if let Some(l) = self.leases.remove(&from) {
+            self.idle.remove(&to);
             let replaced = self.lock_count(to);
             self.total_locks -= replaced.min(self.total_locks);
             for w in &l.waiters {
@@ -703,6 +748,9 @@ impl Locks {
     /// Drop the state of an inode that went away for good; returns its epoch
     /// so the caller can remember it for the path.
     pub fn forget(&mut self, ino: Ino) -> Epoch {
+        if let Some(e) = self.idle.remove(&ino) {
+            return e;
+        }
         match self.leases.get(&ino) {
             Some(l) if !l.is_live() => {
                 self.timed.remove(&ino);
@@ -733,7 +781,7 @@ impl Locks {
     fn set_counted(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> (Outcome, Vec<Effect>) {
         let mut effects = Vec::new();
         let now = self.now;
-        let lease = self.leases.entry(ino).or_default();
+        let lease = slot(&mut self.leases, &mut self.idle, ino);
         // Past its TTL the lease is breakable by the next contender.
         let expired = lease.expires.is_some_and(|e| e <= now);
         if expired && req.mode.is_some() && lease.locks.iter().any(|l| req.conflicts_with_lock(l)) {
@@ -741,7 +789,7 @@ impl Locks {
             self.drain(ino, &mut effects);
         }
         let ttl = self.leases.get(&ino).and_then(|l| l.ttl).or(self.default_ttl);
-        let lease = self.leases.entry(ino).or_default();
+        let lease = slot(&mut self.leases, &mut self.idle, ino);
         let ahead = lease.waiters.len();
         if req.mode.is_none() || lease.grantable(&req, ahead) {
             // A POSIX request may split one of the owner's ranges (+1) and
@@ -775,7 +823,7 @@ impl Locks {
         if req.kind == LockKind::Posix && self.would_deadlock(ino, &req) {
             return (Outcome::Refused(Error::Deadlock), effects);
         }
-        let lease = self.leases.entry(ino).or_default();
+        let lease = slot(&mut self.leases, &mut self.idle, ino);
         lease.waiters.push_back(Waiter { id, req });
         self.waiting.insert(req.owner, (ino, id));
         (Outcome::Parked, effects)

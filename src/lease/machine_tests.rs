@@ -186,6 +186,37 @@ fn a_files_own_ttl_is_timed_without_a_mount_default_and_follows_a_rebind() {
     assert!(t.tick(3000).is_empty());
 }
 
+#[test]
+fn an_idle_lease_is_kept_as_its_epoch_and_resumes_from_it() {
+    let mut t = Locks::new();
+    t.acquire_by_create(I);
+    assert!(t.lease(I).is_none(), "a created, unlocked lease is idle");
+    assert_eq!(t.epoch(I), Epoch(1));
+    t.set(I, flock(1, Some(Mode::Exclusive)), None);
+    assert!(t.lease(I).is_some());
+    t.set(I, flock(1, None), None);
+    assert!(t.lease(I).is_none(), "released: idle again");
+    assert_eq!((t.epoch(I), t.idle_count()), (Epoch(2), 1));
+    let (_, e) = t.set(I, flock(2, Some(Mode::Exclusive)), None);
+    assert_eq!(e, vec![Effect::Epoch(I, Epoch(3))], "the next holder continues from the idle epoch");
+    t.set(I, flock(2, None), None);
+    // A file's own TTL keeps the full lease; removing it makes it idle at the next change.
+    t.set_ttl(I, Some(1000));
+    assert!(t.lease(I).is_some_and(|l| l.ttl() == Some(1000)));
+    t.set_ttl(I, None);
+    // Moving an idle lease carries its epoch and replaces the target's state.
+    t.set(I, flock(3, Some(Mode::Exclusive)), None);
+    t.set(I, flock(3, None), None);
+    let to = Ino(8);
+    t.set(to, flock(4, Some(Mode::Shared)), None);
+    t.rebind(I, to);
+    assert_eq!((t.epoch(to), t.epoch(I)), (Epoch(4), Epoch(0)));
+    assert!(t.lease(to).is_none());
+    assert_eq!(t.usage().0, 0, "the replaced target's locks are not counted");
+    assert_eq!(t.forget(to), Epoch(4));
+    assert_eq!((t.epoch(to), t.idle_count()), (Epoch(0), 0));
+}
+
 /// Model test: random operations from several owners; after every step
 /// no two owners hold conflicting locks and the epoch never decreases.
 #[test]
