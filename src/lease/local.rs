@@ -319,6 +319,20 @@ mod tests {
     }
 
     #[test]
+    fn known_counts_idle_leases_and_waited_lists_only_waited_ones() {
+        let mut a = LocalAuthority::new(None);
+        for i in 1..=3 {
+            a.request(Ino(i), flock(i, Some(Mode::Exclusive)), None).unwrap();
+        }
+        a.request(Ino(1), flock(1, None), None).unwrap();
+        a.request(Ino(2), flock(9, Some(Mode::Exclusive)), Some(WaitId(7))).unwrap();
+        // Ino 1 is idle (just its epoch), 2 and 3 are held, 2 has a waiter.
+        assert_eq!((a.known(), a.leases().len()), (3, 2));
+        assert_eq!(a.waited(), vec![Ino(2)]);
+        assert_eq!(a.epoch(Ino(1)), Epoch(1));
+    }
+
+    #[test]
     fn fence_all_breaks_every_held_lease() {
         let mut a = LocalAuthority::new(None);
         for i in 1..=3 {
