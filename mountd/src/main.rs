@@ -230,7 +230,7 @@ struct MountArgs {
     #[arg(long, value_name = "SIZE", value_parser = leasefs::fs::limits::parse_size)]
     size: Option<u64>,
     /// Files, directories and symlinks the mount may hold (default one per
-    /// 4 KiB of --size). Beyond it, creates fail with ENOSPC; root keeps 5 %.
+    /// KiB of --size). Beyond it, creates fail with ENOSPC; root keeps 5 %.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..))]
     max_inodes: Option<u64>,
     /// Locks (flock and byte ranges) held on the whole mount (default

@@ -40,7 +40,8 @@ pub struct Limits {
 
 impl Limits {
     /// Defaults for a machine with `ram` bytes of memory: `size` 10 % of
-    /// it, one inode per 4 KiB of `size`.
+    /// it, one inode per KiB of `size` (an idle lease costs under 1 KiB of
+    /// memory, so the inode bound adds at most about `size` again).
     pub fn for_memory(ram: u64) -> Limits {
         let size = (ram / 100 * DEFAULT_SIZE_PERCENT).max(16 << 20);
         Limits::with_size(size)
@@ -50,7 +51,7 @@ impl Limits {
     pub fn with_size(size: u64) -> Limits {
         Limits {
             size,
-            inodes: (size / PAGE as u64).max(1024),
+            inodes: (size / 1024).max(1024),
             xattrs_per_file: 128,
             xattr_bytes_per_file: 256 << 10,
             handles: 1 << 20,
@@ -216,6 +217,6 @@ mod tests {
         assert!(check(200, 0, 100, 1000).is_ok(), "nothing new needs no room");
         let d = Limits::for_memory(24 << 30);
         assert_eq!(d.size, (24u64 << 30) / 100 * 10);
-        assert_eq!(d.inodes, d.size / 4096);
+        assert_eq!(d.inodes, d.size / 1024);
     }
 }

@@ -107,6 +107,9 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect>;
     /// Never let `ino` carry an epoch below `floor`.
     fn raise_epoch(&mut self, ino: Ino, floor: Epoch);
+    /// Never let any lease carry an epoch below `floor` (restored files
+    /// after a restart), in O(1) per lease not yet touched.
+    fn raise_all(&mut self, floor: Epoch);
     /// Path epoch floors and the durable ceiling.
     fn floors(&mut self) -> &mut Floors;
     /// The same, to read.

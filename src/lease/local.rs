@@ -124,6 +124,9 @@ impl LeaseAuthority for LocalAuthority {
     fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
         self.locks.raise_epoch(ino, floor);
     }
+    fn raise_all(&mut self, floor: Epoch) {
+        self.locks.raise_all(floor);
+    }
 
     fn floors(&mut self) -> &mut Floors {
         &mut self.floors

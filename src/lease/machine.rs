@@ -21,7 +21,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::error::Error;
-use crate::namespace::Ino;
+use crate::namespace::{Ino, InoMap, InoSet};
 
 /// Who owns a lock: the open file description for `flock` and OFD locks,
 /// the process's file table for POSIX locks (as the kernel reports it).
@@ -359,7 +359,7 @@ impl Default for LockLimits {
 /// All leases and the waits-for relation between lock owners.
 #[derive(Debug, Default)]
 pub struct Locks {
-    leases: HashMap<Ino, Lease>,
+    leases: InoMap<Lease>,
     limits: LockLimits,
     /// Locks held over every lease (kept up to date by [`Locks::recount`]).
     total_locks: usize,
@@ -374,16 +374,19 @@ pub struct Locks {
     /// Leases with a TTL of their own: without a mount default, only these
     /// can have a deadline, so the timer looks at them and not at every
     /// lease of a mount with a million.
-    timed: HashSet<Ino>,
+    timed: InoSet,
     /// Leases with nothing but an epoch (no holder, waiter, fence or TTL
     /// of their own): kept as just the epoch, 16 bytes instead of a
     /// [`Lease`], since a mount may hold a million idle leases.
-    idle: HashMap<Ino, Epoch>,
+    idle: InoMap<Epoch>,
+    /// The epoch of every lease the table holds nothing for (see
+    /// [`Locks::raise_all`]); idle leases at it are not kept at all.
+    base: Epoch,
 }
 
 /// The lease at `ino`, made a full [`Lease`] again if it was idle.
-fn slot<'a>(leases: &'a mut HashMap<Ino, Lease>, idle: &mut HashMap<Ino, Epoch>, ino: Ino) -> &'a mut Lease {
-    leases.entry(ino).or_insert_with(|| Lease { epoch: idle.remove(&ino).unwrap_or_default(), ..Lease::default() })
+fn slot<'a>(leases: &'a mut InoMap<Lease>, idle: &mut InoMap<Epoch>, base: Epoch, ino: Ino) -> &'a mut Lease {
+    leases.entry(ino).or_insert_with(|| Lease { epoch: idle.remove(&ino).unwrap_or(base), ..Lease::default() })
 }
 
 impl Locks {
@@ -451,8 +454,25 @@ impl Locks {
         if bare {
             let epoch = l.epoch;
             self.leases.remove(&ino);
-            self.idle.insert(ino, epoch);
+            if epoch > self.base {
+                self.idle.insert(ino, epoch);
+            }
         }
+    }
+
+    /// Every lease carries at least `floor` from now on: those the table
+    /// knows are raised, and every other one starts there (a restart
+    /// resumes all restored files above the recovered epoch ceiling in
+    /// O(1), without an entry per file).
+    pub fn raise_all(&mut self, floor: Epoch) {
+        if floor <= self.base {
+            return;
+        }
+        self.base = floor;
+        for l in self.leases.values_mut() {
+            l.epoch = l.epoch.max(floor);
+        }
+        self.idle.retain(|_, e| *e > floor);
     }
 
     /// Leases kept as just their epoch.
@@ -549,7 +569,7 @@ impl Locks {
     pub fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
         let now = self.now;
         let default = self.default_ttl;
-        let l = slot(&mut self.leases, &mut self.idle, ino);
+        let l = slot(&mut self.leases, &mut self.idle, self.base, ino);
         l.ttl = ttl;
         if ttl.is_some() {
             self.timed.insert(ino);
@@ -667,7 +687,7 @@ impl Locks {
 
     /// The epoch of an inode's lease (0 if it never had one).
     pub fn epoch(&self, ino: Ino) -> Epoch {
-        self.leases.get(&ino).map_or_else(|| self.idle.get(&ino).copied().unwrap_or_default(), |l| l.epoch)
+        self.leases.get(&ino).map_or_else(|| self.idle.get(&ino).copied().unwrap_or(self.base), |l| l.epoch)
     }
 
     /// True while the inode's lease has a holder or waiter.
@@ -678,7 +698,7 @@ impl Locks {
     /// Start a lease's epochs at `floor` (a path's remembered epoch) unless
     /// it is already higher.
     pub fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
-        let l = slot(&mut self.leases, &mut self.idle, ino);
+        let l = slot(&mut self.leases, &mut self.idle, self.base, ino);
         if l.epoch < floor {
             l.epoch = floor;
         }
@@ -688,7 +708,7 @@ impl Locks {
     /// A new holder took the lease by creating the file (`O_CREAT|O_EXCL`):
     /// the epoch advances.
     pub fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
-        let l = slot(&mut self.leases, &mut self.idle, ino);
+        let l = slot(&mut self.leases, &mut self.idle, self.base, ino);
         let effects = Self::next_epoch(ino, l);
         self.settle(ino);
         effects
@@ -700,7 +720,7 @@ impl Locks {
     /// of the idiom was created with `O_EXCL` and already carries epoch 1, so
     /// each dotlock holder advances the lock path by exactly one.
     pub fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect> {
-        let l = slot(&mut self.leases, &mut self.idle, ino);
+        let l = slot(&mut self.leases, &mut self.idle, self.base, ino);
         let next = Epoch(floor.0 + 1).max(l.epoch);
         if next == l.epoch {
             return Vec::new();
@@ -757,7 +777,7 @@ impl Locks {
                 self.leases.remove(&ino).map_or(Epoch(0), |l| l.epoch)
             }
             Some(l) => l.epoch,
-            None => Epoch(0),
+            None => self.base,
         }
     }
 
@@ -781,7 +801,7 @@ impl Locks {
     fn set_counted(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> (Outcome, Vec<Effect>) {
         let mut effects = Vec::new();
         let now = self.now;
-        let lease = slot(&mut self.leases, &mut self.idle, ino);
+        let lease = slot(&mut self.leases, &mut self.idle, self.base, ino);
         // Past its TTL the lease is breakable by the next contender.
         let expired = lease.expires.is_some_and(|e| e <= now);
         if expired && req.mode.is_some() && lease.locks.iter().any(|l| req.conflicts_with_lock(l)) {
@@ -789,7 +809,7 @@ impl Locks {
             self.drain(ino, &mut effects);
         }
         let ttl = self.leases.get(&ino).and_then(|l| l.ttl).or(self.default_ttl);
-        let lease = slot(&mut self.leases, &mut self.idle, ino);
+        let lease = slot(&mut self.leases, &mut self.idle, self.base, ino);
         let ahead = lease.waiters.len();
         if req.mode.is_none() || lease.grantable(&req, ahead) {
             // A POSIX request may split one of the owner's ranges (+1) and
@@ -823,7 +843,7 @@ impl Locks {
         if req.kind == LockKind::Posix && self.would_deadlock(ino, &req) {
             return (Outcome::Refused(Error::Deadlock), effects);
         }
-        let lease = slot(&mut self.leases, &mut self.idle, ino);
+        let lease = slot(&mut self.leases, &mut self.idle, self.base, ino);
         lease.waiters.push_back(Waiter { id, req });
         self.waiting.insert(req.owner, (ino, id));
         (Outcome::Parked, effects)

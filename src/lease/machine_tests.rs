@@ -217,6 +217,28 @@ fn an_idle_lease_is_kept_as_its_epoch_and_resumes_from_it() {
     assert_eq!((t.epoch(to), t.idle_count()), (Epoch(0), 0));
 }
 
+/// After a restart every lease resumes at the recovered ceiling at least:
+/// known leases are raised, unknown ones start there (without an entry),
+/// and idle leases at it are not kept.
+#[test]
+fn raise_all_lifts_every_lease_to_the_floor_without_an_entry_per_lease() {
+    let mut t = Locks::new();
+    let (a, b, c) = (Ino(5), Ino(6), Ino(7));
+    t.acquire_by_create(a);
+    t.set(b, flock(1, Some(Mode::Exclusive)), None);
+    for _ in 0..20 {
+        t.acquire_by_create(c);
+    }
+    t.raise_all(Epoch(10));
+    assert_eq!([t.epoch(a), t.epoch(b), t.epoch(c), t.epoch(Ino(99))], [Epoch(10), Epoch(10), Epoch(20), Epoch(10)]);
+    assert_eq!(t.idle_count(), 1, "only the lease above the floor is kept as an idle entry");
+    let (_, e) = t.set(Ino(99), flock(2, Some(Mode::Exclusive)), None);
+    assert_eq!(e, vec![Effect::Epoch(Ino(99), Epoch(11))], "a lease never seen starts from the floor");
+    t.raise_all(Epoch(4));
+    assert_eq!(t.epoch(a), Epoch(10), "a lower floor changes nothing");
+    assert_eq!(t.forget(Ino(42)), Epoch(10), "an unknown lease's epoch is the floor");
+}
+
 /// Model test: random operations from several owners; after every step
 /// no two owners hold conflicting locks and the epoch never decreases.
 #[test]

@@ -30,6 +30,34 @@ impl Ino {
     pub const ROOT: Ino = Ino(1);
 }
 
+/// Hashes inode numbers with one multiplication. Inode numbers come from a
+/// counter, not from callers, so a keyed hash (SipHash, several times
+/// slower) buys nothing here, and a million-inode table is rebuilt at every
+/// start.
+#[derive(Default, Clone, Copy)]
+pub struct InoHasher(u64);
+
+impl std::hash::Hasher for InoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        // Fibonacci hashing: spreads consecutive numbers over the high bits
+        // (the table's control bytes) and the low bits (its index) alike.
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// A map keyed by inode number.
+pub type InoMap<V> = HashMap<Ino, V, std::hash::BuildHasherDefault<InoHasher>>;
+/// A set of inode numbers.
+pub type InoSet = HashSet<Ino, std::hash::BuildHasherDefault<InoHasher>>;
+
 /// Longest name a directory entry may have, in bytes.
 pub const NAME_MAX: usize = 255;
 /// Size of a content page; files are stored as sparse pages.
@@ -338,20 +366,23 @@ pub struct NewInode {
 /// The inode table.
 #[derive(Debug)]
 pub struct Namespace {
-    inodes: HashMap<Ino, Inode>,
+    /// Boxed: a million-inode table is then 16 bytes a slot, not 224
+    /// (a hash table keeps up to half its slots empty), and rebuilding it
+    /// at start moves pointers, not inodes.
+    inodes: InoMap<Box<Inode>>,
     next_ino: u64,
     /// Track changes for the durable store.
     track: bool,
     /// Inodes changed since the last flush.
-    dirty: HashSet<Ino>,
+    dirty: InoSet,
     /// Inodes created since the last flush: the durable image has never
     /// seen them, so dropping one needs no record.
-    fresh: HashSet<Ino>,
+    fresh: InoSet,
     /// Inodes dropped since the last flush.
-    freed: HashSet<Ino>,
+    freed: InoSet,
     /// Where each non-directory was last given a name: a hint for finding
     /// a file's path without walking the tree (verified before use).
-    hints: HashMap<Ino, (Ino, OsString)>,
+    hints: InoMap<(Ino, OsString)>,
     /// What the contents and extended attributes occupy, kept up to date by
     /// [`Namespace::account`] and [`Namespace::maybe_drop`] so the size
     /// limit is checked in O(1).
@@ -411,16 +442,16 @@ impl Namespace {
             xattrs: BTreeMap::new(),
             body: Body::Dir(Box::new(Dir::new(Ino::ROOT))),
         };
-        let mut inodes = HashMap::new();
-        inodes.insert(Ino::ROOT, root);
+        let mut inodes = InoMap::default();
+        inodes.insert(Ino::ROOT, Box::new(root));
         Namespace {
             inodes,
             next_ino: 2,
             track: false,
-            dirty: HashSet::new(),
-            fresh: HashSet::new(),
-            freed: HashSet::new(),
-            hints: HashMap::new(),
+            dirty: InoSet::default(),
+            fresh: InoSet::default(),
+            freed: InoSet::default(),
+            hints: InoMap::default(),
             usage: Usage::default(),
         }
     }
@@ -429,17 +460,19 @@ impl Namespace {
     /// parents are recomputed from the entries, and inodes no name reaches
     /// (files that were unlinked while open) are dropped.
     /// `fresh` supplies the root when nothing was recovered.
-    pub fn restore(mut inodes: HashMap<Ino, Inode>, next_ino: u64, mut fresh: Namespace) -> Namespace {
+    pub fn restore(mut inodes: InoMap<Box<Inode>>, next_ino: u64, mut fresh: Namespace) -> Namespace {
         if let (std::collections::hash_map::Entry::Vacant(e), Some(root)) =
             (inodes.entry(Ino::ROOT), fresh.inodes.remove(&Ino::ROOT))
         {
             e.insert(root);
         }
-        let mut reached = HashSet::new();
+        let n = inodes.len();
+        let mut reached = InoSet::with_capacity_and_hasher(n, Default::default());
         let mut stack = vec![Ino::ROOT];
-        let mut links: HashMap<Ino, u32> = HashMap::new();
-        let mut parents: HashMap<Ino, (Ino, u32)> = HashMap::new();
-        let mut hints = HashMap::new();
+        // Link counts of files named more than once (most have one name).
+        let mut links: InoMap<u32> = InoMap::default();
+        let mut parents: InoMap<(Ino, u32)> = InoMap::default();
+        let mut hints = InoMap::with_capacity_and_hasher(n, Default::default());
         while let Some(dir) = stack.pop() {
             if !reached.insert(dir) {
                 continue;
@@ -457,8 +490,9 @@ impl Namespace {
                     }
                     Some(Kind::Dir) => {}
                     Some(_) => {
-                        *links.entry(child).or_default() += 1;
-                        reached.insert(child);
+                        if !reached.insert(child) {
+                            *links.entry(child).or_insert(1) += 1;
+                        }
                         hints.insert(child, (dir, name.clone()));
                     }
                     None => {}
@@ -467,37 +501,48 @@ impl Namespace {
             parents.entry(dir).or_insert((dir, 0)).1 = subdirs;
         }
         inodes.retain(|ino, _| reached.contains(ino));
+        drop(reached);
         // Entries naming inodes that did not survive go too.
-        let alive: HashSet<Ino> = inodes.keys().copied().collect();
+        let dead: Vec<(Ino, OsString)> = inodes
+            .values()
+            .filter_map(|i| match &i.body {
+                Body::Dir(d) => {
+                    Some(d.iter().filter(|(_, c)| !inodes.contains_key(c)).map(|(n, _)| (i.ino, n.clone())))
+                }
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        for (dir, name) in dead {
+            if let Some(Body::Dir(d)) = inodes.get_mut(&dir).map(|i| &mut i.body) {
+                d.remove(&name);
+            }
+        }
+        let mut usage = Usage::default();
+        let mut highest = 1;
         for i in inodes.values_mut() {
             match &mut i.body {
                 Body::Dir(d) => {
-                    let dead: Vec<OsString> =
-                        d.iter().filter(|(_, c)| !alive.contains(c)).map(|(n, _)| n.clone()).collect();
-                    for n in dead {
-                        d.remove(&n);
-                    }
                     let (parent, subdirs) = parents.get(&i.ino).copied().unwrap_or((i.ino, 0));
                     d.parent = if i.ino == Ino::ROOT { Ino::ROOT } else { parent };
                     i.nlink = 2 + subdirs;
                 }
-                _ => i.nlink = links.get(&i.ino).copied().unwrap_or(0),
+                _ => i.nlink = links.get(&i.ino).copied().unwrap_or(1),
             }
             i.lookups = u64::from(i.ino == Ino::ROOT);
             i.opens = 0;
+            highest = highest.max(i.ino.0);
+            let u = Usage::of(i);
+            usage.pages += u.pages;
+            usage.xattr_bytes += u.xattr_bytes;
         }
-        let next_ino = next_ino.max(inodes.keys().map(|i| i.0 + 1).max().unwrap_or(2));
-        let usage = inodes.values().map(Usage::of).fold(Usage::default(), |a, u| Usage {
-            pages: a.pages + u.pages,
-            xattr_bytes: a.xattr_bytes + u.xattr_bytes,
-        });
         Namespace {
             inodes,
-            next_ino,
+            next_ino: next_ino.max(highest + 1),
             track: false,
-            dirty: HashSet::new(),
-            fresh: HashSet::new(),
-            freed: HashSet::new(),
+            dirty: InoSet::default(),
+            fresh: InoSet::default(),
+            freed: InoSet::default(),
             hints,
             usage,
         }
@@ -531,7 +576,7 @@ impl Namespace {
     }
 
     /// Inodes changed since the last flush, and inodes dropped.
-    pub fn dirty(&self) -> (&HashSet<Ino>, &HashSet<Ino>) {
+    pub fn dirty(&self) -> (&InoSet, &InoSet) {
         (&self.dirty, &self.freed)
     }
 
@@ -560,12 +605,12 @@ impl Namespace {
 
     /// Every inode (for snapshots).
     pub fn inodes(&self) -> impl Iterator<Item = &Inode> {
-        self.inodes.values()
+        self.inodes.values().map(|i| &**i)
     }
 
     /// The inode, or `ENOENT`.
     pub fn get(&self, ino: Ino) -> Result<&Inode> {
-        self.inodes.get(&ino).ok_or(Error::NotFound)
+        self.inodes.get(&ino).map(|i| &**i).ok_or(Error::NotFound)
     }
 
     /// The inode, or `ENOENT`.
@@ -573,7 +618,7 @@ impl Namespace {
         if self.track && self.inodes.contains_key(&ino) {
             self.dirty.insert(ino);
         }
-        self.inodes.get_mut(&ino).ok_or(Error::NotFound)
+        self.inodes.get_mut(&ino).map(|i| &mut **i).ok_or(Error::NotFound)
     }
 
     /// True (once) when at least `pages` content pages were freed since the
@@ -660,7 +705,7 @@ impl Namespace {
             xattrs: BTreeMap::new(),
             body,
         };
-        self.inodes.insert(ino, inode);
+        self.inodes.insert(ino, Box::new(inode));
         if self.track {
             self.dirty.insert(ino);
             self.fresh.insert(ino);

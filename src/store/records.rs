@@ -321,9 +321,23 @@ pub(super) enum Scan {
 /// Walk the framed records of `image`, handing each committed batch to
 /// `batch`. `Err(offset)` for corruption before the tail.
 pub(super) fn scan(image: &[u8], mut batch: impl FnMut(Vec<Rec>)) -> Result<Scan, u64> {
+    let mut pending = Vec::new();
+    scan_each(image, |rec| {
+        let end = matches!(rec, Rec::Commit(_));
+        pending.push(rec);
+        if end {
+            batch(std::mem::take(&mut pending));
+        }
+    })
+}
+
+/// [`scan`], handing over each record as it is decoded, before the commit
+/// that ends its batch is seen: for an image that must be whole (a
+/// snapshot), which is refused altogether unless this returns
+/// `Scan::Clean`.
+pub(super) fn scan_each(image: &[u8], mut each: impl FnMut(Rec)) -> Result<Scan, u64> {
     let mut pos = 0usize;
     let mut committed = 0usize;
-    let mut pending = Vec::new();
     while pos < image.len() {
         let rest = &image[pos..];
         let torn = |_: ()| -> Result<Scan, u64> { Ok(Scan::Torn(committed as u64)) };
@@ -349,9 +363,8 @@ pub(super) fn scan(image: &[u8], mut batch: impl FnMut(Vec<Rec>)) -> Result<Scan
         };
         pos += FRAME + len;
         let end = matches!(rec, Rec::Commit(_));
-        pending.push(rec);
+        each(rec);
         if end {
-            batch(std::mem::take(&mut pending));
             committed = pos;
         }
     }

@@ -47,16 +47,15 @@
 //!
 //! The record codec is in [`crate::store::records`].
 
-use std::collections::HashMap;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::time::SystemTime;
 
-use crate::namespace::{Body, Ino, Inode, Namespace};
+use crate::namespace::{Body, Ino, InoMap, Inode, Namespace};
 use crate::store::storage::{Storage, Syncer};
 
 pub use super::records::{crc32, Enc, Extra};
-use super::records::{scan, Rec, Scan};
+use super::records::{scan, scan_each, Rec, Scan};
 
 /// The first journal file in the state directory (generation 0 starts there).
 pub const JOURNAL: &str = "namespace.journal";
@@ -82,8 +81,8 @@ pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 /// The state a store recovered.
 #[derive(Debug, Default)]
 pub struct Recovered {
-    pub inodes: HashMap<Ino, Inode>,
-    pub extras: HashMap<Ino, Extra>,
+    pub inodes: InoMap<Box<Inode>>,
+    pub extras: InoMap<Extra>,
     pub next_ino: u64,
     /// Bytes cut off the journal's tail.
     pub cut: u64,
@@ -110,12 +109,13 @@ impl Recovered {
             Rec::Header(..) | Rec::Commit(_) | Rec::Base(..) => {}
             Rec::Inode(new, size, extra) => {
                 let ino = new.ino;
-                let mut new = *new;
+                let mut new = new;
+                // Almost always absent (one inode record per inode).
                 match self.inodes.remove(&ino) {
                     // Keep what the inode holds besides its attributes.
-                    Some(old) if old.kind == new.kind => match (old.body, &mut new.body) {
-                        (Body::File(d), Body::File(n)) => *n = d,
-                        (Body::Dir(d), Body::Dir(n)) => *n = d,
+                    Some(old) if old.kind == new.kind => match (*old, &mut new.body) {
+                        (Inode { body: Body::File(d), .. }, Body::File(n)) => *n = d,
+                        (Inode { body: Body::Dir(d), .. }, Body::Dir(n)) => *n = d,
                         _ => {}
                     },
                     _ => {}
@@ -131,12 +131,12 @@ impl Recovered {
                 self.inodes.insert(ino, new);
             }
             Rec::Page(ino, idx, bytes) => {
-                if let Some(Inode { body: Body::File(d), .. }) = self.inodes.get_mut(&ino) {
+                if let Some(Inode { body: Body::File(d), .. }) = self.inodes.get_mut(&ino).map(|i| &mut **i) {
                     d.restore_page(idx, (!bytes.is_empty()).then_some(&bytes[..]));
                 }
             }
             Rec::Entry(dir, name, ino) => {
-                if let Some(Inode { body: Body::Dir(d), .. }) = self.inodes.get_mut(&dir) {
+                if let Some(Inode { body: Body::Dir(d), .. }) = self.inodes.get_mut(&dir).map(|i| &mut **i) {
                     match ino {
                         Some(ino) => d.insert(name, ino),
                         None => {
@@ -214,6 +214,9 @@ pub struct Store {
     pub snapshot_min: u64,
     /// A snapshot is being written off the request path.
     compacting: bool,
+    /// Recovery replayed batches of an older journal the snapshot
+    /// continues from (a new snapshot would make them unnecessary).
+    replayed_older: bool,
 }
 
 /// A snapshot image waiting to be written by [`write_snapshot`].
@@ -337,24 +340,20 @@ impl Store {
         let mut base = None;
         if let Some(img) = &snapshot {
             let mut header = None;
-            let mut batches = Vec::new();
-            match scan(img, |b| batches.push(b)) {
+            // Applied as decoded: a snapshot is whole or refused.
+            let scanned = scan_each(img, |r| match r {
+                Rec::Header(g, t) => {
+                    header = Some(g);
+                    written_at = Some(t);
+                }
+                Rec::Base(g, offset) => base = Some((g, offset)),
+                Rec::Commit(n) => rec.next_ino = rec.next_ino.max(n),
+                r => rec.apply(r),
+            });
+            match scanned {
                 Ok(Scan::Clean(_)) => {}
                 Ok(Scan::Torn(off)) | Err(off) => {
                     return Err(format!("{SNAPSHOT}: corrupt record at offset {off}; refusing to start"));
-                }
-            }
-            for b in batches {
-                for r in b {
-                    match r {
-                        Rec::Header(g, t) => {
-                            header = Some(g);
-                            written_at = Some(t);
-                        }
-                        Rec::Base(g, offset) => base = Some((g, offset)),
-                        Rec::Commit(n) => rec.next_ino = rec.next_ino.max(n),
-                        r => rec.apply(r),
-                    }
                 }
             }
             generation = header.ok_or_else(|| format!("{SNAPSHOT}: no header; refusing to start"))?;
@@ -388,6 +387,7 @@ impl Store {
                 }
             }
         }
+        let mut replayed_older = false;
         if let Some((i, offset)) = older {
             let f = &found[i];
             if offset <= f.keep {
@@ -395,6 +395,7 @@ impl Store {
                 if !matches!(scan(&f.data[offset as usize..f.keep as usize], |b| batches.push(b)), Ok(Scan::Clean(_))) {
                     return Err(format!("{}: no batch boundary at offset {offset}; refusing to start", f.name));
                 }
+                replayed_older = !batches.is_empty();
                 rec.replay(batches);
             }
             if (f.data.len() as u64) > f.keep {
@@ -433,6 +434,7 @@ impl Store {
             flushes: 0,
             snapshot_min: SNAPSHOT_MIN_BYTES,
             compacting: false,
+            replayed_older,
         };
         Ok((store, rec))
     }
@@ -545,18 +547,29 @@ impl Store {
     /// being appended; then [`Store::finish_snapshot`]. None while one is
     /// in progress or after a failure.
     pub fn begin_snapshot(&mut self, image: &[u8]) -> Option<SnapshotJob> {
+        let mut e = self.background_head();
+        e.buf.extend_from_slice(image);
+        self.begin_snapshot_of(e.buf)
+    }
+
+    /// The start of a snapshot image for [`Store::begin_snapshot_of`]:
+    /// encode the namespace after it.
+    pub fn background_head(&self) -> Enc {
+        let mut e = Enc::default();
+        e.header(self.generation + 1);
+        // Recovery replays what the journal gains after this offset.
+        e.base(self.journal_gen, self.journal_bytes);
+        e
+    }
+
+    /// [`Store::begin_snapshot`] of an image that starts with
+    /// [`Store::background_head`] (no copy of the image).
+    pub fn begin_snapshot_of(&mut self, data: Vec<u8>) -> Option<SnapshotJob> {
         if self.failed() || self.compacting {
             return None;
         }
-        let generation = self.generation + 1;
-        let mut e = Enc::default();
-        e.header(generation);
-        // Recovery replays what the journal gains after this offset.
-        e.base(self.journal_gen, self.journal_bytes);
-        let mut data = e.buf;
-        data.extend_from_slice(image);
         self.compacting = true;
-        Some(SnapshotJob { data, generation, journal: other_journal(self.journal) })
+        Some(SnapshotJob { data, generation: self.generation + 1, journal: other_journal(self.journal) })
     }
 
     /// The snapshot started by [`Store::begin_snapshot`] will not be
@@ -588,6 +601,7 @@ impl Store {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.generation = w.generation;
+        self.replayed_older = false;
         self.snapshot_bytes = w.bytes;
         self.last_snapshot = Some(SystemTime::now());
         match w.journal {
@@ -614,14 +628,36 @@ impl Store {
     /// Write `image` (every record of the namespace, ending with a commit)
     /// as the snapshot of the next generation, then start a new journal.
     pub fn snapshot(&mut self, image: &[u8]) -> io::Result<()> {
+        let mut e = self.head();
+        e.buf.extend_from_slice(image);
+        self.snapshot_of(e.buf)
+    }
+
+    /// The start of a snapshot image for [`Store::snapshot_of`]: encode
+    /// the namespace after it.
+    pub fn head(&self) -> Enc {
+        let mut e = Enc::default();
+        e.header(self.generation + 1);
+        e
+    }
+
+    /// True when the state directory holds something a new snapshot would
+    /// fold in: batches in the journal, or an older journal's that
+    /// recovery replayed.
+    pub fn changed_since_snapshot(&self) -> bool {
+        let mut empty = Enc::default();
+        empty.header(0);
+        empty.commit(0);
+        self.replayed_older || self.journal_bytes != empty.buf.len() as u64 || self.journal_gen != self.generation
+    }
+
+    /// [`Store::snapshot`] of an image that starts with [`Store::head`]
+    /// (no copy of the image).
+    pub fn snapshot_of(&mut self, data: Vec<u8>) -> io::Result<()> {
         if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let generation = self.generation + 1;
-        let mut e = Enc::default();
-        e.header(generation);
-        let mut data = e.buf;
-        data.extend_from_slice(image);
         let r = self
             .storage
             .write_new(SNAPSHOT_TMP, &data)
@@ -644,6 +680,7 @@ impl Store {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         self.generation = generation;
+        self.replayed_older = false;
         self.snapshot_bytes = data.len() as u64;
         self.last_snapshot = Some(SystemTime::now());
         let journal = other_journal(self.journal);
@@ -696,8 +733,14 @@ pub fn encode_changes(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
 
 /// Encode the whole namespace (for a snapshot).
 pub fn encode_all(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
-    let mut e = Enc::default();
-    let mut entries = Vec::new();
+    encode_all_after(Enc::default(), ns, extra)
+}
+
+/// [`encode_all`] after what `e` holds (a snapshot's head).
+pub fn encode_all_after(mut e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
+    // Small files take about 220 bytes each: one allocation, not a dozen
+    // doublings of a buffer as large as the namespace.
+    e.buf.reserve(ns.len() * 224 + 4096);
     for i in ns.inodes() {
         e.inode(i, &extra(i.ino));
         match &i.body {
@@ -706,12 +749,15 @@ pub fn encode_all(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
                     e.page(i.ino, idx, d.page(idx));
                 }
             }
-            Body::Dir(d) => entries.extend(d.iter().map(|(n, c)| (i.ino, n.as_bytes(), c))),
+            // A directory's entries follow its own record (recovery adds
+            // them to it; the inodes they name may come later).
+            Body::Dir(d) => {
+                for (n, c) in d.iter() {
+                    e.entry(i.ino, n.as_bytes(), Some(c));
+                }
+            }
             _ => {}
         }
-    }
-    for (dir, name, ino) in entries {
-        e.entry(dir, name, Some(ino));
     }
     e.commit(ns.next_ino());
     e.buf

@@ -379,3 +379,38 @@ fn small_files_are_stored_compactly_and_reserved_pages_survive_recovery() {
     assert!(store.snapshot_bytes() < 3 * PAGE as u64 + 1024);
     check(&recover(recording_mut(&mut store).clone()));
 }
+
+/// A clean unmount skips the snapshot when nothing changed since the last
+/// one: not after a flush, and not when recovery had to replay an older
+/// journal the snapshot continues from (a snapshot makes it unneeded).
+#[test]
+fn only_a_store_that_changed_since_its_snapshot_wants_one_at_unmount() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();
+    assert!(!store.changed_since_snapshot(), "a fresh state directory");
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    file(&mut ns, Ino::ROOT, "a", b"1");
+    flush(&mut ns, &mut store);
+    assert!(store.changed_since_snapshot(), "a batch in the journal");
+    let img = encode_all_after(store.head(), &ns, |_| Extra::default());
+    store.snapshot_of(img).unwrap();
+    assert!(!store.changed_since_snapshot(), "just compacted");
+    let (reopened, _) = Store::open(Box::new(recording_mut(&mut store).clone())).unwrap();
+    assert!(!reopened.changed_since_snapshot(), "reopened after a snapshot");
+    assert_eq!(view(&recover(recording_mut(&mut store).clone())), view(&ns));
+
+    // A background snapshot whose new journal was never started: recovery
+    // replays the batch appended meanwhile from the older journal.
+    let job = store.begin_snapshot_of(encode_all_after(store.background_head(), &ns, |_| Extra::default())).unwrap();
+    file(&mut ns, Ino::ROOT, "b", b"2");
+    flush(&mut ns, &mut store);
+    let storage = recording_mut(&mut store);
+    let written = write_snapshot(storage, &job).unwrap();
+    drop(written);
+    let mut img = storage.clone();
+    let new_journal = other_journal(store.journal);
+    img.remove(new_journal).unwrap();
+    let (reopened, _) = Store::open(Box::new(img.clone())).unwrap();
+    assert!(reopened.changed_since_snapshot(), "an older journal was replayed");
+    assert_eq!(view(&recover(img)), view(&ns));
+}
