@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Crash loop: workers take leases and append+fsync records while the daemon is
-# killed with SIGKILL at a random moment; after each restart on the same state
-# directory, verify that no path's epoch went back, that the next grant is
+# Crash loop: workers take leases (long-lived names, and names created with
+# O_EXCL, removed while held and re-created) and append+fsync records while
+# the daemon is killed with SIGKILL at a random moment; after each restart on
+# the same state directory, verify that no path's epoch went back, that the next grant is
 # strictly higher than any epoch handed out, and that every acknowledged
 # (fsync returned) record is present — of this and of all earlier iterations.
 #   scripts/crashloop.sh [ITERATIONS] [WORKERS]     (defaults: 200, 4)
@@ -42,8 +43,16 @@ try:
     os.makedirs(f"{mnt}/data", exist_ok=True)
     n = 0
     while True:
-        path = f"leases/L{rng.randrange(4)}"
-        fd = os.open(f"{mnt}/{path}", os.O_RDWR | os.O_CREAT, 0o644)
+        # Long-lived names, and names that are created (O_EXCL when new),
+        # removed and re-created around the crashes: each new inode of a
+        # path must resume above every epoch the path had.
+        churn = rng.random() < 0.5
+        path = f"names/N{rng.randrange(16)}" if churn else f"leases/L{rng.randrange(4)}"
+        os.makedirs(f"{mnt}/names", exist_ok=True)
+        try:
+            fd = os.open(f"{mnt}/{path}", os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            fd = os.open(f"{mnt}/{path}", os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
         e = int(os.getxattr(fd, "user.leasefs.epoch"))
         out.write(f"epoch {path} {e}\n")
@@ -53,6 +62,11 @@ try:
         os.fsync(d)
         out.write(f"ack {wid} {rec}\n")
         os.close(d)
+        if churn and rng.random() < 0.7:
+            try:
+                os.unlink(f"{mnt}/{path}")
+            except FileNotFoundError:
+                pass
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
         n += 1

@@ -59,8 +59,8 @@ impl ControlFile {
     pub fn perm(self) -> u16 {
         match self {
             ControlFile::Break => 0o200,
-            // Read the stream; write a path prefix to filter it.
-            ControlFile::Events => 0o666,
+            // Read them; write a path prefix to filter them.
+            ControlFile::Events | ControlFile::Leases => 0o666,
             _ => 0o444,
         }
     }

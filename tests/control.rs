@@ -267,3 +267,97 @@ except OSError:
         assert!(ok, "no {what:?} line with path {path}, pid and epoch in:\n{text}");
     }
 }
+
+/// `.leasefs/leases` is rendered as it is read (tiny reads see the same
+/// rows as one large read; reads may skip ahead or start over), a path
+/// prefix written to the descriptor narrows it to that subtree (whole path
+/// components: `/a/1` is not `/a/10`), and `leasefs leases` passes a
+/// prefix and stops reading at `--limit`.
+#[test]
+fn the_leases_listing_is_streamed_filtered_by_prefix_and_limited() {
+    let m = Mount::new();
+    let mp = m.path.to_str().unwrap();
+    sh_ok(&m.path, "mkdir a b ab && touch b/x ab/y && for i in $(seq 1 300); do : > a/$i; done");
+    let _h = Bg::ready(
+        &m.path,
+        "exec python3 -c '
+import fcntl, os, time
+fds = [os.open(p, os.O_RDWR) for p in [\"a/%d\" % i for i in range(1, 301)] + [\"b/x\", \"ab/y\"]]
+for fd in fds: fcntl.flock(fd, fcntl.LOCK_EX)
+print(\"ready\", flush=True)
+time.sleep(120)
+'",
+    );
+    let out = py_ok(
+        &m.path,
+        r#"
+import errno, json, os
+whole = open(".leasefs/leases", "rb").read()
+fd = os.open(".leasefs/leases", os.O_RDONLY)
+small = b""
+while True:
+    b = os.read(fd, 37)
+    if not b: break
+    small += b
+again = os.pread(fd, 1000, 0).split(b"\n")[0]
+os.close(fd)
+fd = os.open(".leasefs/leases", os.O_RDONLY)
+ahead, past = os.pread(fd, 100, 5000), os.pread(fd, 100, len(whole) + 10000)
+os.close(fd)
+def rows(text):
+    return [(r["path"], r["epoch"], [h["pid"] for h in r["holders"]]) for r in map(json.loads, text.splitlines())]
+def listed(prefix):
+    fd = os.open(".leasefs/leases", os.O_RDWR)
+    assert os.write(fd, prefix.encode()) == len(prefix)
+    out = b""
+    while True:
+        b = os.read(fd, 4096)
+        if not b: break
+        out += b
+    os.close(fd)
+    return [json.loads(l)["path"] for l in out.splitlines()]
+fd = os.open(".leasefs/leases", os.O_RDWR)
+try:
+    os.write(fd, b"relative")
+    bad = 0
+except OSError as e:
+    bad = e.errno
+print(json.dumps({
+    "paths": [json.loads(l)["path"] for l in whole.splitlines()],
+    # Rows are rendered when read: only their ages may differ.
+    "same": rows(small) == rows(whole), "again": json.loads(again)["path"] == "/a/1",
+    "ahead": len(ahead) == 100 and past == b"",
+    "a": listed("/a"), "a1": listed("/a/1\n"), "b": listed("/b/"), "root": len(listed("/")),
+    "bad": bad == errno.EINVAL,
+}))
+"#,
+    );
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let paths: Vec<&str> = v["paths"].as_array().unwrap().iter().map(|p| p.as_str().unwrap()).collect();
+    assert_eq!(paths.len(), 302, "{paths:?}");
+    let mut sorted = paths.clone();
+    sorted.sort();
+    assert_eq!(paths, sorted, "rows come in path order");
+    assert_eq!(paths[0], "/a/1");
+    assert!(paths.contains(&"/ab/y") && paths.contains(&"/b/x"));
+    for k in ["same", "again", "ahead", "bad"] {
+        assert_eq!(v[k], true, "{k}: {v}");
+    }
+    assert_eq!(v["a"].as_array().unwrap().len(), 300, "/a holds 300, /ab is not under it: {v}");
+    assert_eq!(v["a1"], serde_json::json!(["/a/1"]), "{v}");
+    assert_eq!(v["b"], serde_json::json!(["/b/x"]), "{v}");
+    assert_eq!(v["root"], 302);
+
+    let (ok, out, err) = leasefs(&["leases", mp, "b"]);
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = out.lines().collect();
+    assert_eq!(rows.len(), 2, "header and /b/x: {out}");
+    assert!(rows[1].starts_with("/b/x "), "{out}");
+    let (ok, out, err) = leasefs(&["leases", mp, "--limit", "5", "--json"]);
+    assert!(ok, "{err}");
+    let got: Vec<String> =
+        out.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["path"].to_string()).collect();
+    assert_eq!(got, ["\"/a/1\"", "\"/a/10\"", "\"/a/100\"", "\"/a/101\"", "\"/a/102\""], "{out}");
+    let (ok, out, _) = leasefs(&["leases", mp, "/a", "-n", "3"]);
+    assert!(ok && out.lines().count() == 4, "header and three rows: {out}");
+}

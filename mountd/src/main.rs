@@ -151,6 +151,13 @@ struct WatchArgs {
 struct LeasesArgs {
     #[command(flatten)]
     show: ShowArgs,
+    /// Only leases at or under this mount-relative path (`/jobs`).
+    #[arg(value_name = "PATH")]
+    prefix: Option<String>,
+    /// Show at most N leases (in path order); the daemon renders no more
+    /// than it is asked for.
+    #[arg(long, short = 'n', value_name = "N")]
+    limit: Option<usize>,
     /// Also show each lease's inode, version and TTL.
     #[arg(long)]
     wide: bool,
@@ -478,17 +485,45 @@ fn bytes(n: u64) -> String {
 }
 
 fn leases(args: &LeasesArgs) -> ExitCode {
-    let text = match show(&args.show, "leases") {
-        Ok(t) => t,
-        Err(code) => return code,
+    let lines = match lease_lines(args) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("leasefs: {e}");
+            return ExitCode::FAILURE;
+        }
     };
+    if args.show.json {
+        lines.iter().for_each(|l| println!("{l}"));
+        return ExitCode::SUCCESS;
+    }
     let mut rows = vec![leases_header(args.wide)];
-    for line in text.lines() {
+    for line in &lines {
         let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
         rows.push(lease_row(&v, args.wide));
     }
     print!("{}", table(&rows));
     ExitCode::SUCCESS
+}
+
+/// The lines of `.leasefs/leases`, read as a stream: under `prefix` (the
+/// daemon filters), at most `limit` of them (reading stops there).
+fn lease_lines(args: &LeasesArgs) -> Result<Vec<String>, String> {
+    use std::io::{BufRead, Write};
+    let p = control_file(&args.show.mountpoint, "leases")?;
+    let err = |e: std::io::Error| format!("{}: {e}", p.display());
+    let mut f = std::fs::OpenOptions::new().read(true).write(args.prefix.is_some()).open(&p).map_err(err)?;
+    if let Some(prefix) = &args.prefix {
+        let prefix = format!("/{}", prefix.trim_start_matches('/'));
+        f.write_all(prefix.as_bytes()).map_err(err)?;
+    }
+    let mut lines = Vec::new();
+    for line in std::io::BufReader::new(f).lines() {
+        if args.limit.is_some_and(|n| lines.len() >= n) {
+            break;
+        }
+        lines.push(line.map_err(err)?);
+    }
+    Ok(lines)
 }
 
 fn leases_header(wide: bool) -> Vec<String> {

@@ -39,7 +39,7 @@ impl Fs {
                 let h = Handle(st.next_handle);
                 st.events.open(h.0)?;
                 st.next_handle += 1;
-                st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: None });
+                st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: None, listing: None });
                 return Ok(h);
             }
             Some(ControlFile::Break) => {
@@ -48,6 +48,9 @@ impl Fs {
                 }
                 Some(Vec::new())
             }
+            // Rows are rendered as they are read; a path prefix written to
+            // the descriptor narrows them.
+            Some(ControlFile::Leases) => None,
             Some(c) => {
                 if flags & libc::O_ACCMODE != libc::O_RDONLY {
                     return Err(Error::Access);
@@ -56,10 +59,11 @@ impl Fs {
             }
         };
         let mut st = self.state.lock();
+        let listing = (ControlFile::by_ino(ino) == Some(ControlFile::Leases)).then(|| Box::new(Listing::of(&st, "/")));
         st.room_for_handle(true)?;
         let h = Handle(st.next_handle);
         st.next_handle += 1;
-        st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content });
+        st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content, listing });
         Ok(h)
     }
 
@@ -123,6 +127,43 @@ impl Fs {
         st.breaking = "ttl";
         tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.lease.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
         Ok((data.len() as u32, effects))
+    }
+
+    /// Read `.leasefs/leases` on `h`: rows are rendered from the state at
+    /// the time they are read, a few at a time, so a listing of a mount
+    /// with a million held leases is never built as one string.
+    pub(super) fn listing_read(st: &mut State, h: Handle, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let mut l = st.handles.get_mut(&h).and_then(|f| f.listing.take()).ok_or(Error::BadHandle)?;
+        let now = st.lease.now();
+        let out = l.read(st, now, offset, size as usize);
+        if let Some(f) = st.handles.get_mut(&h) {
+            f.listing = Some(l);
+        }
+        Ok(out)
+    }
+
+    /// A path prefix written to `.leasefs/leases` at `offset`: list only
+    /// leases under it, from the start, which is where the write left the
+    /// descriptor's offset.
+    pub fn listing_filter(&self, h: Handle, offset: u64, data: &[u8]) -> Result<u32> {
+        let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?;
+        let p = text.trim_end_matches(['\n', '\0']).trim();
+        if !p.starts_with('/') || p.len() > 4096 {
+            return Err(Error::Invalid);
+        }
+        let mut st = self.state.lock();
+        let mut fresh = Listing::of(&st, p);
+        fresh.base = offset + data.len() as u64;
+        fresh.at = fresh.base;
+        let f = st.handles.get_mut(&h).filter(|f| f.listing.is_some()).ok_or(Error::BadHandle)?;
+        f.listing = Some(Box::new(fresh));
+        Ok(data.len() as u32)
+    }
+
+    /// Whether writes to `ino` set a path filter (the event stream and the
+    /// leases listing).
+    pub fn is_filtered(ino: Ino) -> bool {
+        matches!(ControlFile::by_ino(ino), Some(ControlFile::Events | ControlFile::Leases))
     }
 
     /// Every file's paths that currently lead to `ino`s of interest.
@@ -204,34 +245,11 @@ impl Fs {
                 )
             }
             ControlFile::Leases => {
-                let wanted: std::collections::HashSet<Ino> = leases
-                    .iter()
-                    .filter(|(i, l)| {
-                        l.is_live()
-                            || l.ttl().is_some()
-                            || st.lease.effective_ttl(*i).is_some() && !l.locks().is_empty()
-                    })
-                    .map(|(i, _)| *i)
-                    .collect();
-                let paths = Self::paths_of(&st, &wanted);
-                let mut rows: Vec<(String, String)> = Vec::new();
-                for (ino, l) in leases.iter().filter(|(i, _)| wanted.contains(i)) {
-                    let path = paths.get(ino).map(|p| format!("/{}", p.display())).unwrap_or_default();
-                    let holders: Vec<serde_json::Value> = l.locks().iter().map(|k| holder_value(k, now)).collect();
-                    let row = serde_json::json!({
-                        "path": path,
-                        "inode": ino.0,
-                        "epoch": l.epoch().0,
-                        "version": st.ns.get(*ino).map(|i| i.version).unwrap_or(0),
-                        "holders": holders,
-                        "waiters": l.waiters(),
-                        "ttl_ms": st.lease.effective_ttl(*ino),
-                        "expires_in_ms": l.expires().map(|e| e as i64 - now as i64),
-                    });
-                    rows.push((path, row.to_string()));
-                }
-                rows.sort();
-                rows.into_iter().map(|(_, r)| r + "\n").collect()
+                drop(leases);
+                let mut l = Listing::of(&st, "/");
+                let mut out = Vec::new();
+                while l.more(&st, now, &mut out) {}
+                String::from_utf8(out).unwrap_or_default()
             }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
@@ -245,5 +263,115 @@ impl Fs {
             }
             ControlFile::Break | ControlFile::Events => String::new(),
         }
+    }
+}
+
+/// Whether `.leasefs/leases` lists a lease: held, awaited, or with a TTL.
+fn listed(st: &State, ino: Ino) -> bool {
+    st.lease.lease(ino).is_some_and(|l| {
+        l.is_live() || l.ttl().is_some() || st.lease.effective_ttl(ino).is_some() && !l.locks().is_empty()
+    })
+}
+
+/// An open `.leasefs/leases`: the listed leases in path order, found at
+/// open (from the lease table, not by walking the tree), and the rows
+/// rendered so far that the reader has not passed yet.
+#[derive(Debug)]
+pub(crate) struct Listing {
+    rows: Vec<(String, Ino)>,
+    next: usize,
+    /// Rendered bytes from offset `at` on.
+    buf: Vec<u8>,
+    at: u64,
+    /// The offset of the listing's first byte (after a filter written).
+    base: u64,
+    prefix: String,
+}
+
+impl Listing {
+    /// The leases listed under `prefix` (`/` for all).
+    fn of(st: &State, prefix: &str) -> Listing {
+        let wanted: Vec<Ino> = st.lease.leases().into_iter().map(|(i, _)| i).filter(|i| listed(st, *i)).collect();
+        let mut rows = Vec::with_capacity(wanted.len());
+        let mut unnamed = std::collections::HashSet::new();
+        for ino in wanted {
+            let path = match st.ns.get(ino).map(|i| i.kind) {
+                Ok(Kind::Dir) => st.ns.dir_path(ino).map(|p| p.into_iter().collect::<PathBuf>()),
+                _ => st.ns.path_hint(ino),
+            };
+            match path {
+                Some(p) => rows.push((format!("/{}", p.display()), ino)),
+                None => {
+                    unnamed.insert(ino);
+                }
+            }
+        }
+        // Detached leases, and files whose name hint went stale (one walk
+        // for all of them, only when there are any).
+        if !unnamed.is_empty() {
+            let found = Fs::paths_of(st, &unnamed);
+            rows.extend(
+                unnamed
+                    .into_iter()
+                    .map(|i| (found.get(&i).map(|p| format!("/{}", p.display())).unwrap_or_default(), i)),
+            );
+        }
+        let prefix = prefix.trim_end_matches('/').to_string();
+        if !prefix.is_empty() {
+            rows.retain(|(p, _)| {
+                p.strip_prefix(prefix.as_str()).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+            });
+        }
+        rows.sort();
+        Listing { rows, next: 0, buf: Vec::new(), at: 0, base: 0, prefix }
+    }
+
+    /// Render the next row still listed into `out`; false at the end.
+    fn more(&mut self, st: &State, now: u64, out: &mut Vec<u8>) -> bool {
+        while let Some((path, ino)) = self.rows.get(self.next) {
+            self.next += 1;
+            let Some(l) = st.lease.lease(*ino).filter(|_| listed(st, *ino)) else { continue };
+            let holders: Vec<serde_json::Value> = l.locks().iter().map(|k| holder_value(k, now)).collect();
+            let row = serde_json::json!({
+                "path": path,
+                "inode": ino.0,
+                "epoch": l.epoch().0,
+                "version": st.ns.get(*ino).map(|i| i.version).unwrap_or(0),
+                "holders": holders,
+                "waiters": l.waiters(),
+                "ttl_ms": st.lease.effective_ttl(*ino),
+                "expires_in_ms": l.expires().map(|e| e as i64 - now as i64),
+            });
+            out.extend_from_slice(row.to_string().as_bytes());
+            out.push(b'\n');
+            return true;
+        }
+        false
+    }
+
+    /// Up to `size` bytes from `offset`. Reading on from where the last
+    /// read ended renders only what is new; reading from earlier starts
+    /// the listing over.
+    fn read(&mut self, st: &State, now: u64, offset: u64, size: usize) -> Vec<u8> {
+        let offset = offset.max(self.base);
+        if offset < self.at {
+            let (prefix, base) = (std::mem::take(&mut self.prefix), self.base);
+            *self = Listing::of(st, if prefix.is_empty() { "/" } else { &prefix });
+            (self.base, self.at) = (base, base);
+        }
+        let skip = ((offset - self.at) as usize).min(self.buf.len());
+        self.buf.drain(..skip);
+        self.at += skip as u64;
+        let mut buf = std::mem::take(&mut self.buf);
+        while (self.at + buf.len() as u64) < offset + size as u64 && self.more(st, now, &mut buf) {
+            // Rows the reader skipped over are not kept.
+            let behind = (offset.saturating_sub(self.at) as usize).min(buf.len());
+            buf.drain(..behind);
+            self.at += behind as u64;
+        }
+        self.buf = buf;
+        let from = (offset.saturating_sub(self.at) as usize).min(self.buf.len());
+        let to = (from + size).min(self.buf.len());
+        self.buf[from..to].to_vec()
     }
 }

@@ -119,7 +119,7 @@ impl Fs {
         i.opens += 1;
         let h = Handle(st.next_handle);
         st.next_handle += 1;
-        st.handles.insert(h, OpenFile { ino, opener, guard, control: None });
+        st.handles.insert(h, OpenFile { ino, opener, guard, control: None, listing: None });
         Ok(h)
     }
 
@@ -187,6 +187,9 @@ impl Fs {
     /// `read` by thread `tid` (an observation).
     pub fn read(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
         let mut st = self.state.lock();
+        if ControlFile::by_ino(ino) == Some(ControlFile::Leases) {
+            return Fs::listing_read(&mut st, h, offset, size);
+        }
         if control::is_control(ino) {
             let c = st.handles.get(&h).and_then(|f| f.control.as_ref()).ok_or(Error::BadHandle)?;
             let from = (offset as usize).min(c.len());

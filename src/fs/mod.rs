@@ -218,6 +218,8 @@ struct OpenFile {
     guard: Option<(Ino, Epoch, u32)>,
     /// A control file's content, rendered at open.
     control: Option<Vec<u8>>,
+    /// `.leasefs/leases`: rendered row by row as it is read.
+    listing: Option<Box<control_files::Listing>>,
 }
 
 #[derive(Debug)]

@@ -586,8 +586,15 @@ impl fuser::Filesystem for LeaseFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        if Fs::is_events(Ino(ino.0)) {
-            return guarded("events filter", || match self.fs.events_filter(Handle(fh.0), data) {
+        if Fs::is_filtered(Ino(ino.0)) {
+            let filter = |h, data| {
+                if Fs::is_events(Ino(ino.0)) {
+                    self.fs.events_filter(h, data)
+                } else {
+                    self.fs.listing_filter(h, offset, data)
+                }
+            };
+            return guarded("control filter", || match filter(Handle(fh.0), data) {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(errno(e)),
             });
