@@ -66,6 +66,17 @@ impl ControlFile {
     }
 }
 
+/// A path prefix written to `.leasefs/events` or `.leasefs/leases`: a
+/// mount-relative path (`/jobs`), a trailing newline or NUL allowed;
+/// anything else is `EINVAL`.
+pub fn path_prefix(text: &str) -> crate::error::Result<&str> {
+    let p = text.trim_end_matches(['\n', '\0']).trim();
+    if !p.starts_with('/') || p.len() > 4096 {
+        return Err(crate::error::Error::Invalid);
+    }
+    Ok(p)
+}
+
 /// True for the control directory and its files.
 pub fn is_control(ino: Ino) -> bool {
     ino == DIR_INO || ControlFile::by_ino(ino).is_some()

@@ -219,11 +219,7 @@ impl Hub {
     /// for this reader from now on.
     pub fn filter(&mut self, handle: u64, prefix: &str) -> Result<()> {
         let r = self.readers.get_mut(&handle).ok_or(Error::BadHandle)?;
-        let p = prefix.trim_end_matches(['\n', '\0']).trim();
-        if !p.starts_with('/') || p.len() > 4096 {
-            return Err(Error::Invalid);
-        }
-        r.prefix = p.to_string();
+        r.prefix = crate::control::path_prefix(prefix)?.to_string();
         Ok(())
     }
 

@@ -147,10 +147,7 @@ impl Fs {
     /// descriptor's offset.
     pub fn listing_filter(&self, h: Handle, offset: u64, data: &[u8]) -> Result<u32> {
         let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?;
-        let p = text.trim_end_matches(['\n', '\0']).trim();
-        if !p.starts_with('/') || p.len() > 4096 {
-            return Err(Error::Invalid);
-        }
+        let p = control::path_prefix(text)?;
         let mut st = self.state.lock();
         let mut fresh = Listing::of(&st, p);
         fresh.base = offset + data.len() as u64;
@@ -198,7 +195,6 @@ impl Fs {
     /// Render a read-only control file.
     pub(super) fn render(&self, c: ControlFile) -> String {
         let mut st = self.state.lock();
-        let now = st.lease.now();
         let leases = st.lease.leases();
         match c {
             ControlFile::Status => {
@@ -244,13 +240,6 @@ impl Fs {
 "
                 )
             }
-            ControlFile::Leases => {
-                drop(leases);
-                let mut l = Listing::of(&st, "/");
-                let mut out = Vec::new();
-                while l.more(&st, now, &mut out) {}
-                String::from_utf8(out).unwrap_or_default()
-            }
             ControlFile::Metrics => {
                 let live = leases.iter().filter(|(_, l)| l.is_live()).count();
                 drop(leases);
@@ -261,7 +250,8 @@ impl Fs {
                     &st.mount_point.to_string_lossy(),
                 )
             }
-            ControlFile::Break | ControlFile::Events => String::new(),
+            // Read through state of their own handles (`Listing`, events).
+            ControlFile::Leases | ControlFile::Break | ControlFile::Events => String::new(),
         }
     }
 }

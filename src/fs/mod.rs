@@ -560,18 +560,18 @@ impl State {
     /// (and journal appends) go on; [`State::finish_compaction`] then starts
     /// the new journal. Backends without a second handle write it in line.
     fn start_compaction(&mut self) {
-        use crate::store::snapshot::encode_all_after;
+        use crate::store::snapshot::encode_all;
         let Some(store) = self.store.as_ref() else { return };
-        if store.fork_storage().is_none() {
-            let img = encode_all_after(store.head(), &self.ns, |ino| self.extra(ino));
-            // Failures are logged by the store; a full disk postpones it.
-            let _ = self.store.as_mut().expect("checked above").snapshot_of(img);
-            return;
-        }
-        let img = encode_all_after(store.background_head(), &self.ns, |ino| self.extra(ino));
+        let forked = store.fork_storage();
+        let head = if forked.is_some() { store.background_head() } else { store.head() };
+        let img = encode_all(head, &self.ns, |ino| self.extra(ino));
         let store = self.store.as_mut().expect("checked above");
-        let Some(mut storage) = store.fork_storage() else { return };
-        let Some(job) = store.begin_snapshot_of(img) else { return };
+        let Some(mut storage) = forked else {
+            // Failures are logged by the store; a full disk postpones it.
+            let _ = store.snapshot(img);
+            return;
+        };
+        let Some(job) = store.begin_snapshot(img) else { return };
         let wake = self.wake.clone();
         let spawned = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
             let written = crate::store::snapshot::write_snapshot(&mut *storage, &job);
@@ -923,9 +923,9 @@ impl Fs {
         }
         let started = std::time::Instant::now();
         let head = st.store.as_ref().expect("checked above").head();
-        let img = crate::store::snapshot::encode_all_after(head, &st.ns, |ino| st.extra(ino));
+        let img = crate::store::snapshot::encode_all(head, &st.ns, |ino| st.extra(ino));
         let bytes = img.len();
-        let written = st.store.as_mut().expect("checked above").snapshot_of(img);
+        let written = st.store.as_mut().expect("checked above").snapshot(img);
         match written {
             Ok(()) => tracing::info!(bytes, ms = started.elapsed().as_millis() as u64, "snapshot written"),
             Err(e) if direct => {

@@ -194,7 +194,9 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// Every lease with state beyond its epoch (idle leases, known only by
     /// their epoch, are not listed).
     fn leases(&self) -> Vec<(Ino, &Lease)>;
-    /// How many leases are known, idle ones included.
+    /// How many leases have state of their own, idle ones included (not
+    /// those that only carry the floor of [`LeaseAuthority::raise_all`],
+    /// such as files not touched since a restart).
     fn known(&self) -> usize;
     /// One lease's state.
     fn lease(&self, ino: Ino) -> Option<&Lease>;

@@ -542,29 +542,21 @@ impl Store {
         self.storage.fork()
     }
 
-    /// Start a snapshot of `image` (the namespace as of the journal's
-    /// current end) that [`write_snapshot`] writes while batches go on
-    /// being appended; then [`Store::finish_snapshot`]. None while one is
-    /// in progress or after a failure.
-    pub fn begin_snapshot(&mut self, image: &[u8]) -> Option<SnapshotJob> {
-        let mut e = self.background_head();
-        e.buf.extend_from_slice(image);
-        self.begin_snapshot_of(e.buf)
-    }
-
-    /// The start of a snapshot image for [`Store::begin_snapshot_of`]:
-    /// encode the namespace after it.
+    /// The start of a snapshot image for [`Store::begin_snapshot`]: the
+    /// head of [`Store::head`] and where in the journal it continues.
     pub fn background_head(&self) -> Enc {
-        let mut e = Enc::default();
-        e.header(self.generation + 1);
+        let mut e = self.head();
         // Recovery replays what the journal gains after this offset.
         e.base(self.journal_gen, self.journal_bytes);
         e
     }
 
-    /// [`Store::begin_snapshot`] of an image that starts with
-    /// [`Store::background_head`] (no copy of the image).
-    pub fn begin_snapshot_of(&mut self, data: Vec<u8>) -> Option<SnapshotJob> {
+    /// Start a snapshot of `image` (begun with [`Store::background_head`],
+    /// then the namespace as of the journal's current end) that
+    /// [`write_snapshot`] writes while batches go on being appended; then
+    /// [`Store::finish_snapshot`]. None while one is in progress or after a
+    /// failure.
+    pub fn begin_snapshot(&mut self, data: Vec<u8>) -> Option<SnapshotJob> {
         if self.failed() || self.compacting {
             return None;
         }
@@ -625,16 +617,8 @@ impl Store {
         }
     }
 
-    /// Write `image` (every record of the namespace, ending with a commit)
-    /// as the snapshot of the next generation, then start a new journal.
-    pub fn snapshot(&mut self, image: &[u8]) -> io::Result<()> {
-        let mut e = self.head();
-        e.buf.extend_from_slice(image);
-        self.snapshot_of(e.buf)
-    }
-
-    /// The start of a snapshot image for [`Store::snapshot_of`]: encode
-    /// the namespace after it.
+    /// The start of a snapshot image: the header of the next generation;
+    /// encode the namespace after it ([`encode_all`]).
     pub fn head(&self) -> Enc {
         let mut e = Enc::default();
         e.header(self.generation + 1);
@@ -651,9 +635,10 @@ impl Store {
         self.replayed_older || self.journal_bytes != empty.buf.len() as u64 || self.journal_gen != self.generation
     }
 
-    /// [`Store::snapshot`] of an image that starts with [`Store::head`]
-    /// (no copy of the image).
-    pub fn snapshot_of(&mut self, data: Vec<u8>) -> io::Result<()> {
+    /// Write `data` (begun with [`Store::head`], then every record of the
+    /// namespace, ending with a commit) as the snapshot of the next
+    /// generation, then start a new journal.
+    pub fn snapshot(&mut self, data: Vec<u8>) -> io::Result<()> {
         if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -731,13 +716,9 @@ pub fn encode_changes(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
     e.buf
 }
 
-/// Encode the whole namespace (for a snapshot).
-pub fn encode_all(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
-    encode_all_after(Enc::default(), ns, extra)
-}
-
-/// [`encode_all`] after what `e` holds (a snapshot's head).
-pub fn encode_all_after(mut e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
+/// Encode the whole namespace (for a snapshot) after what `e` holds (the
+/// snapshot's head).
+pub fn encode_all(mut e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
     // Small files take about 220 bytes each: one allocation, not a dozen
     // doublings of a buffer as large as the namespace.
     e.buf.reserve(ns.len() * 224 + 4096);

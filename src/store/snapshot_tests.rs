@@ -76,7 +76,7 @@ fn records_round_trip_with_crc() {
     ns.set_tracking();
     let f = file(&mut ns, Ino::ROOT, "a", b"hello");
     ns.get_mut(f).unwrap().xattrs.insert("user.x".into(), b"1".to_vec());
-    let img = encode_all(&ns, |_| Extra { ttl_ms: Some(1500), guard: Some("lease".into()) });
+    let img = encode_all(Enc::default(), &ns, |_| Extra { ttl_ms: Some(1500), guard: Some("lease".into()) });
     let mut seen = 0;
     assert!(matches!(scan(&img, |b| seen += b.len()), Ok(Scan::Clean(_))));
     assert!(seen >= 4);
@@ -133,8 +133,8 @@ fn every_crash_image_recovers_what_was_acknowledged() {
         }
         flush(&mut ns, &mut store);
         if store.wants_snapshot() {
-            let img = encode_all(&ns, |_| Extra::default());
-            store.snapshot(&img).unwrap();
+            let img = encode_all(store.head(), &ns, |_| Extra::default());
+            store.snapshot(img).unwrap();
         }
         acked.push(view(&ns));
         images_at_ack.push(recording(&store).images.len());
@@ -184,7 +184,7 @@ fn every_crash_image_of_a_background_snapshot_recovers_what_was_acknowledged() {
         match step % 4 {
             0 => {
                 assert!(!store.compacting());
-                job = store.begin_snapshot(&encode_all(&ns, |_| Extra::default()));
+                job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default()));
                 assert!(store.compacting());
             }
             1 => {
@@ -322,7 +322,7 @@ fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
     };
     work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
     let first = store.journal;
-    let job = store.begin_snapshot(&encode_all(&ns, |_| Extra::default())).unwrap();
+    let job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default())).unwrap();
     work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
     // write_snapshot: write, sync, rename, sync the directory, then the
     // new journal's write fails.
@@ -335,7 +335,7 @@ fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
     for _ in 0..3 {
         work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
     }
-    let job = store.begin_snapshot(&encode_all(&ns, |_| Extra::default())).unwrap();
+    let job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default())).unwrap();
     work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
     let written = write_snapshot(recording_mut(&mut store), &job);
     store.finish_snapshot(written).unwrap();
@@ -361,7 +361,7 @@ fn small_files_are_stored_compactly_and_reserved_pages_survive_recovery() {
     // The journal holds the 14 bytes, not a 4 KiB page per small file.
     let journal = encode_changes(&ns, |_| Extra::default());
     assert!(journal.len() < 256, "nothing is pending after a flush: {} bytes", journal.len());
-    let image = encode_all(&ns, |_| Extra::default());
+    let image = encode_all(Enc::default(), &ns, |_| Extra::default());
     assert!(image.len() < 3 * PAGE + 1024, "image of {} bytes stores whole pages of small files", image.len());
     let check = |ns: &Namespace| {
         let d = ns.get(small).unwrap().data().unwrap();
@@ -375,7 +375,7 @@ fn small_files_are_stored_compactly_and_reserved_pages_survive_recovery() {
     check(&ns);
     // From the journal, then from a snapshot.
     check(&recover(recording_mut(&mut store).clone()));
-    store.snapshot(&encode_all(&ns, |_| Extra::default())).unwrap();
+    store.snapshot(encode_all(store.head(), &ns, |_| Extra::default())).unwrap();
     assert!(store.snapshot_bytes() < 3 * PAGE as u64 + 1024);
     check(&recover(recording_mut(&mut store).clone()));
 }
@@ -392,8 +392,8 @@ fn only_a_store_that_changed_since_its_snapshot_wants_one_at_unmount() {
     file(&mut ns, Ino::ROOT, "a", b"1");
     flush(&mut ns, &mut store);
     assert!(store.changed_since_snapshot(), "a batch in the journal");
-    let img = encode_all_after(store.head(), &ns, |_| Extra::default());
-    store.snapshot_of(img).unwrap();
+    let img = encode_all(store.head(), &ns, |_| Extra::default());
+    store.snapshot(img).unwrap();
     assert!(!store.changed_since_snapshot(), "just compacted");
     let (reopened, _) = Store::open(Box::new(recording_mut(&mut store).clone())).unwrap();
     assert!(!reopened.changed_since_snapshot(), "reopened after a snapshot");
@@ -401,7 +401,7 @@ fn only_a_store_that_changed_since_its_snapshot_wants_one_at_unmount() {
 
     // A background snapshot whose new journal was never started: recovery
     // replays the batch appended meanwhile from the older journal.
-    let job = store.begin_snapshot_of(encode_all_after(store.background_head(), &ns, |_| Extra::default())).unwrap();
+    let job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default())).unwrap();
     file(&mut ns, Ino::ROOT, "b", b"2");
     flush(&mut ns, &mut store);
     let storage = recording_mut(&mut store);
