@@ -12,9 +12,14 @@
  *                               Prints "<metric>_ns <median of 5 batches>".
  *   scale churn DIR N           N cycles of create/lock/write/unlock/close/
  *                               unlink of unique names. Prints churn_ns.
+ *   scale probe FILE 0 OUT      flock pairs (LOCK_EX, LOCK_UN) on FILE, one
+ *                               after the other, until SIGTERM; then writes
+ *                               "start_ns duration_ns" per pair to OUT
+ *                               (CLOCK_MONOTONIC, as Python's monotonic_ns).
  */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,16 +71,52 @@ static long pick(long n) {
     return (long)(rng % (unsigned long long)n);
 }
 
+static volatile sig_atomic_t stop;
+static void on_term(int sig) { (void)sig; stop = 1; }
+
+static int probe(const char *file, const char *out) {
+    int fd = open(file, O_RDWR | O_CREAT, 0644);
+    if (fd < 0) die("open", file);
+    signal(SIGTERM, on_term);
+    size_t cap = 1 << 20, n = 0;
+    double *t = malloc(cap * 2 * sizeof *t);
+    if (!t) die("malloc", NULL);
+    /* Ready: the caller waits for this line before it starts what it measures. */
+    printf("ready 1\n");
+    fflush(stdout);
+    while (!stop) {
+        double t0 = now_ns();
+        if (flock(fd, LOCK_EX) || flock(fd, LOCK_UN)) {
+            if (stop) break;
+            die("flock", file);
+        }
+        if (n == cap) {
+            cap *= 2;
+            if (!(t = realloc(t, cap * 2 * sizeof *t))) die("realloc", NULL);
+        }
+        t[2 * n] = t0;
+        t[2 * n + 1] = now_ns() - t0;
+        n++;
+    }
+    FILE *f = fopen(out, "w");
+    if (!f) die("fopen", out);
+    for (size_t i = 0; i < n; i++) fprintf(f, "%.0f %.0f\n", t[2 * i], t[2 * i + 1]);
+    fclose(f);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     char path[4096];
     if (argc < 4) {
-        fprintf(stderr, "usage: scale create|ops|churn DIR N [DIRS [OPS]]\n");
+        fprintf(stderr, "usage: scale create|ops|churn|probe DIR N [DIRS [OPS]]\n");
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
     long n = atol(argv[3]);
     long dirs = argc > 4 ? atol(argv[4]) : 1;
-    if (!strcmp(mode, "create")) {
+    if (!strcmp(mode, "probe")) {
+        return probe(dir, argc > 4 ? argv[4] : "/dev/null");
+    } else if (!strcmp(mode, "create")) {
         for (long d = 0; dirs > 1 && d < dirs; d++) {
             snprintf(path, sizeof path, "%s/d%ld", dir, d);
             if (mkdir(path, 0755)) die("mkdir", path);

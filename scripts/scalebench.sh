@@ -8,8 +8,11 @@
 # bytes per lease, the latency of stat, open+close, flock pair and lease
 # cycle on random existing leases, the clean-unmount time (and the minimal
 # filesystem's with as many cached inodes) and the restart time after
-# kill -9 and after a clean unmount. A churn of unique names (create, lock,
-# write, unlock, close, unlink) then shows what it leaves behind.
+# kill -9 and after a clean unmount. While the fsync after the creates runs,
+# and during the compaction it starts, another process times flock pairs on
+# a lease of its own: the slowest pair in each window is how long requests
+# were held up. A churn of unique names (create, lock, write, unlock, close,
+# unlink) then shows what it leaves behind.
 #   scripts/scalebench.sh [N...]          (default: 1000 10000 100000)
 #   CHURN=N (default 100000) OPS=N (default 2000) PIN=1 (pin to CPU 0)
 # Needs root, gcc, python3.
@@ -101,6 +104,38 @@ def fsync_mount():
     os.fsync(fd)
     os.close(fd)
 
+def status():
+    return json.load(open(f"{mnt}/.leasefs/status"))
+
+def probed_fsync():
+    """The fsync after the creates, and the compaction it starts, with
+    flock pairs timed on another lease meanwhile: seconds each took and the
+    slowest pair (ms) in each (None: no compaction)."""
+    out = f"{work}/probe.txt"
+    pr = subprocess.Popen(pinned + [scale, "probe", f"{mnt}/probe.lock", "0", out], stdout=subprocess.PIPE, text=True)
+    assert pr.stdout.readline().startswith("ready")
+    gen = status()["snapshot"]["generation"]
+    t0 = time.monotonic_ns()
+    fsync_mount()
+    t1 = time.monotonic_ns()
+    deadline = time.monotonic() + 600
+    while status()["snapshot"]["compaction"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t2 = time.monotonic_ns()
+    time.sleep(0.05)
+    pr.terminate()
+    pr.wait()
+    pairs = [tuple(map(int, l.split())) for l in open(out)]
+    # The fsync's window holds every pair it overlaps; the compaction's,
+    # the pairs started after the fsync returned.
+    worst = lambda a, b: max((d for s, d in pairs if s < b and s + d > a), default=0) / 1e6
+    started = lambda a, b: max((d for s, d in pairs if a <= s < b), default=0) / 1e6
+    compacted = status()["snapshot"]["generation"] > gen
+    return {"fsync_s": (t1 - t0) / 1e9, "fsync_worst_ms": worst(t0, t1),
+            "compaction_s": (t2 - t1) / 1e9 if compacted else None,
+            "compaction_worst_ms": started(t1, t2) if compacted else None,
+            "idle_worst_ms": started(t2, t2 + 10**12)}
+
 def state_bytes():
     return sum(os.path.getsize(f"{state}/{f}") for f in os.listdir(state))
 
@@ -133,12 +168,12 @@ for n in sizes:
         p = pid()
         base = rss(p)
         r = run("create", mnt, n, dirs)
-        fsync_mount()
+        probed = probed_fsync()
         # The fsync may have started a compaction: its thread holds an
         # image as large as the state until the snapshot is written.
         grown = settled_rss(p) - base
         row = {"n": n, "dirs": dirs, "create_us": r["create_ns"] / 1000, "rss_per": grown / n,
-               "state_per": state_bytes() / n}
+               "state_per": state_bytes() / n, **probed}
         row.update({k: v / 1000 for k, v in run("ops", mnt, n, dirs, ops).items()})
         row["unmount_s"] = unmount()
         row["restart_clean_s"] = mount()
@@ -161,6 +196,14 @@ for r in rows:
     print(f"| {r['n']} | {r['dirs']} | {r['create_us']:.1f} | {mcs} | {ratio} "
           f"| {r['rss_per']:.0f} | {r['state_per']:.0f} | {r['stat_ns']:.1f} | {r['open_close_ns']:.1f} | {r['lock_pair_ns']:.1f} "
           f"| {r['lease_cycle_ns']:.1f} | {r['unmount_s']:.2f} | {mu} | {r['restart_clean_s']:.2f} | {r['restart_kill_s']:.2f} |")
+
+print("\n# the fsync after the creates and the compaction it started; slowest flock pair on another lease in each")
+print("| leases | dirs | fsync s | slowest pair during fsync ms | compaction s | slowest pair during compaction ms | slowest pair after ms |")
+print("|---|---|---|---|---|---|---|")
+for r in rows:
+    cs = f"{r['compaction_s']:.2f}" if r["compaction_s"] is not None else "none"
+    cw = f"{r['compaction_worst_ms']:.2f}" if r["compaction_worst_ms"] is not None else "—"
+    print(f"| {r['n']} | {r['dirs']} | {r['fsync_s']:.2f} | {r['fsync_worst_ms']:.2f} | {cs} | {cw} | {r['idle_worst_ms']:.2f} |")
 
 # Churn of unique names: what is left after it (RSS, state directory).
 shutil.rmtree(state, ignore_errors=True)

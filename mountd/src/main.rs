@@ -666,6 +666,7 @@ fn report_ready(msg: &str) {
 }
 
 fn serve(args: &MountArgs) -> ExitCode {
+    leasefs::fs::tune_allocator();
     let signals = block_signals();
     init_logging(args.log_file.as_deref());
     let notify = notify::Notifier::from_env();

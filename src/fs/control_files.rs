@@ -233,6 +233,7 @@ impl Fs {
                         "generation": s.generation(),
                         "bytes": s.snapshot_bytes(),
                         "written_at": s.last_snapshot.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
+                        "compaction": st.compaction_phase(),
                     })),
                 });
                 format!(

@@ -5,6 +5,8 @@ use super::*;
 
 /// How often the timer looks for a finished snapshot while one is written.
 const COMPACTION_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+/// The pause between two slices of a snapshot image, for requests.
+const SLICE_GAP: std::time::Duration = std::time::Duration::from_millis(1);
 
 impl Fs {
     /// Run lease timers: break leases whose TTL ran out while someone
@@ -12,6 +14,9 @@ impl Fs {
     pub fn tick(&self) -> (Vec<Effect>, Option<std::time::Duration>) {
         let mut st = self.state.lock();
         st.finish_compaction(false);
+        if st.encoding() {
+            self.compaction_step(&mut st);
+        }
         let waited = st.lease.waited();
         for ino in waited {
             if let Err(e) = st.reserve(ino) {
@@ -26,11 +31,37 @@ impl Fs {
         st.account(&effects);
         let mut next = next.map(std::time::Duration::from_millis);
         if st.compaction.is_some() {
-            // The snapshot thread wakes the timer as it ends; this covers
+            // The next slice of the image; or, while it is written: the
+            // snapshot thread wakes the timer as it ends, and this covers
             // the moment between its wake-up and its exit.
-            next = Some(next.map_or(COMPACTION_POLL, |n| n.min(COMPACTION_POLL)));
+            let poll = if st.encoding() { SLICE_GAP } else { COMPACTION_POLL };
+            next = Some(next.map_or(poll, |n| n.min(poll)));
         }
         (effects, next)
+    }
+
+    /// One slice of the snapshot image being encoded. Changes not yet in
+    /// the journal are appended first (their sync runs on the group-commit
+    /// thread, answering nobody): a slice must see only journaled state.
+    fn compaction_step(&self, st: &mut State) {
+        let (dirty, freed) = st.ns.dirty();
+        if !dirty.is_empty() || !freed.is_empty() {
+            match st.append_changes() {
+                Ok(sync) => {
+                    let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+                    self.group.submit(sync, &failed, Box::new(|_| {}));
+                }
+                // A full state disk: try again on the next tick; other
+                // failures are fail-stop and end the compaction below.
+                Err(_) => {
+                    if st.store.as_ref().is_some_and(|s| s.failed()) {
+                        st.finish_compaction(true);
+                    }
+                    return;
+                }
+            }
+        }
+        st.compaction_step();
     }
 
     /// Break every lease held on this host at once (administrator; the

@@ -249,8 +249,11 @@ struct State {
     store: Option<crate::store::snapshot::Store>,
     /// `--volatile`: the namespace is deliberately not kept.
     volatile: bool,
-    /// A snapshot being written off the request path.
-    compaction: Option<std::thread::JoinHandle<std::io::Result<crate::store::snapshot::SnapshotWritten>>>,
+    /// A snapshot being encoded between requests or written off the
+    /// request path.
+    compaction: Option<Compaction>,
+    /// How long one slice of a snapshot image may hold the state lock.
+    slice: std::time::Duration,
     /// Wakes the lease timer (the authority has effects to hand over, a
     /// snapshot was written).
     wake: Wake,
@@ -499,10 +502,7 @@ impl State {
 
     /// Lease settings of `ino` for the durable store.
     fn extra(&self, ino: Ino) -> crate::store::snapshot::Extra {
-        crate::store::snapshot::Extra {
-            ttl_ms: self.lease.lease(ino).and_then(|l| l.ttl()),
-            guard: self.lease.guard(ino),
-        }
+        extra_of(&*self.lease, ino)
     }
 
     /// Write what changed since the last flush to the journal and sync it.
@@ -543,44 +543,75 @@ impl State {
         };
         self.ns.clear_dirty();
         let ns = &self.ns;
-        let large = batch.len() > 4 << 20;
         if !store.compacting() && store.wants_snapshot_for(|| ns.pages() * PAGE as u64 + ns.len() as u64 * 128) {
             self.start_compaction();
-        }
-        if large {
-            // The batch (and snapshot) buffers were as large as the data.
-            drop(batch);
-            give_memory_back();
         }
         Ok(Some(sync))
     }
 
-    /// Fold the journal into a snapshot: the image is encoded here, and
-    /// written, synced and renamed on a thread of its own while requests
-    /// (and journal appends) go on; [`State::finish_compaction`] then starts
-    /// the new journal. Backends without a second handle write it in line.
+    /// Fold the journal into a snapshot: the image is encoded a slice at a
+    /// time by the lease timer ([`State::compaction_step`]), then written,
+    /// synced and renamed on a thread of its own while requests (and
+    /// journal appends) go on; [`State::finish_compaction`] then starts the
+    /// new journal. Backends without a second handle write it in line.
     fn start_compaction(&mut self) {
-        use crate::store::snapshot::encode_all;
-        let Some(store) = self.store.as_ref() else { return };
-        let forked = store.fork_storage();
-        let head = if forked.is_some() { store.background_head() } else { store.head() };
-        let img = encode_all(head, &self.ns, |ino| self.extra(ino));
-        let store = self.store.as_mut().expect("checked above");
-        let Some(mut storage) = forked else {
+        use crate::store::snapshot::{encode_all, Slices};
+        let Some(store) = self.store.as_mut() else { return };
+        if store.fork_storage().is_none() {
+            let img = encode_all(store.head(), &self.ns, |ino| self.extra(ino));
             // Failures are logged by the store; a full disk postpones it.
-            let _ = store.snapshot(img);
+            let _ = self.store.as_mut().expect("checked above").snapshot(img);
+            return;
+        }
+        let Some(head) = store.begin_snapshot() else { return };
+        self.compaction = Some(Compaction::Encoding(Slices::new(head, &self.ns)));
+        // The timer encodes the slices.
+        self.wake.wake();
+    }
+
+    /// What a compaction in progress is doing, for `status`.
+    fn compaction_phase(&self) -> Option<&'static str> {
+        self.compaction.as_ref().map(Compaction::phase)
+    }
+
+    /// True while a snapshot image is being encoded: the lease timer calls
+    /// [`State::compaction_step`] once the namespace is all in the journal.
+    fn encoding(&self) -> bool {
+        matches!(self.compaction, Some(Compaction::Encoding(_)))
+    }
+
+    /// Encode the next slice of the snapshot image (the caller appended
+    /// every change to the journal first: see [`Slices`]); once the image
+    /// is whole, write it on a thread of its own.
+    fn compaction_step(&mut self) {
+        debug_assert!(self.ns.dirty().0.is_empty() && self.ns.dirty().1.is_empty());
+        let Some(Compaction::Encoding(slices)) = &mut self.compaction else { return };
+        let lease = &*self.lease;
+        if !slices.step(&self.ns, |ino| extra_of(lease, ino), self.slice) {
+            return;
+        }
+        let Some(Compaction::Encoding(slices)) = self.compaction.take() else { unreachable!("matched above") };
+        let img = slices.finish(&self.ns);
+        let Some(store) = self.store.as_mut() else { return };
+        let Some(mut storage) = store.fork_storage() else {
+            store.abandon_snapshot();
             return;
         };
-        let Some(job) = store.begin_snapshot(img) else { return };
+        let job = store.snapshot_job(img);
         let wake = self.wake.clone();
         let spawned = std::thread::Builder::new().name("snapshot".into()).spawn(move || {
+            // Background work: requests come first when the CPUs are busy.
+            // SAFETY: setpriority on this thread's own id.
+            unsafe {
+                libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10);
+            }
             let written = crate::store::snapshot::write_snapshot(&mut *storage, &job);
             // The timer finishes the compaction.
             wake.wake();
             written
         });
         match spawned {
-            Ok(t) => self.compaction = Some(t),
+            Ok(t) => self.compaction = Some(Compaction::Writing(t)),
             Err(e) => {
                 tracing::warn!("cannot start the snapshot thread: {e}; compaction postponed");
                 store.abandon_snapshot();
@@ -589,20 +620,26 @@ impl State {
     }
 
     /// Finish a snapshot written off the request path once it is written
-    /// (`wait`: block until it is).
+    /// (`wait`: block until it is; an image still being encoded is
+    /// dropped).
     fn finish_compaction(&mut self, wait: bool) {
         match &self.compaction {
-            Some(t) if wait || t.is_finished() => {}
+            Some(Compaction::Writing(t)) if wait || t.is_finished() => {}
+            Some(Compaction::Encoding(_)) if wait => {
+                self.compaction = None;
+                if let Some(store) = self.store.as_mut() {
+                    store.abandon_snapshot();
+                }
+                return;
+            }
             _ => return,
         }
-        let t = self.compaction.take().expect("checked above");
+        let Some(Compaction::Writing(t)) = self.compaction.take() else { unreachable!("matched above") };
         let written = t.join().unwrap_or_else(|_| Err(std::io::Error::from_raw_os_error(libc::EIO)));
         if let Some(store) = self.store.as_mut() {
             // Failures are logged by the store.
             let _ = store.finish_snapshot(written);
         }
-        // The snapshot thread freed an image as large as the namespace.
-        give_memory_back();
     }
 
     /// Count what the lease core decided (grants, waits, breaks).
@@ -790,6 +827,7 @@ impl Fs {
                 store: None,
                 volatile: false,
                 compaction: None,
+                slice: SLICE,
                 wake: Wake::default(),
                 limits: limits::Limits::default(),
                 hits: limits::Hits::default(),
@@ -964,6 +1002,52 @@ impl Fs {
 }
 
 /// Return free heap memory to the system.
+/// Lease settings of `ino` for the durable store.
+fn extra_of(lease: &dyn LeaseAuthority, ino: Ino) -> crate::store::snapshot::Extra {
+    crate::store::snapshot::Extra { ttl_ms: lease.lease(ino).and_then(|l| l.ttl()), guard: lease.guard(ino) }
+}
+
+/// How long one slice of a snapshot image holds the state lock.
+const SLICE: std::time::Duration = std::time::Duration::from_millis(2);
+
+/// A compaction in progress.
+enum Compaction {
+    /// The image, encoded a slice at a time between requests.
+    Encoding(crate::store::snapshot::Slices),
+    /// The image is being written by this thread.
+    Writing(std::thread::JoinHandle<std::io::Result<crate::store::snapshot::SnapshotWritten>>),
+}
+
+impl Compaction {
+    fn phase(&self) -> &'static str {
+        match self {
+            Compaction::Encoding(_) => "encoding",
+            Compaction::Writing(_) => "writing",
+        }
+    }
+}
+
+impl std::fmt::Debug for Compaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.phase())
+    }
+}
+
+/// Have the allocator map buffers of a MiB or more on their own (journal
+/// batches and snapshot images as large as the namespace, the sets and
+/// tables of a million leases): they go back to the system when freed and
+/// grow by remapping, not copying, so neither a trim nor a copy of one runs
+/// under the state lock. Without this, glibc raises its threshold to the
+/// largest buffer freed so far (up to 32 MiB) and serves later ones from
+/// the heap.
+pub fn tune_allocator() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
 fn give_memory_back() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only walks the allocator's own free lists.

@@ -212,6 +212,12 @@ impl Data {
         self.pages.get(idx).map(|p| &**p)
     }
 
+    /// Stored pages from index `idx` on (an image encoded a slice at a
+    /// time resumes there).
+    pub fn pages_from(&self, idx: u64) -> impl Iterator<Item = (u64, &[u8])> {
+        self.pages.range(idx..=u64::MAX).map(|(i, p)| (i, &**p))
+    }
+
     /// Stored page indices (for persisting).
     pub fn page_indices(&self) -> impl Iterator<Item = u64> + '_ {
         self.pages.keys()

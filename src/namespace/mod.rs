@@ -229,6 +229,12 @@ impl Dir {
         self.dirty.iter().flatten().map(|(n, _)| n)
     }
 
+    /// Entries from `cookie` on, with their cookies (an image encoded a
+    /// slice at a time resumes there).
+    pub fn from_cookie(&self, cookie: u64) -> impl Iterator<Item = (u64, &OsString, Ino)> {
+        self.entries.range(cookie..).map(|(&c, (n, i))| (c, n, *i))
+    }
+
     /// All entries in cookie order.
     pub fn iter(&self) -> impl Iterator<Item = (&OsString, Ino)> {
         self.entries.values().map(|(n, i)| (n, *i))

@@ -136,8 +136,9 @@ pub fn recover(image: &[u8]) -> Result<Recovered, u64> {
 pub struct EpochJournal {
     inner: std::sync::Arc<parking_lot::Mutex<Journal>>,
     path: PathBuf,
-    /// The durable ceiling, readable without waiting for a sync in progress.
-    durable: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The durable ceiling and the counters, readable without waiting for a
+    /// sync in progress (`status` reads them under the state lock).
+    shown: std::sync::Arc<Shown>,
     /// The highest ceiling asked of the background thread.
     asked: u64,
     ahead: Option<std::sync::mpsc::Sender<u64>>,
@@ -169,8 +170,8 @@ struct Journal {
     _lock: Option<File>,
     /// The durable ceiling: every epoch up to it may be handed out.
     ceiling: u64,
-    /// The same, published after each sync.
-    durable: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// The same and the counters below, published after each sync.
+    shown: std::sync::Arc<Shown>,
     /// Set after the first I/O error: durability is no longer promised.
     failed: bool,
     /// Records committed since start.
@@ -181,6 +182,15 @@ struct Journal {
     compact_at: u64,
     /// When the ceiling was last raised, and with which stride.
     stride: Option<(std::time::Instant, u64)>,
+}
+
+/// What the journal publishes for readers that must not wait for its lock.
+#[derive(Default)]
+struct Shown {
+    ceiling: std::sync::atomic::AtomicU64,
+    len: std::sync::atomic::AtomicU64,
+    commits: std::sync::atomic::AtomicU64,
+    compactions: std::sync::atomic::AtomicU64,
 }
 
 impl EpochJournal {
@@ -229,14 +239,16 @@ impl EpochJournal {
             storage.append(JOURNAL, b"").and_then(|()| storage.sync(JOURNAL)).map_err(err)?;
             storage.sync_dir().map_err(err)?;
         }
-        let durable = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(rec.ceiling));
+        let shown = std::sync::Arc::new(Shown::default());
+        shown.ceiling.store(rec.ceiling, std::sync::atomic::Ordering::Release);
+        shown.len.store(len, std::sync::atomic::Ordering::Release);
         let journal = Journal {
             storage,
             len,
             path: path.clone(),
             _lock: lock,
             ceiling: rec.ceiling,
-            durable: durable.clone(),
+            shown: shown.clone(),
             failed: false,
             commits: 0,
             compactions: 0,
@@ -255,7 +267,7 @@ impl EpochJournal {
                 }
             })
             .map_err(|e| format!("starting the reservation thread: {e}"))?;
-        Ok((EpochJournal { inner, path, durable, asked: 0, ahead: Some(ahead), thread: Some(thread) }, rec))
+        Ok((EpochJournal { inner, path, shown, asked: 0, ahead: Some(ahead), thread: Some(thread) }, rec))
     }
 
     /// Run `f` on the storage (tests look inside the in-memory backend).
@@ -286,22 +298,22 @@ impl EpochJournal {
 
     /// The durable ceiling (never waits for a sync in progress).
     pub fn ceiling(&self) -> u64 {
-        self.durable.load(std::sync::atomic::Ordering::Acquire)
+        self.shown.ceiling.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Bytes in the journal.
+    /// Bytes in the journal (as of the last reservation; never waits).
     pub fn size(&self) -> u64 {
-        self.inner.lock().len
+        self.shown.len.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Reservation records committed since start.
+    /// Reservation records committed since start (never waits).
     pub fn commits(&self) -> u64 {
-        self.inner.lock().commits
+        self.shown.commits.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Compactions since start.
+    /// Compactions since start (never waits).
     pub fn compactions(&self) -> u64 {
-        self.inner.lock().compactions
+        self.shown.compactions.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Compact past `bytes` instead of [`COMPACT_AT`] (tests).
@@ -317,6 +329,15 @@ impl EpochJournal {
 
 impl Journal {
     fn ensure(&mut self, epoch: u64) -> io::Result<()> {
+        let r = self.raise(epoch);
+        use std::sync::atomic::Ordering::Release;
+        self.shown.len.store(self.len, Release);
+        self.shown.commits.store(self.commits, Release);
+        self.shown.compactions.store(self.compactions, Release);
+        r
+    }
+
+    fn raise(&mut self, epoch: u64) -> io::Result<()> {
         if self.ceiling >= epoch {
             return Ok(());
         }
@@ -349,7 +370,7 @@ impl Journal {
         self.commits += 1;
         self.len += rec.len() as u64;
         self.ceiling = upto;
-        self.durable.store(upto, std::sync::atomic::Ordering::Release);
+        self.shown.ceiling.store(upto, std::sync::atomic::Ordering::Release);
         self.stride = Some((now, stride));
         if self.len > self.compact_at {
             self.compact();

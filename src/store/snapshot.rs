@@ -221,10 +221,15 @@ pub struct Store {
 
 /// A snapshot image waiting to be written by [`write_snapshot`].
 pub struct SnapshotJob {
-    data: Vec<u8>,
+    /// The image, in pieces written one after the other.
+    data: Vec<Vec<u8>>,
     generation: u64,
     /// The journal file to start once the snapshot is durable.
     journal: &'static str,
+    /// The journal the snapshot continues from: synced before the
+    /// snapshot is installed, because an image encoded a slice at a time
+    /// ([`Slices`]) holds changes of batches appended while it was encoded.
+    continues: &'static str,
 }
 
 /// What [`write_snapshot`] wrote: the snapshot, and the new journal (its
@@ -243,7 +248,9 @@ pub struct SnapshotWritten {
 /// the snapshot was not installed.
 pub fn write_snapshot(storage: &mut dyn Storage, job: &SnapshotJob) -> io::Result<SnapshotWritten> {
     let r = storage
-        .write_new(SNAPSHOT_TMP, &job.data)
+        .sync(job.continues)
+        .and_then(|()| storage.write_new(SNAPSHOT_TMP, job.data.first().map_or(&[][..], |p| &p[..])))
+        .and_then(|()| job.data.iter().skip(1).try_for_each(|p| storage.append(SNAPSHOT_TMP, p)))
         .and_then(|()| storage.sync(SNAPSHOT_TMP))
         .and_then(|()| {
             pausepoint("snapshot-written");
@@ -259,7 +266,8 @@ pub fn write_snapshot(storage: &mut dyn Storage, job: &SnapshotJob) -> io::Resul
         return Err(e);
     }
     let journal = start_journal(storage, job.journal, job.generation);
-    Ok(SnapshotWritten { generation: job.generation, bytes: job.data.len() as u64, journal })
+    let bytes = job.data.iter().map(|p| p.len() as u64).sum();
+    Ok(SnapshotWritten { generation: job.generation, bytes, journal })
 }
 
 /// Remove the durable namespace from `storage` (`--volatile`): the journals
@@ -542,26 +550,33 @@ impl Store {
         self.storage.fork()
     }
 
-    /// The start of a snapshot image for [`Store::begin_snapshot`]: the
-    /// head of [`Store::head`] and where in the journal it continues.
-    pub fn background_head(&self) -> Enc {
-        let mut e = self.head();
-        // Recovery replays what the journal gains after this offset.
-        e.base(self.journal_gen, self.journal_bytes);
-        e
-    }
-
-    /// Start a snapshot of `image` (begun with [`Store::background_head`],
-    /// then the namespace as of the journal's current end) that
-    /// [`write_snapshot`] writes while batches go on being appended; then
-    /// [`Store::finish_snapshot`]. None while one is in progress or after a
-    /// failure.
-    pub fn begin_snapshot(&mut self, data: Vec<u8>) -> Option<SnapshotJob> {
+    /// Start a snapshot written off the request path: returns the start of
+    /// its image (the head of [`Store::head`] and where in the journal
+    /// recovery continues from it); encode the namespace after it, with
+    /// [`encode_all`] or a slice at a time with [`Slices`], while batches go
+    /// on being appended, then hand it to [`Store::snapshot_job`] and
+    /// [`write_snapshot`], then [`Store::finish_snapshot`]. None while one
+    /// is in progress or after a failure.
+    pub fn begin_snapshot(&mut self) -> Option<Enc> {
         if self.failed() || self.compacting {
             return None;
         }
         self.compacting = true;
-        Some(SnapshotJob { data, generation: self.generation + 1, journal: other_journal(self.journal) })
+        let mut e = self.head();
+        // Recovery replays what the journal gains after this offset.
+        e.base(self.journal_gen, self.journal_bytes);
+        Some(e)
+    }
+
+    /// The image of the snapshot [`Store::begin_snapshot`] started (in
+    /// pieces), ready for [`write_snapshot`].
+    pub fn snapshot_job(&self, data: Vec<Vec<u8>>) -> SnapshotJob {
+        SnapshotJob {
+            data,
+            generation: self.generation + 1,
+            journal: other_journal(self.journal),
+            continues: self.journal,
+        }
     }
 
     /// The snapshot started by [`Store::begin_snapshot`] will not be
@@ -723,25 +738,162 @@ pub fn encode_all(mut e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> V
     // doublings of a buffer as large as the namespace.
     e.buf.reserve(ns.len() * 224 + 4096);
     for i in ns.inodes() {
-        e.inode(i, &extra(i.ino));
-        match &i.body {
-            Body::File(d) => {
-                for idx in d.page_indices() {
-                    e.page(i.ino, idx, d.page(idx));
+        encode_inode(&mut e, i, &extra(i.ino));
+    }
+    e.commit(ns.next_ino());
+    e.buf
+}
+
+/// One inode's records in a snapshot image: the inode, then its pages or,
+/// for a directory, its entries (recovery adds them to it; the inodes they
+/// name may come later).
+fn encode_inode(e: &mut Enc, i: &Inode, extra: &Extra) {
+    e.inode(i, extra);
+    match &i.body {
+        Body::File(d) => {
+            for idx in d.page_indices() {
+                e.page(i.ino, idx, d.page(idx));
+            }
+        }
+        Body::Dir(d) => {
+            for (n, c) in d.iter() {
+                e.entry(i.ino, n.as_bytes(), Some(c));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// A snapshot image encoded a slice at a time, the state lock released
+/// between slices, so requests never wait for a whole image: a fuzzy
+/// image. Each inode is encoded as it is when its slice runs, at some
+/// moment after the image's base; inodes created later are not in it.
+///
+/// Why recovery still gets the namespace right: every slice runs when the
+/// namespace holds nothing that is not appended to the journal (the caller
+/// flushes first), so each inode's records in the image are its state after
+/// some batch at or after the base; the journal after the base holds every
+/// change since, as whole states (an inode, a page, one directory entry
+/// set or unset, an inode freed), and replaying it over the image leaves
+/// each of them as its last batch made it, and the rest as the image has
+/// them, which is how they were at the base. [`write_snapshot`] syncs that
+/// journal before installing the image.
+pub struct Slices {
+    e: Enc,
+    /// Full pieces of the image (a piece holds whole records).
+    pieces: Vec<Vec<u8>>,
+    /// The next inode number to encode, and the first one allocated after
+    /// the base (later inodes are in the journal only).
+    next: u64,
+    end: u64,
+    /// A directory whose entries, or a file whose pages, are being encoded:
+    /// the cookie or page index to go on from (a directory of a million
+    /// leases takes many slices).
+    within: Option<(Ino, u64)>,
+    /// Bytes in a piece ([`PIECE`]) and entries or pages in a run
+    /// ([`RUN`]).
+    piece: usize,
+    run: usize,
+}
+
+/// Bytes in one piece of an image encoded in slices: no buffer as large as
+/// the namespace is allocated, grown or copied under the state lock.
+const PIECE: usize = 1 << 20;
+/// Entries or pages of one inode encoded between two looks at the clock.
+const RUN: usize = 1024;
+
+impl Slices {
+    /// Start an image after `head` (from [`Store::begin_snapshot`]) of the
+    /// inodes `ns` has now. Inode numbers are handed out in order and never
+    /// reused, so the image walks the numbers below the next one rather
+    /// than listing a million keys at once (a number whose inode is gone
+    /// costs one failed lookup).
+    pub fn new(head: Enc, ns: &Namespace) -> Slices {
+        Slices {
+            e: head,
+            pieces: Vec::new(),
+            next: Ino::ROOT.0,
+            end: ns.next_ino(),
+            within: None,
+            piece: PIECE,
+            run: RUN,
+        }
+    }
+
+    /// Encode for about `budget`; true once everything is.
+    pub fn step(&mut self, ns: &Namespace, extra: impl Fn(Ino) -> Extra, budget: std::time::Duration) -> bool {
+        let started = std::time::Instant::now();
+        let mut work = 0;
+        loop {
+            if let Some((ino, from)) = self.within.take() {
+                // Gone since its record was encoded: the journal frees it.
+                self.within = ns.get(ino).ok().and_then(|i| self.run_within(i, from));
+                work = 64;
+            } else if self.next < self.end {
+                // Freed since the base: the journal frees it too.
+                if let Ok(i) = ns.get(Ino(self.next)) {
+                    self.e.inode(i, &extra(i.ino));
+                    self.cut();
+                    self.within = self.run_within(i, 0);
+                }
+                self.next += 1;
+                work += 1;
+            } else {
+                return true;
+            }
+            if work >= 64 {
+                work = 0;
+                if started.elapsed() >= budget {
+                    return false;
                 }
             }
-            // A directory's entries follow its own record (recovery adds
-            // them to it; the inodes they name may come later).
+        }
+    }
+
+    /// Encode up to [`RUN`] of the entries or pages of `i` from `from` on;
+    /// where to go on, if there are more.
+    fn run_within(&mut self, i: &Inode, from: u64) -> Option<(Ino, u64)> {
+        let mut n = 0;
+        match &i.body {
+            Body::File(d) => {
+                for (idx, page) in d.pages_from(from) {
+                    if n == self.run {
+                        return Some((i.ino, idx));
+                    }
+                    self.e.page(i.ino, idx, Some(page));
+                    self.cut();
+                    n += 1;
+                }
+            }
             Body::Dir(d) => {
-                for (n, c) in d.iter() {
-                    e.entry(i.ino, n.as_bytes(), Some(c));
+                for (cookie, name, child) in d.from_cookie(from) {
+                    if n == self.run {
+                        return Some((i.ino, cookie));
+                    }
+                    self.e.entry(i.ino, name.as_bytes(), Some(child));
+                    self.cut();
+                    n += 1;
                 }
             }
             _ => {}
         }
+        None
     }
-    e.commit(ns.next_ino());
-    e.buf
+
+    /// Start a new piece once this one is full.
+    fn cut(&mut self) {
+        if self.e.buf.len() >= self.piece {
+            let full = std::mem::replace(&mut self.e.buf, Vec::with_capacity(self.piece + self.piece / 4));
+            self.pieces.push(full);
+        }
+    }
+
+    /// The image, in pieces, once [`Slices::step`] returned true.
+    pub fn finish(mut self, ns: &Namespace) -> Vec<Vec<u8>> {
+        self.e.commit(ns.next_ino());
+        self.pieces.push(self.e.buf);
+        self.pieces
+    }
 }
 
 #[cfg(test)]

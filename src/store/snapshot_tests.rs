@@ -184,7 +184,7 @@ fn every_crash_image_of_a_background_snapshot_recovers_what_was_acknowledged() {
         match step % 4 {
             0 => {
                 assert!(!store.compacting());
-                job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default()));
+                job = Some(background_job(&mut store, &ns));
                 assert!(store.compacting());
             }
             1 => {
@@ -202,6 +202,120 @@ fn every_crash_image_of_a_background_snapshot_recovers_what_was_acknowledged() {
     }
     assert!(store.generation() >= 4, "generation {}", store.generation());
     every_image_recovers_an_acknowledged_state(&store, &acked, &images_at_ack);
+}
+
+/// Move `name` from directory `from` to `to` (as rename does).
+fn move_entry(ns: &mut Namespace, from: Ino, to: Ino, name: &str) {
+    let ino = ns.get_mut(from).unwrap().dir_mut().unwrap().remove(OsStr::new(name)).unwrap();
+    if ns.get(ino).unwrap().kind == Kind::Dir {
+        ns.get_mut(from).unwrap().nlink -= 1;
+    } else {
+        ns.get_mut(ino).unwrap().nlink -= 1;
+    }
+    ns.link(to, OsStr::new(name), ino).unwrap();
+}
+
+/// A snapshot started off the request path, its image encoded at once.
+fn background_job(store: &mut Store, ns: &Namespace) -> SnapshotJob {
+    let head = store.begin_snapshot().unwrap();
+    store.snapshot_job(vec![encode_all(head, ns, |_| Extra::default())])
+}
+
+/// A fuzzy image: encoded a slice at a time while files are created,
+/// written, truncated, hard-linked, unlinked and moved between directories
+/// (directories too, so that a slice taken before a move and one taken
+/// after it both see the moved entry), each change flushed before the next
+/// slice; then written while more batches land. Every crash image
+/// recovers an acknowledged namespace, and the last one recovers whole.
+#[test]
+fn every_crash_image_of_a_snapshot_encoded_in_slices_recovers_what_was_acknowledged() {
+    let (mut store, mut ns, mut acked, mut images_at_ack) = recording_workload();
+    let now = SystemTime::now();
+    let mkdir = |ns: &mut Namespace, parent: Ino, name: &str| {
+        let new = NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None };
+        let ino = ns.alloc(new, parent, now);
+        ns.link(parent, OsStr::new(name), ino).unwrap();
+        ino
+    };
+    let (a, b) = (mkdir(&mut ns, Ino::ROOT, "a"), mkdir(&mut ns, Ino::ROOT, "b"));
+    let sub = mkdir(&mut ns, a, "sub");
+    for i in 0..320 {
+        file(&mut ns, [a, b, sub][i % 3], &format!("f{i}"), format!("v{i}").as_bytes());
+    }
+    let big = file(&mut ns, b, "big", &vec![b'x'; 40 * 4096]);
+    flush(&mut ns, &mut store);
+    acked.push(view(&ns));
+    images_at_ack.push(recording(&store).images.len());
+    let head = store.begin_snapshot().unwrap();
+    let mut slices = Slices::new(head, &ns);
+    // Pieces of a few records each (records never straddle two), and
+    // directories and the large file encoded over several slices.
+    slices.piece = 2048;
+    slices.run = 8;
+    let mut step = 0usize;
+    let change = |ns: &mut Namespace, step: usize| {
+        // The moved directory and the files are in both halves of the
+        // image's key order whatever the hash order is.
+        let (from, to) = if step.is_multiple_of(2) { (a, b) } else { (b, a) };
+        move_entry(ns, from, to, "sub");
+        let d = ns.get_mut(big).unwrap().data_mut().unwrap();
+        d.write((step * 7 % 40) as u64 * 4096, format!("changed {step}").as_bytes()).unwrap();
+        if step % 4 == 3 {
+            d.truncate((40 - step as u64 % 30) * 4096 - 100).unwrap();
+        }
+        // Files of `a` (f0, f3, ...), re-created once gone.
+        let name = format!("f{}", step * 3 % 320);
+        let dir = a;
+        if ns.child(dir, OsStr::new(&name)).is_err() {
+            file(ns, dir, &name, b"again");
+        }
+        match step % 4 {
+            0 => ns.unlink(dir, OsStr::new(&name)).map(drop).unwrap(),
+            1 => {
+                let ino = ns.child(dir, OsStr::new(&name)).unwrap();
+                let d = ns.get_mut(ino).unwrap().data_mut().unwrap();
+                d.truncate(1).unwrap();
+                d.write(5000, b"tail").unwrap();
+            }
+            2 => {
+                let ino = ns.child(dir, OsStr::new(&name)).unwrap();
+                let _ = ns.link(sub, OsStr::new(&format!("link{step}")), ino);
+            }
+            _ => {
+                if ns.child(sub, OsStr::new(&format!("new{step}"))).is_err() {
+                    file(ns, sub, &format!("new{step}"), b"new");
+                }
+            }
+        }
+    };
+    let mut n = 0;
+    while !slices.step(&ns, |_| Extra::default(), std::time::Duration::ZERO) {
+        n += 1;
+        if n % 3 != 0 {
+            continue;
+        }
+        change(&mut ns, step);
+        step += 1;
+        flush(&mut ns, &mut store);
+        acked.push(view(&ns));
+        images_at_ack.push(recording(&store).images.len());
+    }
+    assert!(step >= 8, "the image took {n} slices");
+    let pieces = slices.finish(&ns);
+    assert!(pieces.len() > 10, "{} pieces", pieces.len());
+    let job = store.snapshot_job(pieces);
+    change(&mut ns, step);
+    flush(&mut ns, &mut store);
+    acked.push(view(&ns));
+    images_at_ack.push(recording(&store).images.len());
+    let written = write_snapshot(recording_mut(&mut store), &job);
+    store.finish_snapshot(written).unwrap();
+    change(&mut ns, step + 1);
+    flush(&mut ns, &mut store);
+    acked.push(view(&ns));
+    images_at_ack.push(recording(&store).images.len());
+    every_image_recovers_an_acknowledged_state(&store, &acked, &images_at_ack);
+    assert_eq!(view(&recover(recording(&store).clone())), view(&ns));
 }
 
 fn recording(store: &Store) -> &MemStorage {
@@ -322,12 +436,12 @@ fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
     };
     work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
     let first = store.journal;
-    let job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default())).unwrap();
+    let job = background_job(&mut store, &ns);
     work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
-    // write_snapshot: write, sync, rename, sync the directory, then the
-    // new journal's write fails.
+    // write_snapshot: sync the journal, write, sync, rename, sync the
+    // directory, then the new journal's write fails.
     let mem = recording_mut(&mut store);
-    mem.fail_at = Some((mem.ops + 5, libc::ENOSPC));
+    mem.fail_at = Some((mem.ops + 6, libc::ENOSPC));
     let written = write_snapshot(recording_mut(&mut store), &job);
     let e = store.finish_snapshot(written).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
@@ -335,7 +449,7 @@ fn a_full_disk_when_the_new_journal_starts_keeps_the_current_one() {
     for _ in 0..3 {
         work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
     }
-    let job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default())).unwrap();
+    let job = background_job(&mut store, &ns);
     work(&mut ns, &mut store, &mut acked, &mut images_at_ack);
     let written = write_snapshot(recording_mut(&mut store), &job);
     store.finish_snapshot(written).unwrap();
@@ -401,7 +515,7 @@ fn only_a_store_that_changed_since_its_snapshot_wants_one_at_unmount() {
 
     // A background snapshot whose new journal was never started: recovery
     // replays the batch appended meanwhile from the older journal.
-    let job = store.begin_snapshot(encode_all(store.background_head(), &ns, |_| Extra::default())).unwrap();
+    let job = background_job(&mut store, &ns);
     file(&mut ns, Ino::ROOT, "b", b"2");
     flush(&mut ns, &mut store);
     let storage = recording_mut(&mut store);
