@@ -59,6 +59,9 @@ pub enum Error {
     NoSuchOffset,
     /// No more files may be open on the mount.
     TooManyOpen,
+    /// The lease arbiter of a multi-host mount (etcd) did not answer in
+    /// time, or this host's session with it is lost.
+    Unreachable,
 }
 
 impl Error {
@@ -91,6 +94,7 @@ impl Error {
             Error::Io => libc::EIO,
             Error::NoSuchOffset => libc::ENXIO,
             Error::TooManyOpen => libc::ENFILE,
+            Error::Unreachable => libc::EIO,
         }
     }
 }

@@ -18,6 +18,7 @@ mod etcd;
 mod events;
 mod examples;
 mod fencing;
+mod hosts;
 mod limits;
 mod locks;
 mod operate;

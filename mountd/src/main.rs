@@ -20,6 +20,8 @@ use clap::{Args, Parser, Subcommand};
 use leasefs::fs::Fs;
 use leasefs::fuse::session::{self, MountOptions, Served};
 use leasefs::fuse::LeaseFs;
+use leasefs::lease::etcd::authority::{EtcdAuthority, EtcdConfig};
+use leasefs::lease::local::LocalAuthority;
 use tracing::{error, info};
 
 /// Environment variable naming the pipe fd on which a daemon started by
@@ -249,6 +251,28 @@ struct MountArgs {
     /// 4096 per lease). Beyond it, blocking lock requests fail with ENOLCK.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_waiters: Option<u64>,
+    /// Arbitrate leases across hosts through etcd: client URLs of the
+    /// cluster's members, comma-separated (http://10.0.0.1:2379,...). Locks
+    /// and epochs are then shared by every mount of the same cluster and
+    /// --etcd-prefix.
+    #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// Key prefix of the shared lease namespace in etcd.
+    #[arg(long, value_name = "NAME", default_value = "leasefs", requires = "etcd")]
+    etcd_prefix: String,
+    /// TTL of this host's etcd lease: a host cut off from etcd fences its
+    /// holders before it runs out (at 98 %), and other hosts' waiters are
+    /// served once etcd expires it.
+    #[arg(long, value_name = "DUR", default_value = "10s", value_parser = parse_secs_arg, requires = "etcd")]
+    host_ttl: u64,
+    /// Do not grant a lease whose previous holder's host was lost until
+    /// this long after (for resources that never check fencing tokens).
+    #[arg(long, value_name = "DUR", value_parser = parse_ttl_arg, requires = "etcd")]
+    lock_delay: Option<TtlArg>,
+    /// Deadline of one etcd call across all endpoints; calls that need etcd
+    /// fail with EIO after at most twice this.
+    #[arg(long, value_name = "DUR", default_value = "2s", value_parser = parse_ttl_arg, requires = "etcd")]
+    etcd_timeout: TtlArg,
 }
 
 #[derive(Args, Debug)]
@@ -265,6 +289,20 @@ struct TtlArg(Option<u64>);
 
 fn parse_ttl_arg(v: &str) -> Result<TtlArg, String> {
     leasefs::fs::parse_ttl(v).map(TtlArg).map_err(|_| format!("not a duration: {v:?} (try 500ms, 30s, 2m)"))
+}
+
+/// Whole seconds, at least 2 (etcd's smallest lease TTL).
+fn parse_secs_arg(v: &str) -> Result<u64, String> {
+    match leasefs::fs::parse_ttl(v) {
+        Ok(Some(ms)) if ms >= 2000 && ms % 1000 == 0 => Ok(ms / 1000),
+        _ => Err(format!("not a whole number of seconds of at least 2: {v:?} (try 10s)")),
+    }
+}
+
+/// This host as other hosts of the etcd namespace see it.
+fn host_name(mountpoint: &Path) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    format!("{}:{}", host.trim(), mountpoint.display())
 }
 
 fn init_logging(log_file: Option<&Path>) {
@@ -420,6 +458,21 @@ fn status(args: &ShowArgs) -> ExitCode {
     println!("access       {}", v["access"].as_str().unwrap_or("?"));
     println!("version      {}", v["version"].as_str().unwrap_or("?"));
     println!("backend      {}", v["backend"].as_str().unwrap_or("?"));
+    let etcd = &v["etcd"];
+    if etcd.is_object() {
+        let eps: Vec<&str> =
+            etcd["endpoints"].as_array().map(|a| a.iter().filter_map(|e| e.as_str()).collect()).unwrap_or_default();
+        let session = &etcd["session"];
+        println!("etcd         {} (prefix {})", eps.join(","), etcd["prefix"].as_str().unwrap_or("?"));
+        println!("host         {}", etcd["host"].as_str().unwrap_or("?"));
+        println!(
+            "session      lease {} ({}, ttl {}s, {} lost so far)",
+            session["lease"].as_str().unwrap_or("?"),
+            if session["alive"].as_bool() == Some(true) { "alive" } else { "LOST, re-registering" },
+            session["ttl_secs"],
+            session["lost"]
+        );
+    }
     println!("daemon pid   {}", v["pid"]);
     println!("uptime       {}", age((v["uptime_secs"].as_f64().unwrap_or(0.0) * 1000.0) as u64));
     println!("leases       {} held, {} awaited, {} with a TTL", l["held"], l["awaited"], l["with_ttl"]);
@@ -676,7 +729,30 @@ fn serve(args: &MountArgs) -> ExitCode {
     // the kernel's permission checks) unless --private.
     let allow_other = args.allow_other || (uid == 0 && !args.private);
     let opts = MountOptions { nonempty: args.nonempty, allow_other, source: args.source.clone() };
-    let fs = Arc::new(Fs::with_lease_ttl(uid, gid, args.lease_ttl.and_then(|t| t.0)));
+    let ttl = args.lease_ttl.and_then(|t| t.0);
+    let fs = if args.etcd.is_empty() {
+        Arc::new(Fs::with_lease_ttl(uid, gid, ttl))
+    } else {
+        let config = EtcdConfig {
+            endpoints: args.etcd.clone(),
+            prefix: args.etcd_prefix.clone(),
+            host_ttl: args.host_ttl as i64,
+            lock_delay: Duration::from_millis(args.lock_delay.and_then(|t| t.0).unwrap_or(0)),
+            request_timeout: Duration::from_millis(args.etcd_timeout.0.unwrap_or(2000)),
+            host: host_name(&args.mountpoint),
+        };
+        match EtcdAuthority::connect(config, LocalAuthority::new(ttl)) {
+            Ok(a) => {
+                info!(endpoints = %args.etcd.join(","), prefix = %args.etcd_prefix, "leases arbitrated through etcd");
+                Arc::new(Fs::with_authority(uid, gid, Box::new(a)))
+            }
+            Err(e) => {
+                report_ready(&format!("ERR {e}\n"));
+                eprintln!("leasefs: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    };
     let mut limits = match args.size {
         Some(size) => leasefs::fs::limits::Limits::with_size(size),
         None => leasefs::fs::limits::Limits::for_this_machine(),
@@ -832,6 +908,14 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
     }
     if let Some(TtlArg(ttl)) = args.lease_ttl {
         cmd.arg("--lease-ttl").arg(ttl.map_or_else(|| "off".to_string(), |ms| format!("{ms}ms")));
+    }
+    if !args.etcd.is_empty() {
+        cmd.arg("--etcd").arg(args.etcd.join(",")).arg("--etcd-prefix").arg(&args.etcd_prefix);
+        cmd.arg("--host-ttl").arg(format!("{}s", args.host_ttl));
+        cmd.arg("--etcd-timeout").arg(format!("{}ms", args.etcd_timeout.0.unwrap_or(2000)));
+        if let Some(TtlArg(Some(ms))) = args.lock_delay {
+            cmd.arg("--lock-delay").arg(format!("{ms}ms"));
+        }
     }
     cmd.env(READY_FD_ENV, wr.to_string()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     // SAFETY: setsid is async-signal-safe; it detaches the daemon from our session.

@@ -201,9 +201,10 @@ impl Fs {
                 let held = leases.iter().filter(|(_, l)| !l.locks().is_empty()).count();
                 let awaited = leases.iter().filter(|(_, l)| l.waiters() > 0).count();
                 let ttl = leases.iter().filter(|(i, _)| st.lease.effective_ttl(*i).is_some()).count();
-                let status = serde_json::json!({
+                let (backend, remote) = st.lease.backend();
+                let mut status = serde_json::json!({
                     "version": crate::VERSION,
-                    "backend": "local",
+                    "backend": backend,
                     "pid": std::process::id(),
                     "mount_point": st.mount_point.to_string_lossy(),
                     "source": st.mount_source,
@@ -236,6 +237,9 @@ impl Fs {
                         "compaction": st.compaction_phase(),
                     })),
                 });
+                if let Some(remote) = remote {
+                    status["etcd"] = remote;
+                }
                 format!(
                     "{status}
 "

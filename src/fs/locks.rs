@@ -104,6 +104,7 @@ impl Fs {
     pub fn setlk(&self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
         let mut st = self.state.lock();
         st.ns.get(ino)?;
+        st.name_lease(ino);
         let now = st.lease.now();
         // Durable before visible: a request that could advance the epoch
         // waits for the reservation (refused with ENOSPC/EIO if the state

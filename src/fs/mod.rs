@@ -351,6 +351,14 @@ impl State {
         Fs::paths_of(self, &wanted).get(&ino).map(|p| format!("/{}", p.display())).unwrap_or_default()
     }
 
+    /// Tell an authority that arbitrates by name (etcd) which path `ino` is.
+    fn name_lease(&mut self, ino: Ino) {
+        if self.lease.wants_paths() {
+            let path = self.lease_path(ino);
+            self.lease.bind_path(ino, &path);
+        }
+    }
+
     /// Refuse with `ENOSPC` unless `extra` more bytes fit in what `uid` may use.
     fn room_for_bytes(&mut self, uid: u32, extra: u64) -> Result<()> {
         let used = self.ns.usage().bytes();
@@ -808,6 +816,13 @@ impl Fs {
         fs
     }
 
+    /// A filesystem whose lease questions `lease` answers (the etcd backend).
+    pub fn with_authority(uid: u32, gid: u32, lease: Box<dyn LeaseAuthority>) -> Fs {
+        let fs = Fs::new(uid, gid);
+        fs.state.lock().set_authority(lease);
+        fs
+    }
+
     /// A filesystem with an empty root owned by `uid:gid` (mode 0755).
     pub fn new(uid: u32, gid: u32) -> Fs {
         let fs = Fs {
@@ -944,6 +959,7 @@ impl Fs {
     pub fn shutdown(&self) {
         self.group.stop();
         let mut st = self.state.lock();
+        st.lease.shutdown();
         st.finish_compaction(true);
         let Some(store) = st.store.as_ref() else { return };
         let (dirty, freed) = st.ns.dirty();

@@ -141,6 +141,7 @@ impl Fs {
                 // lockfile idiom). A re-attached live lease keeps its holder.
                 if flags & libc::O_EXCL != 0 && !st.lease.is_live(a.ino) {
                     st.reserve(a.ino)?;
+                    st.name_lease(a.ino);
                     st.lease.acquire_by_create(a.ino);
                 }
                 a
@@ -271,6 +272,7 @@ impl Fs {
             let _ = st.ns.unlink(parent, name);
             return Err(e);
         }
+        st.name_lease(ino);
         st.lease.acquire_by_link(ino, floor);
         // The name now leads to `ino`: whoever looked at what it named
         // before holds a stale view (the dotlock-breaking race).

@@ -202,4 +202,22 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn lease(&self, ino: Ino) -> Option<&Lease>;
     /// Seconds since the authority started.
     fn uptime(&self) -> f64;
+
+    // A remote arbiter (SPEC 10).
+
+    /// True when leases are arbitrated by name across hosts: the core then
+    /// names a lease ([`LeaseAuthority::bind_path`]) before each lock
+    /// request and acquisition.
+    fn wants_paths(&self) -> bool {
+        false
+    }
+    /// `ino` is the lease at the mount-relative `path` (`/a/b`).
+    fn bind_path(&mut self, _ino: Ino, _path: &str) {}
+    /// The backend's name and, for a remote one, what `status` shows of it.
+    fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
+        ("local", None)
+    }
+    /// The mount goes away: leave the arbiter cleanly, so other hosts'
+    /// waiters are served at once instead of after this host's session expires.
+    fn shutdown(&mut self) {}
 }

@@ -174,8 +174,23 @@ impl Arbiter {
         EtcdError::Unavailable("this host's etcd session is lost".into())
     }
 
-    /// Join the queue of `name`.
+    /// Join the queue of `name`. A put whose answer was lost may have
+    /// queued the entry: it is deleted again (one try; see
+    /// [`Arbiter::join`] to keep trying).
     pub fn enqueue(&self, name: &str, mode: Mode, asker: &Asker) -> Result<Ticket> {
+        let mut t = self.ticket(name, mode, asker)?;
+        match self.join(&mut t) {
+            Err(e @ EtcdError::Indeterminate(_)) => {
+                let _ = self.client.delete(&t.key, &[]);
+                Err(e)
+            }
+            Err(e) => Err(e),
+            Ok(()) => Ok(t),
+        }
+    }
+
+    /// A ticket for the queue of `name` on the live session, not yet queued.
+    pub fn ticket(&self, name: &str, mode: Mode, asker: &Asker) -> Result<Ticket> {
         let session = self.session.alive().ok_or_else(Self::no_session)?;
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut key = self.queue(name);
@@ -184,9 +199,17 @@ impl Arbiter {
             "mode": mode.tag(), "state": "wait", "host": self.host,
             "pid": asker.pid, "comm": asker.comm, "owner": asker.owner,
         });
+        Ok(Ticket { name: name.to_string(), key, create_revision: 0, mode, session, value })
+    }
+
+    /// Queue `t`. When this fails with [`EtcdError::Indeterminate`] the
+    /// entry may be in the queue: the caller must delete it (until it
+    /// succeeds), or it stands in everyone's way until this host's session
+    /// expires.
+    pub fn join(&self, t: &mut Ticket) -> Result<()> {
         // A new key: the put's revision is its create revision.
-        let rev = self.client.put(&key, value.to_string().as_bytes(), session)?;
-        Ok(Ticket { name: name.to_string(), key, create_revision: rev, mode, session, value })
+        t.create_revision = self.client.put(&t.key, t.value.to_string().as_bytes(), t.session)?;
+        Ok(())
     }
 
     /// Every entry of `name`'s queue, in arrival order, and the revision read.
@@ -259,13 +282,29 @@ impl Arbiter {
 
     /// Block until `key` is deleted (or `deadline`); true if it was.
     pub fn wait_gone(&self, key: &[u8], after_revision: i64, deadline: Instant) -> Result<bool> {
+        self.wait_gone_unless(key, after_revision, deadline, &|| false)
+    }
+
+    /// [`Arbiter::wait_gone`], also giving up (false) soon after `stop`
+    /// turns true (the waiter was cancelled).
+    pub fn wait_gone_unless(
+        &self,
+        key: &[u8],
+        after_revision: i64,
+        deadline: Instant,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<bool> {
         let mut w = self.client.watch(key, &[], after_revision + 1)?;
         loop {
+            if stop() {
+                w.close();
+                return Ok(false);
+            }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 w.close();
                 return Ok(false);
             };
-            match w.next(left.min(Duration::from_millis(500)))? {
+            match w.next(left.min(Duration::from_millis(200)))? {
                 Some(WatchMsg::Events { events, .. }) if events.iter().any(|e| e.deleted) => {
                     w.close();
                     return Ok(true);
@@ -307,6 +346,45 @@ impl Arbiter {
                 }
             }
         }
+    }
+
+    /// A new holder acquired `name` without the queue (a file created with
+    /// `O_EXCL`, a name made by `link`): epoch + 1 on the counter, by a
+    /// transaction compared on the counter it read. The new epoch.
+    pub fn bump(&self, name: &str) -> Result<u64> {
+        let ek = self.epoch_key(name);
+        for _ in 0..16 {
+            let (kv, _) = self.client.get(&ek)?;
+            let (epoch, holder, rev) = epoch_of(kv.as_ref());
+            let counter = json!({"epoch": epoch + 1, "holder": holder});
+            match self.client.txn(
+                &[Compare::unchanged(ek.clone(), rev)],
+                &[Op::put(ek.clone(), counter.to_string(), 0)],
+                &[],
+            ) {
+                Ok(r) if r.succeeded => return Ok(epoch + 1),
+                // Someone else moved the counter (or this write may have
+                // landed): read again; the epoch only goes up either way.
+                Ok(_) | Err(EtcdError::Indeterminate(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(EtcdError::Unavailable("the epoch counter kept changing; try again".into()))
+    }
+
+    /// The host name other hosts see.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The key prefix of the mount's namespace.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The client every call goes through.
+    pub fn client(&self) -> &Arc<Client> {
+        &self.client
     }
 
     /// Leave the queue (release a grant or cancel a wait).

@@ -1,0 +1,808 @@
+//! The multi-host lease authority (SPEC 10): every lease-level lock is
+//! arbitrated cluster-wide by the [`Arbiter`] in etcd, and everything a
+//! host decides on its own (per-process views and compare-and-swap,
+//! fences, guards, byte ranges, detached leases) stays with the
+//! single-host [`LocalAuthority`] it wraps.
+//!
+//! A request for a `flock`, a whole-file POSIX lock or an OFD lock joins
+//! the lease's queue in etcd (one entry per lock owner, on this host's
+//! etcd lease) and is granted here only once etcd granted that entry by a
+//! transaction compared on the revisions it was decided on; the local
+//! grant then carries the epoch that transaction wrote. A request that
+//! must wait is parked; a thread watches only its predecessor's entry and
+//! wakes the lease timer, whose tick decides again. Leases are named by
+//! their mount-relative path (the core names each lease before asking),
+//! so a lease keeps its queue and epoch counter across unlink, re-create
+//! and rename over, as SPEC 4 asks.
+//!
+//! Invariants:
+//! - A lease-level lock exists on this host only while its owner's entry
+//!   is held in etcd on the host's current session (`held`).
+//! - An exclusive grant's local epoch is the counter etcd's grant wrote
+//!   (raised to it before the local grant), so epochs are the cluster's.
+//! - When the session's jeopardy deadline passes (see
+//!   [`super::session`]), its holders are fenced: [`fenced_handle`] and
+//!   [`held_by`] compare every entry with the live session on every call,
+//!   so a daemon resumed from SIGSTOP refuses its holders' writes before
+//!   its timer has even run; the next tick fences them for good.
+//!
+//! Not (yet) arbitrated across hosts: byte-range POSIX locks (they
+//! conflict only with locks of their own host), TTL breaking (contenders
+//! wait in etcd, where the holder's TTL is not known, so a TTL never
+//! breaks a lease in this backend), and files that never had a name
+//! (`O_TMPFILE` before `linkat`). The namespace itself (names, contents,
+//! xattrs) is still each host's own.
+//!
+//! [`fenced_handle`]: LeaseAuthority::fenced_handle
+//! [`held_by`]: LeaseAuthority::held_by
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use super::arbiter::{Arbiter, Asker, Decision, Mode as QMode, Ticket};
+use super::client::{Client, EtcdError};
+use super::session::HostSession;
+use crate::error::{Error, Result};
+use crate::lease::authority::{LeaseAuthority, Wake};
+use crate::lease::floors::Floors;
+use crate::lease::local::LocalAuthority;
+use crate::lease::machine::{Effect, Epoch, Fenced, Lease, Lock, LockKind, Mode, Outcome, Owner, Request, WaitId};
+use crate::lease::views::Views;
+use crate::namespace::Ino;
+
+/// How a mount reaches its etcd cluster.
+#[derive(Debug, Clone)]
+pub struct EtcdConfig {
+    /// Client URLs of the members (`http://HOST:PORT`).
+    pub endpoints: Vec<String>,
+    /// Key prefix of the shared namespace (`leasefs`).
+    pub prefix: String,
+    /// TTL of this host's etcd lease, in seconds.
+    pub host_ttl: i64,
+    /// A lease whose holder's host was lost is not granted again before this.
+    pub lock_delay: Duration,
+    /// Deadline of one etcd call across all endpoints.
+    pub request_timeout: Duration,
+    /// This host as other hosts see it.
+    pub host: String,
+}
+
+/// A parked request: its entry waits in etcd behind `predecessor`.
+#[derive(Debug)]
+struct Parked {
+    ino: Ino,
+    req: Request,
+    ticket: Ticket,
+    predecessor: Vec<u8>,
+    /// Set by the watcher when the predecessor went away.
+    ready: Arc<AtomicBool>,
+    /// Set when the wait ends otherwise; the watcher then stops.
+    cancel: Arc<AtomicBool>,
+}
+
+/// A grant held back by `--lock-delay` (its previous holder's host was lost).
+#[derive(Debug)]
+struct Delayed {
+    ino: Ino,
+    req: Request,
+    ticket: Ticket,
+    epoch: u64,
+    until: Instant,
+    /// The parked request to answer, or none (a non-blocking request was
+    /// refused; the entry is only kept so nobody gets the lease earlier).
+    wait: Option<WaitId>,
+}
+
+/// Deletes queue entries whose release failed, retrying until etcd takes
+/// it or the session they hang on is gone (etcd then deletes them itself).
+/// An entry left behind would stand in every later request's way.
+#[derive(Debug)]
+struct Leftovers {
+    tx: std::sync::mpsc::Sender<Ticket>,
+    pending: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Leftovers {
+    fn start(arbiter: Arc<Arbiter>) -> Leftovers {
+        let (tx, rx) = std::sync::mpsc::channel::<Ticket>();
+        let pending = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = pending.clone();
+        let _ = std::thread::Builder::new().name("etcd-release".into()).spawn(move || {
+            for t in rx {
+                while arbiter.session().alive() == Some(t.session) {
+                    match arbiter.release(&t) {
+                        Ok(()) => break,
+                        Err(_) => std::thread::sleep(Duration::from_millis(200)),
+                    }
+                }
+                count.fetch_sub(1, Ordering::Relaxed);
+            }
+        });
+        Leftovers { tx, pending }
+    }
+
+    fn push(&self, t: Ticket) {
+        self.pending.fetch_add(1, Ordering::Relaxed);
+        if self.tx.send(t).is_err() {
+            self.pending.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+/// The lease authority of one mount of a namespace shared through etcd.
+pub struct EtcdAuthority {
+    local: LocalAuthority,
+    arbiter: Arc<Arbiter>,
+    session: Arc<HostSession>,
+    config: EtcdConfig,
+    /// The mount-relative path each lease is arbitrated by (no leading `/`).
+    names: HashMap<Ino, String>,
+    /// The etcd entry behind each lease-level lock on this host.
+    held: HashMap<(Ino, Owner), Ticket>,
+    parked: HashMap<WaitId, Parked>,
+    delayed: Vec<Delayed>,
+    /// Entries whose release failed (etcd unreachable), deleted by a
+    /// thread of their own until it succeeds, off the request path.
+    leftover: Leftovers,
+    wake: Wake,
+    /// Sessions lost (and their holders fenced) so far.
+    losses: u64,
+}
+
+impl std::fmt::Debug for EtcdAuthority {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuthority")
+            .field("config", &self.config)
+            .field("held", &self.held.len())
+            .field("parked", &self.parked.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The queue mode of a lease-level request; `None` for unlocks and byte ranges.
+fn cluster_mode(req: &Request) -> Option<QMode> {
+    let mode = req.mode?;
+    if req.kind != LockKind::Flock && !req.range.is_whole() {
+        return None;
+    }
+    Some(match mode {
+        Mode::Shared => QMode::Shared,
+        Mode::Exclusive => QMode::Exclusive,
+    })
+}
+
+/// A lock that the entry of its owner backs (flock or the whole file).
+fn lease_level(l: &Lock) -> bool {
+    l.kind == LockKind::Flock || l.range.is_whole()
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
+}
+
+fn unreachable(what: &str, e: &EtcdError) -> Error {
+    tracing::warn!("{what}: {e}");
+    Error::Unreachable
+}
+
+fn millis_until(t: Instant) -> u64 {
+    t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1
+}
+
+impl EtcdAuthority {
+    /// Reach the cluster and register this host's session; a one-line
+    /// reason when etcd cannot be reached.
+    pub fn connect(config: EtcdConfig, local: LocalAuthority) -> std::result::Result<EtcdAuthority, String> {
+        let client = Arc::new(Client::new(&config.endpoints, config.request_timeout));
+        let prefix = config.prefix.trim_end_matches('/').to_string();
+        client
+            .get(format!("{prefix}/hosts").as_bytes())
+            .map_err(|e| format!("etcd at {}: {e}", config.endpoints.join(",")))?;
+        let session = Arc::new(
+            HostSession::start(client.clone(), config.host_ttl)
+                .map_err(|e| format!("etcd at {}: registering this host: {e}", config.endpoints.join(",")))?,
+        );
+        let arbiter = Arc::new(Arbiter::new(client, &prefix, session.clone(), &config.host));
+        let leftover = Leftovers::start(arbiter.clone());
+        Ok(EtcdAuthority {
+            local,
+            arbiter,
+            session,
+            config: EtcdConfig { prefix, ..config },
+            names: HashMap::new(),
+            held: HashMap::new(),
+            parked: HashMap::new(),
+            delayed: Vec::new(),
+            leftover,
+            wake: Wake::default(),
+            losses: 0,
+        })
+    }
+
+    /// The host session (tests pause its renewals to cut the host off).
+    pub fn session(&self) -> &Arc<HostSession> {
+        &self.session
+    }
+
+    /// Leave the queue; a failed release is retried on the next ticks.
+    /// Waiters of this host that queued right behind the entry decide again
+    /// at once instead of waiting for their watch.
+    fn release_ticket(&mut self, t: Ticket) {
+        match self.arbiter.release(&t) {
+            Ok(()) => {
+                for p in self.parked.values().filter(|p| p.predecessor == t.key) {
+                    p.ready.store(true, Ordering::Relaxed);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(lease = %t.name, "leaving the etcd queue failed, retrying: {e}");
+                self.leftover.push(t);
+            }
+        }
+        self.wake.wake();
+    }
+
+    /// Entries of `ino` whose owner no longer holds a lease-level lock here.
+    fn reconcile(&mut self, ino: Ino) {
+        let gone: Vec<(Ino, Owner)> = self
+            .held
+            .keys()
+            .filter(|(i, owner)| {
+                *i == ino
+                    && !self
+                        .local
+                        .lease(ino)
+                        .is_some_and(|l| l.locks().iter().any(|k| k.owner == *owner && lease_level(k)))
+            })
+            .copied()
+            .collect();
+        for key in gone {
+            if let Some(t) = self.held.remove(&key) {
+                self.release_ticket(t);
+            }
+        }
+    }
+
+    /// etcd granted `ticket` with `epoch`: grant the request here.
+    fn grant_local(
+        &mut self,
+        ino: Ino,
+        req: Request,
+        ticket: Ticket,
+        epoch: u64,
+        wait: Option<WaitId>,
+    ) -> (Outcome, Vec<Effect>) {
+        let floor = if ticket.mode == QMode::Exclusive { epoch.saturating_sub(1) } else { epoch };
+        self.local.raise_epoch(ino, Epoch(floor));
+        match self.local.request(ino, req, wait) {
+            Ok((Outcome::Refused(e), effects)) => {
+                self.release_ticket(ticket);
+                (Outcome::Refused(e), effects)
+            }
+            Ok((outcome, effects)) => {
+                if outcome == Outcome::Granted && ticket.mode == QMode::Exclusive && self.local.epoch(ino).0 != epoch {
+                    tracing::error!(lease = %ticket.name, etcd = epoch, local = self.local.epoch(ino).0, "epoch differs from etcd's grant");
+                }
+                self.held.insert((ino, req.owner), ticket);
+                (outcome, effects)
+            }
+            Err(e) => {
+                self.release_ticket(ticket);
+                (Outcome::Refused(e), Vec::new())
+            }
+        }
+    }
+
+    /// Park `id` until `predecessor` leaves the queue.
+    fn park(&mut self, id: WaitId, ino: Ino, req: Request, ticket: Ticket, predecessor: Vec<u8>, revision: i64) {
+        let ready = Arc::new(AtomicBool::new(false));
+        let cancel = Arc::new(AtomicBool::new(false));
+        let (arbiter, wake) = (self.arbiter.clone(), self.wake.clone());
+        let (r, c, key) = (ready.clone(), cancel.clone(), predecessor.clone());
+        let spawned = std::thread::Builder::new().name("etcd-wait".into()).spawn(move || {
+            let far = Instant::now() + Duration::from_secs(365 * 86_400);
+            // An error (etcd unreachable) also ends the watch: deciding
+            // again tells what became of the queue, or fails the wait.
+            let _ = arbiter.wait_gone_unless(&key, revision, far, &|| c.load(Ordering::Relaxed));
+            if !c.load(Ordering::Relaxed) {
+                r.store(true, Ordering::Relaxed);
+                wake.wake();
+            }
+        });
+        if spawned.is_err() {
+            // No thread to watch with: decide again on the next tick.
+            ready.store(true, Ordering::Relaxed);
+        }
+        self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready, cancel });
+    }
+
+    /// Decide a parked request again; its answer, if it has one now.
+    fn redecide(&mut self, id: WaitId, p: Parked, effects: &mut Vec<Effect>) {
+        match self.arbiter.decide(&p.ticket) {
+            Ok(Decision::Granted { epoch, lost_holder }) => {
+                self.answer_grant(p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
+            }
+            Ok(Decision::Behind { predecessor, revision }) => {
+                self.park(id, p.ino, p.req, p.ticket, predecessor, revision);
+            }
+            Ok(Decision::Gone) => effects.push(Effect::Refuse(id, Error::Unreachable)),
+            Err(e) => {
+                let err = unreachable("deciding a waiting lock request", &e);
+                self.leftover.push(p.ticket);
+                effects.push(Effect::Refuse(id, err));
+            }
+        }
+    }
+
+    /// etcd granted a request: grant it here, now or after the lock delay.
+    /// A request that was `parked` is answered by an effect for `id`; one
+    /// being asked now by the outcome (`Parked` when the delay holds back a
+    /// blocking request).
+    #[allow(clippy::too_many_arguments)]
+    fn answer_grant(
+        &mut self,
+        ino: Ino,
+        req: Request,
+        ticket: Ticket,
+        epoch: u64,
+        lost_holder: bool,
+        id: Option<WaitId>,
+        parked: bool,
+        effects: &mut Vec<Effect>,
+    ) -> Outcome {
+        if lost_holder && !self.config.lock_delay.is_zero() {
+            tracing::info!(lease = %ticket.name, epoch, delay_ms = self.config.lock_delay.as_millis() as u64, "previous holder's host was lost: granting after the lock delay");
+            let until = Instant::now() + self.config.lock_delay;
+            self.delayed.push(Delayed { ino, req, ticket, epoch, until, wait: id });
+            self.wake.wake();
+            return if id.is_some() { Outcome::Parked } else { Outcome::Refused(Error::WouldBlock) };
+        }
+        let (outcome, more) = self.grant_local(ino, req, ticket, epoch, id);
+        effects.extend(more);
+        if let Some(id) = id.filter(|_| parked) {
+            match outcome {
+                Outcome::Granted => effects.push(Effect::Grant(id)),
+                Outcome::Refused(e) => effects.push(Effect::Refuse(id, e)),
+                // Waits on a byte-range lock of this host; granted by it later.
+                Outcome::Parked => {}
+            }
+        }
+        outcome
+    }
+
+    /// When the host session is lost, fence every holder on this host and
+    /// fail every wait (their entries went with the session).
+    fn on_session_loss(&mut self, effects: &mut Vec<Effect>) {
+        let alive = self.session.alive();
+        let stale = |t: &Ticket| Some(t.session) != alive;
+        let lost = self.held.values().any(stale)
+            || self.parked.values().any(|p| stale(&p.ticket))
+            || self.delayed.iter().any(|d| stale(&d.ticket));
+        if !lost {
+            return;
+        }
+        self.losses += 1;
+        let holders = self.held.len();
+        tracing::warn!(holders, waiters = self.parked.len(), "this host's etcd session is lost: fencing its holders");
+        self.held.retain(|_, t| !stale(t));
+        effects.extend(self.local.fence_all());
+        let ids: Vec<WaitId> = self.parked.iter().filter(|(_, p)| stale(&p.ticket)).map(|(id, _)| *id).collect();
+        for id in ids {
+            if let Some(p) = self.parked.remove(&id) {
+                p.cancel.store(true, Ordering::Relaxed);
+                effects.push(Effect::Refuse(id, Error::Unreachable));
+            }
+        }
+        let (gone, kept): (Vec<Delayed>, Vec<Delayed>) = self.delayed.drain(..).partition(|d| stale(&d.ticket));
+        self.delayed = kept;
+        effects.extend(gone.into_iter().filter_map(|d| d.wait.map(|id| Effect::Refuse(id, Error::Unreachable))));
+    }
+
+    /// A lock of this host whose entry is on a session that is no longer
+    /// alive: its holder must be treated as fenced now.
+    fn lost_hold(&self, ino: Ino, pick: impl Fn(&Lock) -> bool) -> Option<Fenced> {
+        let lease = self.local.lease(ino)?;
+        let alive = self.session.alive();
+        lease
+            .locks()
+            .iter()
+            .filter(|l| pick(l))
+            .find(|l| self.held.get(&(ino, l.owner)).is_some_and(|t| Some(t.session) != alive))
+            .map(|l| Fenced { owner: l.owner, handle: l.handle, pid: l.pid, epoch: self.local.epoch(ino) })
+    }
+}
+
+impl LeaseAuthority for EtcdAuthority {
+    fn now(&mut self) -> u64 {
+        self.local.now()
+    }
+
+    fn set_wake(&mut self, wake: Wake) {
+        let w = wake.clone();
+        self.session.on_lost(Box::new(move |_| w.wake()));
+        self.local.set_wake(wake.clone());
+        self.wake = wake;
+    }
+
+    fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
+        let mut effects = Vec::new();
+        self.on_session_loss(&mut effects);
+        let Some(mode) = cluster_mode(&req) else {
+            let (outcome, more) = self.local.request(ino, req, wait)?;
+            effects.extend(more);
+            self.reconcile(ino);
+            return Ok((outcome, effects));
+        };
+        if let Some(t) = self.held.get(&(ino, req.owner)) {
+            if t.mode == mode {
+                // Re-locking what this owner holds: a renewal, no round trip.
+                let (outcome, more) = self.local.request(ino, req, wait)?;
+                effects.extend(more);
+                return Ok((outcome, effects));
+            }
+            // A conversion is not atomic, as flock(2) says: the old entry
+            // goes first, the new one queues behind whoever came before.
+            if let Some(t) = self.held.remove(&(ino, req.owner)) {
+                self.release_ticket(t);
+            }
+        }
+        // A conflict on this host answers a non-blocking request without a round trip.
+        if wait.is_none() && self.local.test(ino, &req).is_some() {
+            return Ok((Outcome::Refused(Error::WouldBlock), effects));
+        }
+        let Some(name) = self.names.get(&ino).cloned() else {
+            // A file that never had a name is arbitrated on this host only.
+            let (outcome, more) = self.local.request(ino, req, wait)?;
+            effects.extend(more);
+            return Ok((outcome, effects));
+        };
+        let asker = Asker { pid: req.pid, comm: comm(req.pid), owner: format!("{:?}:{:x}", req.kind, req.owner.0) };
+        let mut ticket =
+            self.arbiter.ticket(&name, mode, &asker).map_err(|e| unreachable("joining an etcd queue", &e))?;
+        match self.arbiter.join(&mut ticket) {
+            Ok(()) => {}
+            Err(e) => {
+                let err = unreachable("joining an etcd queue", &e);
+                if matches!(e, EtcdError::Indeterminate(_)) {
+                    // It may be queued: delete it, retrying until it is gone,
+                    // off the request path (etcd is evidently not answering).
+                    self.leftover.push(ticket);
+                }
+                return Err(err);
+            }
+        }
+        match self.arbiter.decide(&ticket) {
+            Ok(Decision::Granted { epoch, lost_holder }) => {
+                let outcome = self.answer_grant(ino, req, ticket, epoch, lost_holder, wait, false, &mut effects);
+                Ok((outcome, effects))
+            }
+            Ok(Decision::Behind { predecessor, revision }) => match wait {
+                None => {
+                    self.release_ticket(ticket);
+                    Ok((Outcome::Refused(Error::WouldBlock), effects))
+                }
+                Some(id) => {
+                    self.park(id, ino, req, ticket, predecessor, revision);
+                    Ok((Outcome::Parked, effects))
+                }
+            },
+            Ok(Decision::Gone) => Err(Error::Unreachable),
+            Err(e) => {
+                let err = unreachable("deciding a lock request", &e);
+                self.leftover.push(ticket);
+                Err(err)
+            }
+        }
+    }
+
+    fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
+        self.local.test(ino, req)
+    }
+
+    fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
+        if let Some(p) = self.parked.remove(&id) {
+            p.cancel.store(true, Ordering::Relaxed);
+            self.release_ticket(p.ticket);
+            return Some(vec![Effect::Refuse(id, Error::Interrupted)]);
+        }
+        if let Some(pos) = self.delayed.iter().position(|d| d.wait == Some(id)) {
+            let d = self.delayed.remove(pos);
+            self.release_ticket(d.ticket);
+            return Some(vec![Effect::Refuse(id, Error::Interrupted)]);
+        }
+        self.local.interrupt(id)
+    }
+
+    fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect> {
+        let effects = self.local.release_owner(ino, owner);
+        self.reconcile(ino);
+        effects
+    }
+
+    fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect> {
+        let effects = self.local.release_handle(ino, handle, flock_owner);
+        self.reconcile(ino);
+        effects
+    }
+
+    fn epoch(&self, ino: Ino) -> Epoch {
+        self.local.epoch(ino)
+    }
+
+    fn reserve(&mut self, ino: Ino) -> Result<()> {
+        self.local.reserve(ino)
+    }
+
+    fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
+        if let Some(name) = self.names.get(&ino) {
+            match self.arbiter.bump(name) {
+                Ok(epoch) => self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1))),
+                Err(e) => tracing::warn!(lease = %name, "O_EXCL acquisition without etcd's epoch: {e}"),
+            }
+        }
+        self.local.acquire_by_create(ino)
+    }
+
+    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect> {
+        if let Some(name) = self.names.get(&ino) {
+            match self.arbiter.bump(name) {
+                Ok(epoch) => self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1))),
+                Err(e) => tracing::warn!(lease = %name, "link acquisition without etcd's epoch: {e}"),
+            }
+        }
+        self.local.acquire_by_link(ino, floor)
+    }
+
+    fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
+        self.local.raise_epoch(ino, floor);
+    }
+
+    fn raise_all(&mut self, floor: Epoch) {
+        self.local.raise_all(floor);
+    }
+
+    fn floors(&mut self) -> &mut Floors {
+        self.local.floors()
+    }
+
+    fn floors_ref(&self) -> &Floors {
+        self.local.floors_ref()
+    }
+
+    fn is_live(&self, ino: Ino) -> bool {
+        self.local.is_live(ino) || self.parked.values().any(|p| p.ino == ino)
+    }
+
+    fn forget(&mut self, ino: Ino) {
+        if !self.held.keys().any(|(i, _)| *i == ino) {
+            self.names.remove(&ino);
+        }
+        self.local.forget(ino);
+    }
+
+    fn detach(&mut self, path: PathBuf, ino: Ino) {
+        self.local.detach(path, ino);
+    }
+
+    fn take_detached(&mut self, path: &Path) -> Option<Ino> {
+        self.local.take_detached(path)
+    }
+
+    fn detached(&self, path: &Path) -> Option<Ino> {
+        self.local.detached(path)
+    }
+
+    fn detached_all(&self) -> Vec<(PathBuf, Ino)> {
+        self.local.detached_all()
+    }
+
+    fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool) {
+        self.local.retain_detached(keep);
+    }
+
+    fn views(&mut self) -> &mut Views {
+        self.local.views()
+    }
+
+    fn observations(&self) -> usize {
+        self.local.observations()
+    }
+
+    fn set_lock_limits(&mut self, limits: crate::lease::machine::LockLimits) {
+        self.local.set_lock_limits(limits);
+    }
+
+    fn lock_limits(&self) -> crate::lease::machine::LockLimits {
+        self.local.lock_limits()
+    }
+
+    fn lock_usage(&self) -> (usize, usize) {
+        let (held, waiting) = self.local.lock_usage();
+        (held, waiting + self.parked.len())
+    }
+
+    fn lock_limit_refusals(&self) -> u64 {
+        self.local.lock_limit_refusals()
+    }
+
+    fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
+        self.local.set_ttl(ino, ttl)
+    }
+
+    fn effective_ttl(&self, ino: Ino) -> Option<u64> {
+        self.local.effective_ttl(ino)
+    }
+
+    fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
+        self.local.renew(ino, handle, pids)
+    }
+
+    fn tick(&mut self) -> (Vec<Effect>, Option<u64>) {
+        let mut effects = Vec::new();
+        self.on_session_loss(&mut effects);
+        let (more, mut next) = self.local.tick();
+        effects.extend(more);
+        let ready: Vec<WaitId> =
+            self.parked.iter().filter(|(_, p)| p.ready.load(Ordering::Relaxed)).map(|(id, _)| *id).collect();
+        for id in ready {
+            if let Some(p) = self.parked.remove(&id) {
+                self.redecide(id, p, &mut effects);
+            }
+        }
+        let now = Instant::now();
+        let (due, later): (Vec<Delayed>, Vec<Delayed>) = self.delayed.drain(..).partition(|d| d.until <= now);
+        self.delayed = later;
+        for d in due {
+            match d.wait {
+                Some(id) => {
+                    self.answer_grant(d.ino, d.req, d.ticket, d.epoch, false, Some(id), true, &mut effects);
+                }
+                // Nobody waits for it: the delay is over, let the next one have it.
+                None => self.release_ticket(d.ticket),
+            }
+        }
+        let soonest = |n: Option<u64>, m: u64| Some(n.map_or(m, |n| n.min(m)));
+        if !self.held.is_empty() || !self.parked.is_empty() {
+            // Fence at the jeopardy deadline, not when the keep-alive
+            // thread gets round to it.
+            next = soonest(next, millis_until(self.session.lease().1));
+        }
+        if let Some(until) = self.delayed.iter().map(|d| d.until).min() {
+            next = soonest(next, millis_until(until));
+        }
+        (effects, next)
+    }
+
+    fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
+        let effects = self.local.break_now(ino);
+        self.reconcile(ino);
+        effects
+    }
+
+    fn held(&self) -> Vec<Ino> {
+        self.local.held()
+    }
+
+    fn waited(&self) -> Vec<Ino> {
+        let mut w = self.local.waited();
+        w.extend(self.parked.values().map(|p| p.ino));
+        w.sort_unstable_by_key(|i| i.0);
+        w.dedup();
+        w
+    }
+
+    fn fence_all(&mut self) -> Vec<Effect> {
+        let held: Vec<Ino> = self.local.held();
+        let effects = self.local.fence_all();
+        for ino in held {
+            self.reconcile(ino);
+        }
+        effects
+    }
+
+    fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced> {
+        self.local.fenced_handle(ino, handle).or_else(|| self.lost_hold(ino, |l| l.handle == handle))
+    }
+
+    fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced> {
+        self.local.fenced_pid(ino, pids).or_else(|| self.lost_hold(ino, |l| pids.contains(&l.pid)))
+    }
+
+    fn has_fenced(&self, ino: Ino) -> bool {
+        self.local.has_fenced(ino) || self.lost_hold(ino, |_| true).is_some()
+    }
+
+    fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32> {
+        let pid = self.local.held_by(ino, pids)?;
+        self.lost_hold(ino, |l| l.pid == pid).is_none().then_some(pid)
+    }
+
+    fn guard(&self, ino: Ino) -> Option<PathBuf> {
+        self.local.guard(ino)
+    }
+
+    fn set_guard(&mut self, ino: Ino, path: PathBuf) {
+        self.local.set_guard(ino, path);
+    }
+
+    fn remove_guard(&mut self, ino: Ino) -> bool {
+        self.local.remove_guard(ino)
+    }
+
+    fn leases(&self) -> Vec<(Ino, &Lease)> {
+        self.local.leases()
+    }
+
+    fn known(&self) -> usize {
+        self.local.known()
+    }
+
+    fn lease(&self, ino: Ino) -> Option<&Lease> {
+        self.local.lease(ino)
+    }
+
+    fn uptime(&self) -> f64 {
+        self.local.uptime()
+    }
+
+    fn wants_paths(&self) -> bool {
+        true
+    }
+
+    fn bind_path(&mut self, ino: Ino, path: &str) {
+        // A lease with entries keeps the name they were queued under (a
+        // live lease's name never moves: SPEC 4).
+        if self.held.keys().any(|(i, _)| *i == ino) || self.parked.values().any(|p| p.ino == ino) {
+            return;
+        }
+        let name = path.trim_start_matches('/');
+        if !name.is_empty() && self.names.get(&ino).is_none_or(|n| n != name) {
+            self.names.insert(ino, name.to_string());
+        }
+    }
+
+    fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
+        let (lease, deadline, generation) = self.session.lease();
+        let alive = self.session.alive().is_some();
+        let info = json!({
+            "endpoints": self.config.endpoints,
+            "current_endpoint": self.arbiter.client().current(),
+            "prefix": self.config.prefix,
+            "host": self.config.host,
+            "session": {
+                "lease": format!("{lease:016x}"),
+                "alive": alive,
+                "ttl_secs": self.session.ttl(),
+                "jeopardy_in_ms": if alive { deadline.saturating_duration_since(Instant::now()).as_millis() as u64 } else { 0 },
+                "generation": generation,
+                "lost": self.session.lost(),
+            },
+            "lock_delay_ms": self.config.lock_delay.as_millis() as u64,
+            "request_timeout_ms": self.config.request_timeout.as_millis() as u64,
+            "entries": { "held": self.held.len(), "waiting": self.parked.len(), "delayed": self.delayed.len(), "release_retries": self.leftover.pending() },
+            "fenced_by_session_loss": self.losses,
+        });
+        ("etcd", Some(info))
+    }
+
+    fn shutdown(&mut self) {
+        for (_, p) in std::mem::take(&mut self.parked) {
+            p.cancel.store(true, Ordering::Relaxed);
+            let _ = self.arbiter.release(&p.ticket);
+        }
+        let tickets: Vec<Ticket> =
+            self.held.drain().map(|(_, t)| t).chain(self.delayed.drain(..).map(|d| d.ticket)).collect();
+        for t in tickets {
+            let _ = self.arbiter.release(&t);
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! Several hosts through etcd (SPEC 10): each test starts a real 3-member
+//! etcd cluster on loopback and mounts two daemons against it (two
+//! "hosts" sharing one lease namespace), and drives them from separate
+//! processes.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use leasefs::lease::etcd::client::{prefix_end, Client};
+
+use crate::etcd::Cluster;
+use crate::util::*;
+
+/// Each test's own key prefix, so a test can never see another's keys.
+fn prefix(test: &str) -> String {
+    format!("t-{test}-{}", std::process::id())
+}
+
+/// A daemon of the namespace `prefix` on `cluster`, with extra arguments.
+fn host(cluster: &Cluster, prefix: &str, extra: &[&str]) -> Mount {
+    let eps = cluster.endpoints().join(",");
+    let mut args = vec!["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", prefix];
+    args.extend_from_slice(extra);
+    Mount::with_args(&args)
+}
+
+/// Entries (holders and waiters) in the etcd queue of lease `name`.
+fn entries(cluster: &Cluster, prefix: &str, name: &str) -> usize {
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let q = format!("{prefix}/q/{name}/").into_bytes();
+    c.range(&q, &prefix_end(&q)).expect("read the queue").0.len()
+}
+
+/// Wait until the queue of `name` has `n` entries.
+fn await_entries(cluster: &Cluster, prefix: &str, name: &str, n: usize) {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let now = entries(cluster, prefix, name);
+        if now == n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the queue of {name} has {now} entries, not {n}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A stopped daemon, continued on drop (a stopped daemon cannot unmount).
+struct Frozen(i32);
+
+impl Frozen {
+    fn stop(pid: i32) -> Frozen {
+        // SAFETY: signalling a daemon this test started.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        Frozen(pid)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+fn status(m: &Mount) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(m.p(".leasefs/status")).unwrap()).unwrap()
+}
+
+/// The errno name a Python snippet prints for a lock attempt on `file`.
+fn py_lock(dir: &Path, file: &str, how: &str) -> String {
+    py_ok(
+        dir,
+        &format!(
+            r#"
+import errno, fcntl, os, struct
+fd = os.open("{file}", os.O_RDWR)
+try:
+    {how}
+    print("ok")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"#
+        ),
+    )
+    .trim()
+    .to_string()
+}
+
+#[test]
+fn a_mount_whose_etcd_cannot_be_reached_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let o = run_timeout(
+        std::process::Command::new(leasefs_bin())
+            .arg("mount")
+            .arg(&mnt)
+            .arg("--state-dir")
+            .arg(dir.path().join("state"))
+            .args(["--volatile", "--etcd", &format!("http://127.0.0.1:{port}"), "--etcd-timeout", "500ms"]),
+        STEP,
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "mounted without etcd: {o:?}");
+    assert_eq!(err.lines().count(), 1, "one line: {err:?}");
+    assert!(err.contains("etcd at http://127.0.0.1:") && err.contains("unreachable"), "{err:?}");
+    assert!(!is_mounted(&mnt));
+}
+
+#[test]
+fn locks_conflict_across_hosts_and_epochs_rise_by_one_per_holder_on_any_host() {
+    let cluster = Cluster::start();
+    let p = prefix("conflict");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let mut holder = Bg::ready(
+        &a.path,
+        "exec flock x sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch x; echo; sleep 60'",
+    );
+    await_entries(&cluster, &p, "x", 1);
+    // Every kind of lease-level lock on the other host conflicts.
+    assert_eq!(sh_code(&b.path, "flock -n x true"), 1, "exclusive flock");
+    assert_eq!(sh_code(&b.path, "flock -s -n x true"), 1, "shared flock");
+    assert_eq!(py_lock(&b.path, "x", "fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)"), "EAGAIN", "POSIX");
+    let ofd = "fcntl.fcntl(fd, 37, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0))"; // F_OFD_SETLK
+    assert_eq!(py_lock(&b.path, "x", ofd), "EAGAIN", "OFD");
+    await_entries(&cluster, &p, "x", 1);
+    // ... and the holder's own host is no different.
+    assert_eq!(sh_code(&a.path, "flock -n x true"), 1);
+    holder.kill_all();
+    let e1: u64 = holder.output()[0].trim().parse().unwrap();
+    let e2: u64 =
+        sh_ok(&b.path, "flock -w 20 x getfattr --only-values -n user.leasefs.epoch x").trim().parse().unwrap();
+    let e3: u64 =
+        sh_ok(&a.path, "flock -w 20 x getfattr --only-values -n user.leasefs.epoch x").trim().parse().unwrap();
+    assert_eq!((e2, e3), (e1 + 1, e1 + 2), "one epoch per new exclusive holder, whichever host");
+    // Shared holders on both hosts at once; a POSIX write lock then waits for both.
+    let shared = sh_ok(&a.path, &format!("flock -s x sh -c 'cd {} && flock -s -n x echo both'", b.path.display()));
+    assert_eq!(shared.trim(), "both");
+    assert_eq!(py_lock(&b.path, "x", "fcntl.lockf(fd, fcntl.LOCK_EX)"), "ok");
+    assert_eq!(epoch(&b.path, "x"), e1 + 3, "a whole-file POSIX write lock is a new holder too");
+    // O_EXCL creation takes the epoch from etcd as well; a re-created path never goes back.
+    sh_ok(&a.path, "rm x");
+    let created = py_ok(
+        &a.path,
+        "import os\nfd = os.open('x', os.O_CREAT | os.O_EXCL | os.O_RDWR)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))",
+    );
+    assert_eq!(created.trim().parse::<u64>().unwrap(), e1 + 4);
+    await_entries(&cluster, &p, "x", 0);
+}
+
+#[test]
+fn waiters_are_served_in_arrival_order_across_hosts() {
+    let cluster = Cluster::start();
+    let p = prefix("fifo");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    let log = a.dir.path().join("order.log");
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let mut holder = Bg::ready(&a.path, "exec flock x sh -c 'echo ready; sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    let mut waiters = Vec::new();
+    for (i, m) in [&b, &a, &b, &a].into_iter().enumerate() {
+        let script = format!("flock -w 30 x sh -c 'echo w{i} >> {}; sleep 0.1'", log.display());
+        waiters.push(Bg::spawn(&m.path, &script));
+        await_entries(&cluster, &p, "x", i + 2);
+    }
+    holder.kill_all();
+    for w in &mut waiters {
+        assert!(w.wait(STEP).success());
+    }
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), "w0\nw1\nw2\nw3\n");
+    await_entries(&cluster, &p, "x", 0);
+}
+
+#[test]
+fn a_signal_ends_a_cross_host_wait_and_takes_its_entry_out_of_the_queue() {
+    let cluster = Cluster::start();
+    let p = prefix("signal");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let _holder = Bg::ready(&a.path, "exec flock x sh -c 'echo ready; sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    // flock -w 1: SIGALRM interrupts the wait (EINTR), flock exits 1.
+    assert_eq!(sh_code(&b.path, "flock -w 1 x true"), 1);
+    await_entries(&cluster, &p, "x", 1);
+    // SIGKILL of a waiter, too.
+    let mut w = Bg::exec(&b.path, "flock", &["x", "true"]);
+    await_entries(&cluster, &p, "x", 2);
+    w.kill_all();
+    await_entries(&cluster, &p, "x", 1);
+    let s = status(&b);
+    assert_eq!(s["backend"], "etcd");
+    assert_eq!(s["etcd"]["entries"]["waiting"], 0);
+    assert_eq!(s["etcd"]["session"]["alive"], true);
+    assert_eq!(s["etcd"]["prefix"], p.as_str());
+}
+
+/// A daemon frozen past its host TTL: the other host's waiter gets the
+/// next epoch once etcd expires the frozen host's session; resumed, the
+/// frozen host's holder can write neither the lease nor the file it guards.
+#[test]
+fn a_host_frozen_past_its_ttl_loses_its_leases_and_its_holders_are_fenced() {
+    let cluster = Cluster::start();
+    let p = prefix("frozen");
+    let a = host(&cluster, &p, &["--host-ttl", "2s"]);
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&a.path, "touch x g && setfattr -n user.leasefs.guard -v x g");
+    sh_ok(&b.path, "touch x");
+    let go = a.dir.path().join("go");
+    let holder = format!(
+        r#"
+import errno, fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+g = os.open("g", os.O_WRONLY | os.O_APPEND)
+os.write(fd, b"a\n"); os.write(g, b"a\n")
+print("ready", flush=True)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+while not os.path.exists("{go}"):
+    time.sleep(0.02)
+for f, what in ((fd, "lease"), (g, "guarded")):
+    try:
+        os.write(f, b"late\n"); print(what, "ok", flush=True)
+    except OSError as e:
+        print(what, errno.errorcode[e.errno], flush=True)
+"#,
+        go = go.display()
+    );
+    let script = a.dir.path().join("holder.py");
+    std::fs::write(&script, holder).unwrap();
+    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    await_entries(&cluster, &p, "x", 1);
+    // A command run under `leasefs lock` on the frozen host, on another lease.
+    let lock = format!("exec {} lock y -- sleep 60", leasefs_bin().display());
+    let mut locked = Bg::spawn(&a.path, &lock);
+    await_entries(&cluster, &p, "y", 1);
+    let out = b.dir.path().join("epoch");
+    let mut waiter = Bg::spawn(
+        &b.path,
+        &format!("flock -w 30 x getfattr --only-values -n user.leasefs.epoch x > {}", out.display()),
+    );
+    await_entries(&cluster, &p, "x", 2);
+    let frozen = Frozen::stop(a.pid());
+    assert!(waiter.wait(STEP).success(), "the waiter on the other host was never granted");
+    drop(frozen);
+    std::fs::write(&go, "").unwrap();
+    assert!(h.wait(STEP).success());
+    let lines = h.output();
+    let e1: u64 = lines[0].trim().parse().unwrap();
+    assert_eq!(&lines[1..], ["lease ESTALE", "guarded ESTALE"], "the resumed host's holder was not fenced");
+    let e2: u64 = std::fs::read_to_string(&out).unwrap().trim().parse().unwrap();
+    assert_eq!(e2, e1 + 1);
+    assert_eq!(sh_ok(&a.path, "cat x g"), "a\na\n", "no write of the fenced holder landed");
+    assert_eq!(locked.wait(STEP).code(), Some(75), "leasefs lock did not stop its command when the host was cut off");
+    // The resumed host registered a new session and grants again.
+    let deadline = Instant::now() + STEP;
+    while status(&a)["etcd"]["session"]["alive"] != true {
+        assert!(Instant::now() < deadline, "no new session: {}", status(&a));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(status(&a)["etcd"]["session"]["lost"].as_u64().unwrap() >= 1);
+    let e3: u64 =
+        sh_ok(&a.path, "flock -w 20 x getfattr --only-values -n user.leasefs.epoch x").trim().parse().unwrap();
+    assert_eq!(e3, e2 + 1);
+}
+
+/// `--lock-delay`: a lease whose holder's host was lost is granted only
+/// once the delay has passed after the loss was noticed.
+#[test]
+fn the_lock_delay_holds_back_a_lease_whose_holders_host_was_lost() {
+    let cluster = Cluster::start();
+    let p = prefix("delay");
+    let a = host(&cluster, &p, &["--host-ttl", "2s"]);
+    let b = host(&cluster, &p, &["--lock-delay", "3s"]);
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let _holder = Bg::ready(&a.path, "exec flock x sh -c 'echo ready; sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    let mut waiter = Bg::spawn(&b.path, "flock -w 30 x true");
+    await_entries(&cluster, &p, "x", 2);
+    let frozen = Frozen::stop(a.pid());
+    let stopped = Instant::now();
+    // The frozen host's entry goes when etcd expires its session (at most
+    // its TTL after the last renewal, which came at most a third of it
+    // before the stop); the grant then waits the full delay.
+    assert!(waiter.wait(STEP).success());
+    let waited = stopped.elapsed();
+    assert!(waited >= Duration::from_millis(2000 - 667 + 3000), "granted after {waited:?}");
+    drop(frozen);
+    // A clean release leaves no lost holder: no delay for the next one.
+    let e = sh_ok(&b.path, "flock -n x getfattr --only-values -n user.leasefs.epoch x");
+    assert!(!e.trim().is_empty());
+}
+
+#[test]
+fn without_etcd_lock_requests_fail_with_eio_in_bounded_time_and_work_again_when_it_returns() {
+    let mut cluster = Cluster::start();
+    let p = prefix("outage");
+    let a = host(&cluster, &p, &["--etcd-timeout", "1s"]);
+    sh_ok(&a.path, "touch y");
+    sh_ok(&a.path, "echo cached > z");
+    let leader = cluster.leader();
+    let others: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+    cluster.kill(others[0]);
+    cluster.kill(others[1]);
+    let started = Instant::now();
+    let o = run_timeout(std::process::Command::new("flock").args(["-n", "y", "true"]).current_dir(&a.path), STEP);
+    let took = started.elapsed();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Input/output error"), "{o:?} after {took:?}");
+    eprintln!("flock -n refused with EIO after {took:?} (--etcd-timeout 1s, quorum lost)");
+    // What this host holds locally keeps working.
+    assert_eq!(sh_ok(&a.path, "cat z"), "cached\n");
+    cluster.restart(others[0]);
+    cluster.restart(others[1]);
+    let deadline = Instant::now() + STEP;
+    while sh_code(&a.path, "flock -n y true") != 0 {
+        assert!(Instant::now() < deadline, "locks never worked again: {}", status(&a));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Workers on two hosts loop flock, read the epoch, log start and end
+/// around a short critical section, while the etcd leader is killed and
+/// restarted: no two holders overlap and epochs of successive holders
+/// strictly increase.
+#[test]
+fn a_leader_kill_under_contention_grants_nothing_twice() {
+    let mut cluster = Cluster::start();
+    let p = prefix("leader");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let log = a.dir.path().join("history.log");
+    let worker = |m: &Mount, who: &str| {
+        let program = format!(
+            r#"
+import fcntl, os, time
+log = os.open("{log}", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+end = time.time() + 6
+n = 0
+while time.time() < end:
+    fd = os.open("x", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        os.close(fd); time.sleep(0.05); continue   # EIO while etcd elects
+    e = int(os.getxattr(fd, "user.leasefs.epoch"))
+    os.write(log, f"start {{e}} {who}\n".encode())
+    time.sleep(0.002)
+    os.write(log, f"end {{e}} {who}\n".encode())
+    os.close(fd)
+    n += 1
+print(n)
+"#,
+            log = log.display()
+        );
+        Bg::capture(&m.path, "python3", &["-c", &program])
+    };
+    let mut workers = vec![worker(&a, "a1"), worker(&a, "a2"), worker(&b, "b1"), worker(&b, "b2")];
+    std::thread::sleep(Duration::from_millis(1500));
+    let leader = cluster.leader();
+    cluster.kill(leader);
+    std::thread::sleep(Duration::from_millis(1500));
+    cluster.restart(leader);
+    let mut total = 0;
+    for w in &mut workers {
+        assert!(w.wait(STEP).success());
+        total += w.output()[0].trim().parse::<u64>().unwrap();
+    }
+    let history = std::fs::read_to_string(&log).unwrap();
+    eprintln!("{total} holds by four workers on two hosts through a leader kill");
+    let lines: Vec<&str> = history.lines().collect();
+    assert_eq!(lines.len() as u64, 2 * total, "every acknowledged hold is in the history");
+    assert!(total >= 10, "only {total} holds in 6 s");
+    let mut last = 0;
+    for pair in lines.chunks(2) {
+        let s: Vec<&str> = pair[0].split(' ').collect();
+        let e: Vec<&str> = pair[1].split(' ').collect();
+        assert_eq!((s[0], e[0]), ("start", "end"), "two holders overlap: {pair:?}\n{history}");
+        assert_eq!((s[1], s[2]), (e[1], e[2]), "two holders overlap: {pair:?}\n{history}");
+        let epoch: u64 = s[1].parse().unwrap();
+        assert!(epoch > last, "epoch {epoch} after {last}\n{history}");
+        last = epoch;
+    }
+}
