@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Cross-host arbitration cost on a real 3-member etcd cluster on loopback
-# (started and stopped here): the arbiter's uncontended acquire+release
-# against a bare etcd transaction cycle through the same client, and two
-# hosts contending for one lease. Medians over repeated runs.
+# (started and stopped here), medians over repeated runs:
+# - through the client: the arbiter's uncontended acquire+release against a
+#   bare etcd transaction cycle, and two arbiter "hosts" contending;
+# - through real mounts: two leasefs daemons mounted with --etcd (two
+#   hosts), an uncontended flock pair on one, one process on each host
+#   contending for one lease, and the same on a single-host mount (no etcd).
+# Needs root (mounts) for the second part; it is skipped otherwise.
 #   scripts/etcdbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 500, 3)
 # Needs etcd (apt-get install etcd-server).
 set -euo pipefail
@@ -13,11 +17,15 @@ secs=${3:-3}
 work=$(mktemp -d /tmp/leasefs-etcdbench.XXXXXX)
 pids=()
 cleanup() {
+    for m in "${mounts[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true; done
+    sleep 0.5
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     rm -rf "$work"
 }
 trap cleanup EXIT
 cargo build --release --quiet --example etcdbench
+cargo build --release --quiet -p leasefs-mountd 2>/dev/null || cargo build --release --quiet --workspace
+mounts=()
 base=$((23000 + RANDOM % 20000))
 cluster=""
 for i in 0 1 2; do cluster+="m$i=http://127.0.0.1:$((base + 2 * i + 1)),"; done
@@ -36,8 +44,51 @@ for _ in $(seq 200); do
     curl -sf -X POST "${endpoints%%,*}/v3/kv/range" -d '{"key":"eA=="}' >/dev/null 2>&1 && break
     sleep 0.1
 done
+# Two hosts on the cluster and one single-host mount, all release builds.
+if [ "$(id -u)" = 0 ]; then
+    for h in a b local; do
+        mkdir -p "$work/$h"
+        extra=(--etcd "$endpoints" --etcd-prefix bench)
+        [ "$h" = local ] && extra=()
+        ./target/release/leasefs mount "$work/$h" --state-dir "$work/state-$h" --volatile "${extra[@]}"
+        mounts+=("$work/$h")
+    done
+fi
+cat > "$work/mountbench.py" <<'PY'
+import fcntl, os, statistics, sys, time
+mode, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+dirs = sys.argv[4:]
+if mode == "pair":
+    fd = os.open(os.path.join(dirs[0], "p"), os.O_RDWR | os.O_CREAT)
+    t = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        fcntl.flock(fd, fcntl.LOCK_EX); fcntl.flock(fd, fcntl.LOCK_UN)
+        t.append(time.perf_counter_ns() - t0)
+    print(statistics.median(t) / 1000)
+else:
+    pids = []
+    r, w = os.pipe()
+    for d in dirs:
+        if os.fork() == 0:
+            fd = os.open(os.path.join(d, "c"), os.O_RDWR | os.O_CREAT)
+            k, end = 0, time.time() + secs
+            while time.time() < end:
+                fcntl.flock(fd, fcntl.LOCK_EX); os.pwrite(fd, b"x", 0); fcntl.flock(fd, fcntl.LOCK_UN)
+                k += 1
+            os.write(w, f"{k}\n".encode()); os._exit(0)
+    os.close(w)
+    for _ in dirs: os.wait()
+    print(sum(int(x) for x in os.read(r, 4096).split()) / secs)
+PY
 for r in $(seq "$repeats"); do
     ./target/release/examples/etcdbench "$endpoints" "$n" "$secs"
+    if [ ${#mounts[@]} -gt 0 ]; then
+        echo "mount_flock_pair_us $(python3 "$work/mountbench.py" pair "$n" 0 "$work/a")"
+        echo "mount_contend2_acq_s $(python3 "$work/mountbench.py" contend 0 "$secs" "$work/a" "$work/b")"
+        echo "local_flock_pair_us $(python3 "$work/mountbench.py" pair "$n" 0 "$work/local")"
+        echo "local_contend2_acq_s $(python3 "$work/mountbench.py" contend 0 "$secs" "$work/local" "$work/local")"
+    fi
 done > "$work/results"
 python3 - "$work/results" "$repeats" "$n" <<'PY'
 import statistics, sys
@@ -49,4 +100,7 @@ for metric, vs in data.items():
     print(f"{metric:<20}{statistics.median(vs):>10.0f}")
 m = {k: statistics.median(v) for k, v in data.items()}
 print(f"arbiter/raw         {m['arbiter_cycle_us'] / m['raw_txn_cycle_us']:>9.2f}x")
+if 'mount_flock_pair_us' in m:
+    print(f"mount pair/raw      {m['mount_flock_pair_us'] / m['raw_txn_cycle_us']:>9.2f}x")
+    print(f"mount pair/local    {m['mount_flock_pair_us'] / m['local_flock_pair_us']:>9.0f}x")
 PY
