@@ -282,29 +282,13 @@ impl Arbiter {
 
     /// Block until `key` is deleted (or `deadline`); true if it was.
     pub fn wait_gone(&self, key: &[u8], after_revision: i64, deadline: Instant) -> Result<bool> {
-        self.wait_gone_unless(key, after_revision, deadline, &|| false)
-    }
-
-    /// [`Arbiter::wait_gone`], also giving up (false) soon after `stop`
-    /// turns true (the waiter was cancelled).
-    pub fn wait_gone_unless(
-        &self,
-        key: &[u8],
-        after_revision: i64,
-        deadline: Instant,
-        stop: &dyn Fn() -> bool,
-    ) -> Result<bool> {
         let mut w = self.client.watch(key, &[], after_revision + 1)?;
         loop {
-            if stop() {
-                w.close();
-                return Ok(false);
-            }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 w.close();
                 return Ok(false);
             };
-            match w.next(left.min(Duration::from_millis(200)))? {
+            match w.next(left.min(Duration::from_millis(500)))? {
                 Some(WatchMsg::Events { events, .. }) if events.iter().any(|e| e.deleted) => {
                     w.close();
                     return Ok(true);

@@ -47,6 +47,7 @@ use serde_json::json;
 use super::arbiter::{Arbiter, Asker, Decision, Mode as QMode, Ticket};
 use super::client::{Client, EtcdError};
 use super::session::HostSession;
+use super::watcher::QueueWatcher;
 use crate::error::{Error, Result};
 use crate::lease::authority::{LeaseAuthority, Wake};
 use crate::lease::floors::Floors;
@@ -79,10 +80,8 @@ struct Parked {
     req: Request,
     ticket: Ticket,
     predecessor: Vec<u8>,
-    /// Set by the watcher when the predecessor went away.
+    /// Set by the host's queue watch when the predecessor went away.
     ready: Arc<AtomicBool>,
-    /// Set when the wait ends otherwise; the watcher then stops.
-    cancel: Arc<AtomicBool>,
 }
 
 /// A grant held back by `--lock-delay` (its previous holder's host was lost).
@@ -154,6 +153,8 @@ pub struct EtcdAuthority {
     /// thread of their own until it succeeds, off the request path.
     leftover: Leftovers,
     wake: Wake,
+    /// The host's watch over every queue (started with the lease timer).
+    watcher: Option<QueueWatcher>,
     /// Sessions lost (and their holders fenced) so far.
     losses: u64,
 }
@@ -224,6 +225,7 @@ impl EtcdAuthority {
             delayed: Vec::new(),
             leftover,
             wake: Wake::default(),
+            watcher: None,
             losses: 0,
         })
     }
@@ -305,24 +307,25 @@ impl EtcdAuthority {
     /// Park `id` until `predecessor` leaves the queue.
     fn park(&mut self, id: WaitId, ino: Ino, req: Request, ticket: Ticket, predecessor: Vec<u8>, revision: i64) {
         let ready = Arc::new(AtomicBool::new(false));
-        let cancel = Arc::new(AtomicBool::new(false));
-        let (arbiter, wake) = (self.arbiter.clone(), self.wake.clone());
-        let (r, c, key) = (ready.clone(), cancel.clone(), predecessor.clone());
-        let spawned = std::thread::Builder::new().name("etcd-wait".into()).spawn(move || {
-            let far = Instant::now() + Duration::from_secs(365 * 86_400);
-            // An error (etcd unreachable) also ends the watch: deciding
-            // again tells what became of the queue, or fails the wait.
-            let _ = arbiter.wait_gone_unless(&key, revision, far, &|| c.load(Ordering::Relaxed));
-            if !c.load(Ordering::Relaxed) {
-                r.store(true, Ordering::Relaxed);
-                wake.wake();
+        let now = match &self.watcher {
+            Some(w) => w.register(&predecessor, revision, &ready),
+            // No watch yet: decide again on the next tick.
+            None => {
+                ready.store(true, Ordering::Relaxed);
+                true
             }
-        });
-        if spawned.is_err() {
-            // No thread to watch with: decide again on the next tick.
-            ready.store(true, Ordering::Relaxed);
+        };
+        if now {
+            self.wake.wake();
         }
-        self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready, cancel });
+        self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready });
+    }
+
+    /// A parked request's wait ended: stop watching for it.
+    fn unpark(&self, p: &Parked) {
+        if let Some(w) = &self.watcher {
+            w.unregister(&p.predecessor, &p.ready);
+        }
     }
 
     /// Decide a parked request again; its answer, if it has one now.
@@ -398,7 +401,7 @@ impl EtcdAuthority {
         let ids: Vec<WaitId> = self.parked.iter().filter(|(_, p)| stale(&p.ticket)).map(|(id, _)| *id).collect();
         for id in ids {
             if let Some(p) = self.parked.remove(&id) {
-                p.cancel.store(true, Ordering::Relaxed);
+                self.unpark(&p);
                 effects.push(Effect::Refuse(id, Error::Unreachable));
             }
         }
@@ -427,6 +430,7 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn set_wake(&mut self, wake: Wake) {
+        self.watcher = Some(QueueWatcher::start(self.arbiter.client().clone(), &self.config.prefix, wake.clone()));
         let w = wake.clone();
         self.session.on_lost(Box::new(move |_| w.wake()));
         self.local.set_wake(wake.clone());
@@ -510,7 +514,7 @@ impl LeaseAuthority for EtcdAuthority {
 
     fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
         if let Some(p) = self.parked.remove(&id) {
-            p.cancel.store(true, Ordering::Relaxed);
+            self.unpark(&p);
             self.release_ticket(p.ticket);
             return Some(vec![Effect::Refuse(id, Error::Interrupted)]);
         }
@@ -796,7 +800,7 @@ impl LeaseAuthority for EtcdAuthority {
 
     fn shutdown(&mut self) {
         for (_, p) in std::mem::take(&mut self.parked) {
-            p.cancel.store(true, Ordering::Relaxed);
+            self.unpark(&p);
             let _ = self.arbiter.release(&p.ticket);
         }
         let tickets: Vec<Ticket> =

@@ -10,3 +10,4 @@ pub mod b64;
 pub mod client;
 pub mod http;
 pub mod session;
+pub mod watcher;
