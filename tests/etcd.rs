@@ -22,6 +22,9 @@ struct Member {
 pub struct Cluster {
     dir: tempfile::TempDir,
     members: Vec<Member>,
+    /// Another local address the members also serve clients on (a test
+    /// network namespace's link), besides 127.0.0.1.
+    also: Option<String>,
 }
 
 /// Ports nothing listens on now (bound, learnt, released together so no two
@@ -36,6 +39,11 @@ impl Cluster {
     /// Start three members and wait until the cluster serves
     /// linearizable reads on every one of them.
     pub fn start() -> Cluster {
+        Cluster::start_also_on(None)
+    }
+
+    /// Start three members that also serve clients on the local address `also`.
+    pub fn start_also_on(also: Option<&str>) -> Cluster {
         assert!(
             Command::new("etcd").arg("--version").stdout(Stdio::null()).status().is_ok_and(|s| s.success()),
             "etcd is needed (apt-get install etcd-server etcd-client)"
@@ -49,7 +57,7 @@ impl Cluster {
                 child: None,
             })
             .collect();
-        let mut c = Cluster { dir: tempfile::tempdir().unwrap(), members };
+        let mut c = Cluster { dir: tempfile::tempdir().unwrap(), members, also: also.map(str::to_string) };
         for i in 0..3 {
             c.run(i);
         }
@@ -74,11 +82,15 @@ impl Cluster {
             .unwrap();
         let m = &mut self.members[i];
         let client = format!("http://127.0.0.1:{}", m.client_port);
+        let listen = match &self.also {
+            Some(ip) => format!("{client},http://{ip}:{}", m.client_port),
+            None => client.clone(),
+        };
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
         let child = Command::new("etcd")
             .args(["--name", &m.name, "--data-dir"])
             .arg(&data)
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
+            .args(["--listen-client-urls", &listen, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &initial, "--initial-cluster-token", &token])
             .args(["--initial-cluster-state", "new"])
@@ -95,6 +107,11 @@ impl Cluster {
     /// `http://127.0.0.1:PORT` of every member.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(|m| format!("http://127.0.0.1:{}", m.client_port)).collect()
+    }
+
+    /// `http://IP:PORT` of every member, on the other address it serves.
+    pub fn endpoints_on(&self, ip: &str) -> Vec<String> {
+        self.members.iter().map(|m| format!("http://{ip}:{}", m.client_port)).collect()
     }
 
     /// The endpoint of member `i` alone.

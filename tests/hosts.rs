@@ -388,3 +388,134 @@ print(n)
         last = epoch;
     }
 }
+
+/// A network namespace joined to this one by a veth pair, made by the
+/// test and removed on drop (which also removes the pair).
+struct Netns {
+    name: String,
+    host_if: String,
+    /// This side's address; the namespace's is the next one.
+    host_ip: String,
+}
+
+fn ip(args: &[&str]) {
+    let o = run_timeout(std::process::Command::new("ip").args(args), STEP);
+    assert!(o.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+impl Netns {
+    fn new(tag: u8) -> Netns {
+        let id = std::process::id() % 100_000;
+        let n = Netns {
+            name: format!("lfs{id}-{tag}"),
+            host_if: format!("lfh{id}{tag}"),
+            host_ip: format!("10.213.{tag}.1"),
+        };
+        let ns_if = format!("lfn{id}{tag}");
+        let ns_ip = format!("10.213.{tag}.2/30");
+        ip(&["netns", "add", &n.name]);
+        ip(&["link", "add", &n.host_if, "type", "veth", "peer", "name", &ns_if]);
+        ip(&["link", "set", &ns_if, "netns", &n.name]);
+        ip(&["addr", "add", &format!("{}/30", n.host_ip), "dev", &n.host_if]);
+        ip(&["link", "set", &n.host_if, "up"]);
+        ip(&["-n", &n.name, "addr", "add", &ns_ip, "dev", &ns_if]);
+        ip(&["-n", &n.name, "link", "set", &ns_if, "up"]);
+        ip(&["-n", &n.name, "link", "set", "lo", "up"]);
+        n
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        Path::new("/run/netns").join(&self.name)
+    }
+
+    /// Cut (false) or restore (true) the namespace's only link.
+    fn link(&self, up: bool) {
+        ip(&["link", "set", &self.host_if, if up { "up" } else { "down" }]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip").args(["netns", "del", &self.name]).status();
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+/// A host partitioned from etcd (its link cut, the daemon still running)
+/// stops accepting its holder's writes before the other host is granted
+/// the lease (jeopardy: its deadline is before etcd can expire its
+/// session), the other host gets the next epoch, and once the link is back
+/// the partitioned host registers again and takes part as before.
+#[test]
+fn a_partitioned_host_fences_its_holder_before_another_host_is_granted() {
+    let net = Netns::new(1);
+    let cluster = Cluster::start_also_on(Some(&net.host_ip));
+    let p = prefix("partition");
+    let eps = cluster.endpoints_on(&net.host_ip).join(",");
+    let a = Mount::in_netns(
+        &[
+            "--allow-other",
+            "--volatile",
+            "--etcd",
+            &eps,
+            "--etcd-prefix",
+            &p,
+            "--host-ttl",
+            "3s",
+            "--etcd-timeout",
+            "1s",
+        ],
+        &[],
+        Some(&net.path()),
+    );
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let holder = r#"
+import errno, fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+last = None
+while True:
+    try:
+        os.pwrite(fd, b"a", 0)
+        last = time.monotonic()
+    except OSError as e:
+        print(errno.errorcode[e.errno], flush=True)
+        print(repr(last), flush=True)
+        break
+    time.sleep(0.005)
+"#;
+    let script = a.dir.path().join("holder.py");
+    std::fs::write(&script, holder).unwrap();
+    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    await_entries(&cluster, &p, "x", 1);
+    let waiter = "import fcntl, os, time\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(repr(time.monotonic()))\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
+    let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
+    await_entries(&cluster, &p, "x", 2);
+    net.link(false);
+    assert!(w.wait(STEP).success(), "the other host was never granted");
+    assert!(h.wait(STEP).success());
+    let (held, granted) = (h.output(), w.output());
+    let e1: u64 = held[0].parse().unwrap();
+    assert_eq!(held[1], "ESTALE", "{held:?}");
+    let last_write: f64 = held[2].parse().unwrap();
+    let grant: f64 = granted[0].parse().unwrap();
+    let e2: u64 = granted[1].parse().unwrap();
+    assert_eq!(e2, e1 + 1);
+    assert!(last_write < grant, "the cut-off holder wrote at {last_write}, after the grant at {grant}");
+    eprintln!("last accepted write {:.0} ms before the other host's grant", (grant - last_write) * 1000.0);
+    net.link(true);
+    let deadline = Instant::now() + STEP;
+    while sh_code(&a.path, "flock -n x true") != 0 {
+        assert!(Instant::now() < deadline, "the partitioned host never took part again: {}", status(&a));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(status(&a)["etcd"]["session"]["lost"].as_u64().unwrap() >= 1);
+    assert_eq!(epoch(&a.path, "x"), e2 + 1);
+}

@@ -138,6 +138,12 @@ impl Mount {
 
     /// Mount with extra arguments and environment variables for the daemon.
     pub fn with_args_env(args: &[&str], envs: &[(&str, &str)]) -> Mount {
+        Mount::in_netns(args, envs, None)
+    }
+
+    /// Mount with the daemon in the network namespace `netns` (a file
+    /// under /run/netns); the mount itself is visible as any other.
+    pub fn in_netns(args: &[&str], envs: &[(&str, &str)], netns: Option<&Path>) -> Mount {
         assert!(is_root(), "integration tests mount filesystems and must run as root");
         let dir = tempfile::Builder::new().prefix("leasefs-test").tempdir().expect("tempdir");
         let path = dir.path().join("mnt");
@@ -156,15 +162,23 @@ impl Mount {
         if std::env::var_os("LEASEFS_TEST_LOG").is_none() {
             cmd.stderr(Stdio::null());
         }
-        // SAFETY: only fcntl (async-signal-safe) between fork and exec, to let
-        // the daemon inherit the write end.
+        let ns = netns.map(|p| std::fs::File::open(p).expect("open the network namespace"));
+        let ns_fd = ns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        // SAFETY: only fcntl and setns (async-signal-safe) between fork and
+        // exec: let the daemon inherit the write end, enter the namespace.
         unsafe {
             cmd.pre_exec(move || {
                 libc::fcntl(wr, libc::F_SETFD, 0);
+                if let Some(fd) = ns_fd {
+                    if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
         let child = cmd.spawn().expect("spawn leasefs");
+        drop(ns);
         // SAFETY: closing our copy of the write end; rd is ours.
         unsafe { libc::close(wr) };
         // SAFETY: rd came from pipe2 above and is owned here.
