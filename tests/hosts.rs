@@ -127,6 +127,23 @@ fn locks_conflict_across_hosts_and_epochs_rise_by_one_per_holder_on_any_host() {
     let ofd = "fcntl.fcntl(fd, 37, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0))"; // F_OFD_SETLK
     assert_eq!(py_lock(&b.path, "x", ofd), "EAGAIN", "OFD");
     await_entries(&cluster, &p, "x", 1);
+    // F_GETLK names the other host's holder (pid 0: its pid is another host's).
+    let getlk = "import fcntl, os, struct\nfd = os.open('x', os.O_RDWR)\nask = struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0)\nt, _, _, _, pid = struct.unpack('hhqqi', fcntl.fcntl(fd, fcntl.F_GETLK, ask))\nprint(t, pid)";
+    assert_eq!(py_ok(&b.path, getlk).trim(), format!("{} 0", libc::F_WRLCK));
+    // Other hosts' holders are listed on this host.
+    let rows: Vec<serde_json::Value> = std::fs::read_to_string(b.p(".leasefs/leases"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let theirs: Vec<&serde_json::Value> = rows.iter().filter(|r| r["hosts"] == "other").collect();
+    assert_eq!(theirs.len(), 1, "{rows:?}");
+    assert_eq!(theirs[0]["path"], "/x");
+    assert_eq!(theirs[0]["holders"][0]["comm"], "flock");
+    assert_eq!(theirs[0]["holders"][0]["mode"], "exclusive");
+    assert!(theirs[0]["holders"][0]["host"].as_str().unwrap().ends_with(&*a.path.to_string_lossy()));
+    let table = sh_ok(&b.path, &format!("{} leases .", leasefs_bin().display()));
+    assert!(table.contains("/flock@"), "{table}");
     // ... and the holder's own host is no different.
     assert_eq!(sh_code(&a.path, "flock -n x true"), 1);
     holder.kill_all();

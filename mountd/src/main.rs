@@ -594,9 +594,16 @@ fn lease_row(v: &serde_json::Value, wide: bool) -> Vec<String> {
     let num = |n: &serde_json::Value| if n.is_null() { "-".to_string() } else { n.to_string() };
     let who: Vec<String> = holders
         .iter()
-        .map(|h| match h["comm"].as_str() {
-            Some(c) => format!("{}/{c}", h["pid"]),
-            None => h["pid"].to_string(),
+        .map(|h| {
+            let who = match h["comm"].as_str() {
+                Some(c) => format!("{}/{c}", h["pid"]),
+                None => h["pid"].to_string(),
+            };
+            // A holder on another host of an etcd namespace.
+            match h["host"].as_str() {
+                Some(host) => format!("{who}@{host}"),
+                None => who,
+            }
         })
         .collect();
     let first = holders.first();

@@ -281,6 +281,8 @@ pub(crate) struct Listing {
     /// The offset of the listing's first byte (after a filter written).
     base: u64,
     prefix: String,
+    /// Rows of other hosts' leases, rendered, last first.
+    remote: Vec<String>,
 }
 
 impl Listing {
@@ -318,7 +320,10 @@ impl Listing {
             });
         }
         rows.sort();
-        Listing { rows, next: 0, buf: Vec::new(), at: 0, base: 0, prefix }
+        // Leases held or awaited on other hosts (etcd), after this host's.
+        let remote = st.lease.remote_leases(if prefix.is_empty() { "/" } else { &prefix });
+        let remote = remote.into_iter().rev().map(|r| r.to_string()).collect();
+        Listing { rows, next: 0, buf: Vec::new(), at: 0, base: 0, prefix, remote }
     }
 
     /// Render the next row still listed into `out`; false at the end.
@@ -338,6 +343,11 @@ impl Listing {
                 "expires_in_ms": l.expires().map(|e| e as i64 - now as i64),
             });
             out.extend_from_slice(row.to_string().as_bytes());
+            out.push(b'\n');
+            return true;
+        }
+        if let Some(row) = self.remote.pop() {
+            out.extend_from_slice(row.as_bytes());
             out.push(b'\n');
             return true;
         }

@@ -157,8 +157,9 @@ impl Fs {
 
     /// The lock that would block `req` (`F_GETLK`).
     pub fn getlk(&self, ino: Ino, req: &Request) -> Result<Option<Lock>> {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
         st.ns.get(ino)?;
+        st.name_lease(ino);
         Ok(st.lease.test(ino, req))
     }
 

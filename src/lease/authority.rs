@@ -217,6 +217,12 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
         ("local", None)
     }
+    /// Leases held or awaited on other hosts (a remote arbiter), at or
+    /// under the mount-relative `prefix`: one row each, shaped like the
+    /// rows of `.leasefs/leases`, with each holder's `host`.
+    fn remote_leases(&self, _prefix: &str) -> Vec<serde_json::Value> {
+        Vec::new()
+    }
     /// The mount goes away: leave the arbiter cleanly, so other hosts'
     /// waiters are served at once instead of after this host's session expires.
     fn shutdown(&mut self) {}

@@ -55,7 +55,8 @@ impl Mode {
         }
     }
 
-    fn conflicts(self, other: Mode) -> bool {
+    /// Whether a holder in one mode blocks a request in the other.
+    pub fn conflicts(self, other: Mode) -> bool {
         self == Mode::Exclusive || other == Mode::Exclusive
     }
 }
@@ -125,6 +126,11 @@ pub enum Decision {
 /// `%` and `/` escaped, so one lease's key range never contains another's.
 pub fn escape(name: &str) -> String {
     name.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The name [`escape`] turned into `s`.
+pub fn unescape(s: &str) -> String {
+    s.replace("%2F", "/").replace("%25", "%")
 }
 
 /// The arbiter of one mount prefix, for one host session.
@@ -219,6 +225,39 @@ impl Arbiter {
         let mut es: Vec<Entry> = kvs.iter().filter_map(entry).collect();
         es.sort_by_key(|e| e.create_revision);
         Ok((es, rev))
+    }
+
+    /// Every entry of every queue, by lease name, and the epoch of each
+    /// of those leases.
+    pub fn all_entries(&self) -> Result<Vec<(String, u64, Vec<Entry>)>> {
+        let q = format!("{}/q/", self.prefix).into_bytes();
+        let (kvs, _) = self.client.range(&q, &prefix_end(&q))?;
+        let mut by_name: std::collections::BTreeMap<String, Vec<Entry>> = Default::default();
+        for kv in &kvs {
+            let rest = String::from_utf8_lossy(&kv.key[q.len()..]).to_string();
+            let Some((name, _)) = rest.split_once('/') else { continue };
+            if let Some(e) = entry(kv) {
+                by_name.entry(unescape(name)).or_default().push(e);
+            }
+        }
+        let gets: Vec<Op> = by_name.keys().map(|n| Op::get(self.epoch_key(n))).collect();
+        let epochs = if gets.is_empty() { Vec::new() } else { self.client.txn(&[], &gets, &[])?.responses };
+        Ok(by_name
+            .into_iter()
+            .zip(
+                epochs
+                    .iter()
+                    .map(|r| match r {
+                        super::client::OpResult::Range(kvs) => epoch_of(kvs.first()).0,
+                        _ => 0,
+                    })
+                    .chain(std::iter::repeat(0)),
+            )
+            .map(|((name, mut es), epoch)| {
+                es.sort_by_key(|e| e.create_revision);
+                (name, epoch, es)
+            })
+            .collect())
     }
 
     /// The epoch of `name` (0 if never held exclusively).

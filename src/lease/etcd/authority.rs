@@ -52,7 +52,9 @@ use crate::error::{Error, Result};
 use crate::lease::authority::{LeaseAuthority, Wake};
 use crate::lease::floors::Floors;
 use crate::lease::local::LocalAuthority;
-use crate::lease::machine::{Effect, Epoch, Fenced, Lease, Lock, LockKind, Mode, Outcome, Owner, Request, WaitId};
+use crate::lease::machine::{
+    Effect, Epoch, Fenced, Lease, Lock, LockKind, Mode, Outcome, Owner, Range, Request, WaitId,
+};
 use crate::lease::views::Views;
 use crate::namespace::Ino;
 
@@ -509,7 +511,26 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
-        self.local.test(ino, req)
+        if let Some(l) = self.local.test(ino, req) {
+            return Some(l);
+        }
+        // A holder on another host: reported with pid 0 (its pid means
+        // nothing here; `leasefs leases` names it and its host).
+        let mode = cluster_mode(req)?;
+        let name = self.names.get(&ino)?;
+        let (entries, _) = self.arbiter.entries(name).map_err(|e| tracing::warn!("F_GETLK of {name}: {e}")).ok()?;
+        let mine: Vec<&[u8]> = self.held.values().map(|t| t.key.as_slice()).collect();
+        let other =
+            entries.into_iter().find(|e| e.held && !mine.contains(&e.key.as_slice()) && e.mode.conflicts(mode))?;
+        Some(Lock {
+            owner: Owner(0),
+            kind: if other.asker.owner.starts_with("Flock") { LockKind::Flock } else { LockKind::Posix },
+            mode: if other.mode == QMode::Shared { Mode::Shared } else { Mode::Exclusive },
+            range: Range::WHOLE,
+            pid: 0,
+            handle: 0,
+            since: 0,
+        })
     }
 
     fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
@@ -796,6 +817,49 @@ impl LeaseAuthority for EtcdAuthority {
             "fenced_by_session_loss": self.losses,
         });
         ("etcd", Some(info))
+    }
+
+    fn remote_leases(&self, prefix: &str) -> Vec<serde_json::Value> {
+        let all = match self.arbiter.all_entries() {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!("listing other hosts' leases: {e}");
+                return Vec::new();
+            }
+        };
+        let me = self.config.host.as_str();
+        let prefix = prefix.trim_matches('/');
+        all.into_iter()
+            .filter(|(name, _, _)| {
+                prefix.is_empty() || name.strip_prefix(prefix).is_some_and(|r| r.is_empty() || r.starts_with('/'))
+            })
+            .filter_map(|(name, epoch, entries)| {
+                let theirs: Vec<_> = entries.iter().filter(|e| e.host != me).collect();
+                if theirs.is_empty() {
+                    return None;
+                }
+                let holders: Vec<serde_json::Value> = theirs
+                    .iter()
+                    .filter(|e| e.held)
+                    .map(|e| {
+                        json!({
+                            "pid": e.asker.pid,
+                            "comm": e.asker.comm,
+                            "kind": if e.asker.owner.starts_with("Flock") { "flock" } else { "posix" },
+                            "mode": if e.mode == QMode::Shared { "shared" } else { "exclusive" },
+                            "host": e.host,
+                        })
+                    })
+                    .collect();
+                Some(json!({
+                    "path": format!("/{name}"),
+                    "epoch": epoch,
+                    "holders": holders,
+                    "waiters": theirs.iter().filter(|e| !e.held).count(),
+                    "hosts": "other",
+                }))
+            })
+            .collect()
     }
 
     fn shutdown(&mut self) {
