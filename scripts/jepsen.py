@@ -1,0 +1,428 @@
+#!/usr/bin/env python3
+"""A Jepsen-style check of leasefs across hosts through etcd.
+
+Starts a 3-member etcd cluster on loopback, mounts three leasefs daemons
+against it (three "hosts"; host c runs in a network namespace of its own,
+joined by a veth pair), and runs workers on every host that loop: flock the
+lease `x`, read its epoch, read-modify-write a register file guarded by the
+lease (`user.leasefs.guard`), unlock. Meanwhile a nemesis kills the etcd
+leader, restarts members, freezes a daemon (SIGSTOP) past its host TTL and
+cuts host c's link. Every operation's invocation and completion is logged
+(CLOCK_MONOTONIC, one clock for all processes on this machine), and the
+checker reads the whole history afterwards:
+
+- grants: no epoch is granted twice, and a grant that completed before
+  another was invoked has the lower epoch;
+- fencing: no register write was accepted after it was invoked later than
+  the completion of a grant with a higher epoch (a holder that lost its
+  lease never lands a write after the next holder was granted);
+- registers: on every host, the acknowledged increments are exactly 1..N in
+  order and the register reads N at the end (nothing lost or doubled);
+- refusals: a holder's write is refused (ESTALE/ENOLCK) only once a higher
+  epoch was granted or its host was frozen or cut off meanwhile.
+
+It prints a tally and the first violation of each kind, and exits 1 when
+there is one. Needs root, etcd (etcd-server), iproute2 and util-linux.
+
+    scripts/jepsen.py [--seconds 60] [--leasefs target/release/leasefs]
+"""
+
+import argparse
+import errno
+import fcntl
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def now():
+    return time.monotonic()
+
+
+# ---------------------------------------------------------------- the worker
+
+
+def worker(mount, name, log_path, until, ops):
+    """Loop lock / read epoch / increment the guarded register / unlock."""
+    log = open(log_path, "a", buffering=1)
+
+    def note(**kv):
+        kv["w"] = name
+        log.write(json.dumps(kv) + "\n")
+
+    signal.signal(signal.SIGALRM, lambda *_: None)
+    lease = os.path.join(mount, "x")
+    reg = os.path.join(mount, "reg")
+    while now() < until:
+        fd = os.open(lease, os.O_RDWR)
+        inv = now()
+        signal.alarm(5)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:
+            signal.alarm(0)
+            note(op="lock_failed", inv=inv, ok=now(), err=errno.errorcode.get(e.errno, str(e.errno)))
+            os.close(fd)
+            time.sleep(0.05)
+            continue
+        signal.alarm(0)
+        granted = now()
+        try:
+            epoch = int(os.getxattr(fd, "user.leasefs.epoch"))
+        except OSError as e:
+            note(op="epoch_failed", inv=inv, ok=now(), err=errno.errorcode.get(e.errno, str(e.errno)))
+            os.close(fd)
+            continue
+        note(op="grant", epoch=epoch, inv=inv, ok=granted)
+        g = None
+        # Most holds are short; some last seconds, so that faults land in
+        # the middle of holds (a holder must then be fenced, not write on).
+        pause = random.uniform(0.3, 1.0) if random.random() < 0.25 else random.uniform(0, 0.15)
+        for _ in range(ops):
+            winv = now()
+            try:
+                if g is None:
+                    g = os.open(reg, os.O_RDWR)
+                v = int(os.pread(g, 64, 0) or b"0")
+                os.pwrite(g, b"%-20d" % (v + 1), 0)
+                note(op="inc", epoch=epoch, inv=winv, ok=now(), value=v + 1)
+                time.sleep(pause)
+            except OSError as e:
+                note(op="refused", epoch=epoch, inv=winv, ok=now(), err=errno.errorcode.get(e.errno, str(e.errno)))
+                break
+        if g is not None:
+            os.close(g)
+        note(op="release", epoch=epoch, inv=now())
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- the harness
+
+
+class Harness:
+    def __init__(self, leasefs, work):
+        self.leasefs = leasefs
+        self.work = work
+        self.members = []
+        self.mounts = {}
+        self.daemons = {}
+        self.events = []
+        tag = os.getpid() % 100000
+        self.ns = f"lfj{tag}"
+        self.host_if, self.ns_if = f"ljh{tag}", f"ljn{tag}"
+        self.host_ip, self.ns_ip = "10.214.7.1", "10.214.7.2"
+
+    def note(self, what, **kv):
+        kv.update(op="nemesis", what=what, at=now())
+        self.events.append(kv)
+
+    # network namespace for host c
+    def make_netns(self):
+        sh("ip", "netns", "add", self.ns)
+        sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        sh("ip", "link", "set", self.ns_if, "netns", self.ns)
+        sh("ip", "addr", "add", self.host_ip + "/30", "dev", self.host_if)
+        sh("ip", "link", "set", self.host_if, "up")
+        sh("ip", "-n", self.ns, "addr", "add", self.ns_ip + "/30", "dev", self.ns_if)
+        sh("ip", "-n", self.ns, "link", "set", self.ns_if, "up")
+        sh("ip", "-n", self.ns, "link", "set", "lo", "up")
+
+    def link(self, up):
+        sh("ip", "link", "set", self.host_if, "up" if up else "down")
+
+    # etcd
+    def start_cluster(self):
+        ports = free_ports(6)
+        self.ports = [(ports[2 * i], ports[2 * i + 1]) for i in range(3)]
+        self.initial = ",".join(f"m{i}=http://127.0.0.1:{p}" for i, (_, p) in enumerate(self.ports))
+        self.members = [None] * 3
+        for i in range(3):
+            self.run_member(i)
+        self.wait_healthy()
+
+    def run_member(self, i):
+        c, p = self.ports[i]
+        client = f"http://127.0.0.1:{c}"
+        log = open(os.path.join(self.work, f"m{i}.log"), "a")
+        self.members[i] = subprocess.Popen(
+            ["etcd", "--name", f"m{i}", "--data-dir", os.path.join(self.work, f"m{i}"),
+             "--listen-client-urls", f"{client},http://{self.host_ip}:{c}", "--advertise-client-urls", client,
+             "--listen-peer-urls", f"http://127.0.0.1:{p}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+             "--initial-cluster", self.initial, "--initial-cluster-token", f"jepsen-{os.getpid()}",
+             "--initial-cluster-state", "new", "--heartbeat-interval", "50", "--election-timeout", "500"],
+            stdout=subprocess.DEVNULL, stderr=log)
+
+    def endpoints(self, ip="127.0.0.1"):
+        return ",".join(f"http://{ip}:{c}" for c, _ in self.ports)
+
+    def status(self, i):
+        try:
+            out = sh("etcdctl", "--endpoints", f"http://127.0.0.1:{self.ports[i][0]}", "--command-timeout=1s",
+                     "endpoint", "status", "-w", "json", check=False).stdout
+            s = json.loads(out)[0]["Status"]
+            return s["header"]["member_id"], s["leader"]
+        except (ValueError, KeyError, IndexError):
+            return None
+
+    def wait_healthy(self):
+        end = now() + 30
+        while now() < end:
+            up = [self.status(i) for i in range(3) if self.members[i] is not None]
+            if up and all(s and s[1] for s in up):
+                return
+            time.sleep(0.1)
+        raise SystemExit("etcd did not become healthy")
+
+    def leader(self):
+        for i in range(3):
+            if self.members[i] is not None:
+                s = self.status(i)
+                if s and s[0] == s[1]:
+                    return i
+        return None
+
+    def kill_member(self, i):
+        if self.members[i] is not None:
+            self.members[i].kill()
+            self.members[i].wait()
+            self.members[i] = None
+
+    # leasefs
+    def mount(self, host, in_ns=False):
+        d = os.path.join(self.work, host)
+        os.makedirs(d)
+        ep = self.endpoints(self.host_ip if in_ns else "127.0.0.1")
+        cmd = [self.leasefs, "mount", d, "--state-dir", os.path.join(self.work, f"state-{host}"), "--volatile",
+               "--etcd", ep, "--etcd-prefix", "jepsen", "--host-ttl", "2s", "--etcd-timeout", "1s",
+               "--log-file", os.path.join(self.work, f"{host}.log")]
+        if in_ns:
+            cmd = ["nsenter", f"--net=/run/netns/{self.ns}"] + cmd
+        subprocess.run(cmd, check=True)
+        self.mounts[host] = d
+        self.daemons[host] = json.load(open(os.path.join(d, ".leasefs/status")))["pid"]
+        with open(os.path.join(d, "x"), "w"):
+            pass
+        with open(os.path.join(d, "reg"), "w"):
+            pass
+        os.setxattr(os.path.join(d, "reg"), "user.leasefs.guard", b"x")
+
+    def cleanup(self):
+        for pid in self.daemons.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        try:
+            self.link(True)
+        except subprocess.CalledProcessError:
+            pass
+        for d in self.mounts.values():
+            if sh("umount", d, check=False).returncode != 0:
+                sh("umount", "-l", d, check=False)
+        deadline = now() + 10
+        for pid in self.daemons.values():
+            while now() < deadline:
+                try:
+                    os.kill(pid, 0)
+                    time.sleep(0.05)
+                except ProcessLookupError:
+                    break
+        for i in range(3):
+            self.kill_member(i)
+        sh("ip", "netns", "del", self.ns, check=False)
+        sh("ip", "link", "del", self.host_if, check=False)
+
+    # the nemesis
+    def nemesis(self, until, rng):
+        faults = ["leader", "member", "freeze", "partition"]
+        while now() < until - 6:
+            time.sleep(rng.uniform(1.0, 2.5))
+            f = rng.choice(faults)
+            if f == "leader":
+                i = self.leader()
+                if i is None:
+                    continue
+                self.note("kill_leader", member=i)
+                self.kill_member(i)
+                time.sleep(1.5)
+                self.run_member(i)
+                self.wait_healthy()
+                self.note("member_back", member=i)
+            elif f == "member":
+                i = rng.randrange(3)
+                self.note("restart_member", member=i)
+                self.kill_member(i)
+                self.run_member(i)
+                self.wait_healthy()
+                self.note("member_back", member=i)
+            elif f == "freeze":
+                host = rng.choice(sorted(self.daemons))
+                self.note("freeze", host=host)
+                os.kill(self.daemons[host], signal.SIGSTOP)
+                time.sleep(3.0)  # past the 2 s host TTL
+                os.kill(self.daemons[host], signal.SIGCONT)
+                self.note("thaw", host=host)
+            else:
+                self.note("partition", host="c")
+                self.link(False)
+                time.sleep(3.5)
+                self.link(True)
+                self.note("heal", host="c")
+
+
+# ---------------------------------------------------------------- the checker
+
+
+def check(history, registers):
+    grants = sorted((h for h in history if h["op"] == "grant"), key=lambda h: h["ok"])
+    incs = [h for h in history if h["op"] == "inc"]
+    refusals = [h for h in history if h["op"] == "refused"]
+    nemesis = [h for h in history if h["op"] == "nemesis"]
+    violations = {}
+
+    def violate(kind, text):
+        violations.setdefault(kind, text)
+
+    seen = {}
+    for g in grants:
+        if g["epoch"] in seen:
+            violate("epoch granted twice", f"{seen[g['epoch']]} and {g}")
+        seen[g["epoch"]] = g
+    by_inv = sorted(grants, key=lambda h: h["inv"])
+    for g in grants:
+        for later in by_inv:
+            if later["inv"] > g["ok"] and later["epoch"] <= g["epoch"]:
+                violate("epoch went back", f"{g} completed before {later} was invoked")
+                break
+    # Grants in completion order: the highest epoch completed by each instant.
+    done = [(g["ok"], g["epoch"]) for g in grants]
+
+    def highest_granted_before(t):
+        best = -1
+        for ok, e in done:
+            if ok < t:
+                best = max(best, e)
+        return best
+
+    for i in incs:
+        newer = highest_granted_before(i["inv"])
+        if newer > i["epoch"]:
+            violate("write after takeover",
+                    f"{i} was invoked after epoch {newer} was granted, and it was accepted")
+    host_of = lambda h: h["w"][0]
+    explained = {"taken over": 0, "fault": 0}
+    for r in refusals:
+        newer = highest_granted_before(r["ok"])
+        grant = max((g for g in grants if g["w"] == r["w"] and g["epoch"] == r["epoch"]), key=lambda g: g["ok"])
+        # A host also loses its session (and fences its holders) when etcd
+        # cannot renew it in time, e.g. across a leader election.
+        fault = any(grant["inv"] - 4 <= n["at"] <= r["ok"] for n in nemesis)
+        if newer > r["epoch"]:
+            explained["taken over"] += 1
+        elif fault:
+            explained["fault"] += 1
+        else:
+            violate("refused while holding", f"{r}: no higher epoch was granted and no fault happened")
+    for host, final in registers.items():
+        values = sorted(i["value"] for i in incs if host_of(i) == host)
+        if values != list(range(1, len(values) + 1)):
+            dup = [v for v in set(values) if values.count(v) > 1][:3]
+            violate("lost or doubled increment", f"host {host}: acknowledged values are not 1..N (repeated: {dup})")
+        if final != len(values):
+            violate("register differs", f"host {host}: register reads {final}, {len(values)} increments acknowledged")
+    return violations, explained
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--leasefs", default="target/release/leasefs")
+    ap.add_argument("--workers", type=int, default=2, help="per host")
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--worker", nargs=5, metavar=("MOUNT", "NAME", "LOG", "UNTIL", "OPS"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        m, n, lp, until, ops = a.worker
+        worker(m, n, lp, float(until), int(ops))
+        return 0
+    if os.geteuid() != 0:
+        raise SystemExit("jepsen.py mounts filesystems and makes a network namespace: run it as root")
+    seed = a.seed if a.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    work = tempfile.mkdtemp(prefix="leasefs-jepsen.")
+    h = Harness(os.path.abspath(a.leasefs), work)
+    procs = []
+    try:
+        h.make_netns()
+        h.start_cluster()
+        h.mount("a")
+        h.mount("b")
+        h.mount("c", in_ns=True)
+        until = now() + a.seconds
+        log = os.path.join(work, "history.jsonl")
+        for host in "abc":
+            for k in range(a.workers):
+                procs.append(subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "--worker", h.mounts[host], f"{host}{k}", log,
+                     str(until), "3"]))
+        h.nemesis(until, rng)
+        for p in procs:
+            p.wait(timeout=a.seconds + 60)
+        registers = {}
+        for host, d in h.mounts.items():
+            registers[host] = int(open(os.path.join(d, "reg"), "rb").read().strip() or b"0")
+        history = [json.loads(line) for line in open(log)] + h.events
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        h.cleanup()
+    violations, explained = check(history, registers)
+    count = lambda op: sum(1 for x in history if x["op"] == op)
+    refused = {}
+    for x in history:
+        if x["op"] in ("refused", "lock_failed"):
+            refused[f"{x['op']} {x['err']}"] = refused.get(f"{x['op']} {x['err']}", 0) + 1
+    faults = {}
+    for x in h.events:
+        faults[x["what"]] = faults.get(x["what"], 0) + 1
+    print(f"seed {seed}; {a.seconds:.0f} s; 3 hosts x {a.workers} workers")
+    print(f"grants {count('grant')}, increments acknowledged {count('inc')}, registers {registers}")
+    print(f"refusals {refused or 'none'}; refused writes after a takeover {explained['taken over']}, "
+          f"during a fault {explained['fault']}")
+    print(f"nemesis {faults}")
+    if violations:
+        for kind, text in violations.items():
+            print(f"VIOLATION {kind}: {text}")
+        print(f"history kept in {work}/history.jsonl")
+        return 1
+    print("no violation")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
