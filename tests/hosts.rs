@@ -513,6 +513,7 @@ while True:
     std::fs::write(&script, holder).unwrap();
     let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
     await_entries(&cluster, &p, "x", 1);
+    let mut events = Bg::capture(&a.path, "cat", &[".leasefs/events"]);
     let waiter = "import fcntl, os, time\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(repr(time.monotonic()))\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
     let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
     await_entries(&cluster, &p, "x", 2);
@@ -530,6 +531,19 @@ while True:
     // must not have been accepted (never a false alarm from scheduling).
     assert!(last_write < grant, "the cut-off holder's write started at {last_write}, after the grant at {grant}");
     eprintln!("last accepted write started {:.0} ms before the other host's grant", (grant - last_write) * 1000.0);
+    // The cut-off host's event stream says why its holder was fenced.
+    let deadline = Instant::now() + STEP;
+    let broken = loop {
+        let lines = events.lines.lock().unwrap().clone();
+        if let Some(l) = lines.iter().find(|l| l.contains("\"break\"")) {
+            break serde_json::from_str::<serde_json::Value>(l).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no break event: {lines:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!((broken["path"].as_str(), broken["reason"].as_str()), (Some("/x"), Some("host_lost")));
+    assert_eq!(broken["epoch"], e1);
+    events.kill_all();
     net.link(true);
     let deadline = Instant::now() + STEP;
     while sh_code(&a.path, "flock -n x true") != 0 {

@@ -682,7 +682,7 @@ impl State {
                     self.metrics.breaks += 1;
                     let mut ev = crate::events::Event::new(crate::events::Kind::Break, String::new(), f.epoch.0);
                     ev.pid = Some(f.pid);
-                    ev.reason = Some(self.breaking.to_string());
+                    ev.reason = Some(self.lease.break_reason(*ino, f).unwrap_or(self.breaking).to_string());
                     self.emit(ev, *ino);
                 }
                 Effect::Epoch(..) => {}

@@ -217,6 +217,11 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
         ("local", None)
     }
+    /// Why `fenced` was broken when it was not the lease timer or an
+    /// administrator (`host_lost`: its host's arbiter session ended).
+    fn break_reason(&self, _ino: Ino, _fenced: &Fenced) -> Option<&'static str> {
+        None
+    }
     /// Leases held or awaited on other hosts (a remote arbiter), at or
     /// under the mount-relative `prefix`: one row each, shaped like the
     /// rows of `.leasefs/leases`, with each holder's `host`.

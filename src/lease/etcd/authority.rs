@@ -159,6 +159,8 @@ pub struct EtcdAuthority {
     watcher: Option<QueueWatcher>,
     /// Sessions lost (and their holders fenced) so far.
     losses: u64,
+    /// The holders fenced by the last session loss (for the events' reason).
+    lost_holders: Vec<(Ino, u64)>,
 }
 
 impl std::fmt::Debug for EtcdAuthority {
@@ -229,6 +231,7 @@ impl EtcdAuthority {
             wake: Wake::default(),
             watcher: None,
             losses: 0,
+            lost_holders: Vec::new(),
         })
     }
 
@@ -399,7 +402,12 @@ impl EtcdAuthority {
         let holders = self.held.len();
         tracing::warn!(holders, waiters = self.parked.len(), "this host's etcd session is lost: fencing its holders");
         self.held.retain(|_, t| !stale(t));
-        effects.extend(self.local.fence_all());
+        let fenced = self.local.fence_all();
+        self.lost_holders = fenced
+            .iter()
+            .filter_map(|e| if let Effect::Broken(i, f) = e { Some((*i, f.handle)) } else { None })
+            .collect();
+        effects.extend(fenced);
         let ids: Vec<WaitId> = self.parked.iter().filter(|(_, p)| stale(&p.ticket)).map(|(id, _)| *id).collect();
         for id in ids {
             if let Some(p) = self.parked.remove(&id) {
@@ -817,6 +825,10 @@ impl LeaseAuthority for EtcdAuthority {
             "fenced_by_session_loss": self.losses,
         });
         ("etcd", Some(info))
+    }
+
+    fn break_reason(&self, ino: Ino, fenced: &Fenced) -> Option<&'static str> {
+        self.lost_holders.contains(&(ino, fenced.handle)).then_some("host_lost")
     }
 
     fn remote_leases(&self, prefix: &str) -> Vec<serde_json::Value> {
