@@ -1,7 +1,7 @@
 //! `.leasefs/events` and `leasefs watch` (SPEC 8), read by other processes.
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::util::{leasefs_bin, py_ok, sh_ok, Bg, Mount, STEP};
 
@@ -38,6 +38,23 @@ fn about<'a>(evs: &'a [serde_json::Value], path: &str) -> Vec<(&'a str, u64)> {
         .collect()
 }
 
+/// Wait until the reader has seen a `event` about `path` (a process
+/// sleeping is not enough: it may still be in the open before its lock
+/// request).
+fn await_event(reader: &Bg, event: &str, path: &str) {
+    let deadline = Instant::now() + STEP;
+    loop {
+        let seen = reader.lines.lock().unwrap().iter().any(|l| {
+            serde_json::from_str::<serde_json::Value>(l).is_ok_and(|e| e["event"] == event && e["path"] == path)
+        });
+        if seen {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {event} event about {path}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_reader_sees_grants_waits_releases_cancels_breaks_fences_and_cas_rejections_in_order() {
     let m = Mount::new();
@@ -54,14 +71,14 @@ fn a_reader_sees_grants_waits_releases_cancels_breaks_fences_and_cas_rejections_
     // Contention: a waiter is granted when the holder goes.
     let holder = Bg::ready(&m.path, "exec flock L sh -c 'echo ready; exec sleep 60'");
     let mut waiter = Bg::spawn(&m.path, "exec flock -w 30 L true");
-    waiter.wait_blocked();
+    await_event(&reader, "wait", "/L");
     drop(holder);
     assert!(waiter.wait(STEP).success());
     free("L");
     // A waiter ended by a signal is a cancel.
     let _w_holder = Bg::ready(&m.path, "exec flock W sh -c 'echo ready; exec sleep 60'");
     let mut cancelled = Bg::spawn(&m.path, "exec flock -w 30 W true");
-    cancelled.wait_blocked();
+    await_event(&reader, "wait", "/W");
     cancelled.signal(libc::SIGINT);
     assert!(!cancelled.wait(STEP).success());
     // An administrator breaks T; its holder's next write is fenced.
