@@ -875,14 +875,23 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn shutdown(&mut self) {
-        for (_, p) in std::mem::take(&mut self.parked) {
-            self.unpark(&p);
-            let _ = self.arbiter.release(&p.ticket);
+        let parked: Vec<Parked> = std::mem::take(&mut self.parked).into_values().collect();
+        for p in &parked {
+            self.unpark(p);
         }
-        let tickets: Vec<Ticket> =
-            self.held.drain().map(|(_, t)| t).chain(self.delayed.drain(..).map(|d| d.ticket)).collect();
+        let tickets: Vec<Ticket> = parked
+            .into_iter()
+            .map(|p| p.ticket)
+            .chain(self.held.drain().map(|(_, t)| t))
+            .chain(self.delayed.drain(..).map(|d| d.ticket))
+            .collect();
         for t in tickets {
-            let _ = self.arbiter.release(&t);
+            // etcd not answering: stop here rather than wait out a timeout
+            // per entry; they go when this host's session expires.
+            if let Err(e) = self.arbiter.release(&t) {
+                tracing::warn!("leaving the etcd queues at unmount: {e}; the rest go when the session expires");
+                break;
+            }
         }
     }
 }
