@@ -750,8 +750,16 @@ fn serve(args: &MountArgs) -> ExitCode {
         };
         match EtcdAuthority::connect(config, LocalAuthority::new(ttl)) {
             Ok(a) => {
-                info!(endpoints = %args.etcd.join(","), prefix = %args.etcd_prefix, "leases arbitrated through etcd");
-                Arc::new(Fs::with_authority(uid, gid, Box::new(a)))
+                let shared = a.namespace();
+                let fs = Arc::new(Fs::with_authority(uid, gid, Box::new(a)));
+                if let Err(e) = fs.set_replica(Box::new(shared)) {
+                    let e = format!("etcd at {}: reading the shared namespace: {e:?}", args.etcd.join(","));
+                    report_ready(&format!("ERR {e}\n"));
+                    eprintln!("leasefs: {e}");
+                    return ExitCode::FAILURE;
+                }
+                info!(endpoints = %args.etcd.join(","), prefix = %args.etcd_prefix, "leases and namespace shared through etcd");
+                fs
             }
             Err(e) => {
                 report_ready(&format!("ERR {e}\n"));
@@ -794,7 +802,10 @@ fn serve(args: &MountArgs) -> ExitCode {
     // kept in memory, with any earlier durable namespace discarded so a
     // later durable mount cannot resurrect stale contents.
     let mut storage = leasefs::store::storage::DirStorage::new(&args.state_dir);
-    if args.volatile {
+    if !args.etcd.is_empty() {
+        // The namespace lives in etcd; a durable namespace of earlier
+        // single-host mounts stays untouched in the state directory.
+    } else if args.volatile {
         if let Err(e) = leasefs::store::snapshot::discard(&mut storage) {
             eprintln!("leasefs: {}: discarding the durable namespace: {e}", args.state_dir.display());
             return ExitCode::FAILURE;

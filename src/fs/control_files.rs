@@ -225,6 +225,7 @@ impl Fs {
                     "durability": match &st.store {
                         Some(s) if s.failed() => "failed",
                         Some(_) => "durable",
+                        None if st.replica.is_some() => "etcd",
                         None if st.volatile => "volatile",
                         None => "memory",
                     },
@@ -237,7 +238,10 @@ impl Fs {
                         "compaction": st.compaction_phase(),
                     })),
                 });
-                if let Some(remote) = remote {
+                if let Some(mut remote) = remote {
+                    if let Some(r) = &st.replica {
+                        remote["namespace"] = r.status();
+                    }
                     status["etcd"] = remote;
                 }
                 format!(

@@ -10,7 +10,7 @@ impl Fs {
         if control::is_control(ino) {
             return Ok(self.control_attr(ino));
         }
-        let mut st = self.state.lock();
+        let mut st = self.fresh();
         let a = st.ns.get(ino)?.attr();
         st.observe(tid, ino);
         Ok(a)
@@ -28,53 +28,60 @@ impl Fs {
                 Err(Error::NotPermitted)
             };
         }
-        let mut st = self.state.lock();
-        st.clock();
-        if set.size.is_some() {
-            match set.handle {
-                Some(h) => Self::check_handle(&mut st, ino, h, "truncate")?,
-                None => st.check_fenced_pid(tid, ino, "truncate")?,
+        if let (Some(_), Some(h)) = (set.size, set.handle) {
+            self.precheck(|st| Self::check_handle(st, ino, h, "truncate"))?;
+        }
+        self.change(|st| {
+            st.clock();
+            if set.size.is_some() {
+                match set.handle {
+                    Some(h) => Self::check_handle(st, ino, h, "truncate")?,
+                    None => st.check_fenced_pid(tid, ino, "truncate")?,
+                }
             }
-        }
-        if set.atime.is_some() || set.mtime.is_some() {
-            // touch/utimensat by the holder renews its lease.
-            let pids = st.lineage(tid);
-            st.lease.renew(ino, set.handle.map(|h| h.0), &pids);
-        }
-        let now = now();
-        if let Some(size) = set.size {
-            // Growing is sparse (no pages stored), as on tmpfs: only writes take room.
-            st.ns.account(ino, |i| i.data_mut()?.truncate(size))?;
-        }
-        let i = st.ns.get_mut(ino)?;
-        if set.size.is_some() {
-            i.change_content(now);
-            if set.mode.is_none() {
-                i.perm = after_unprivileged_change(i.perm, i.gid, caller);
+            if set.atime.is_some() || set.mtime.is_some() {
+                // touch/utimensat by the holder renews its lease.
+                let pids = st.lineage(tid);
+                st.lease.renew(ino, set.handle.map(|h| h.0), &pids);
             }
-        }
-        if let Some(mode) = set.mode {
-            i.perm = (mode & 0o7777) as u16;
-        }
-        if let Some(uid) = set.uid {
-            i.uid = uid;
-        }
-        if let Some(gid) = set.gid {
-            i.gid = gid;
-        }
-        if let Some(t) = set.atime {
-            i.atime = resolve(t, now);
-        }
-        if let Some(t) = set.mtime {
-            i.mtime = resolve(t, now);
-        }
-        i.ctime = set.ctime.unwrap_or(now);
-        let a = i.attr();
-        if set.size.is_some() {
-            st.observe(tid, ino);
-            st.collect(ino);
-        }
-        Ok(a)
+            let now = now();
+            if let Some(size) = set.size {
+                if size > st.max_file {
+                    return Err(Error::FileTooBig);
+                }
+                // Growing is sparse (no pages stored), as on tmpfs: only writes take room.
+                st.ns.account(ino, |i| i.data_mut()?.truncate(size))?;
+            }
+            let i = st.ns.get_mut(ino)?;
+            if set.size.is_some() {
+                i.change_content(now);
+                if set.mode.is_none() {
+                    i.perm = after_unprivileged_change(i.perm, i.gid, caller);
+                }
+            }
+            if let Some(mode) = set.mode {
+                i.perm = (mode & 0o7777) as u16;
+            }
+            if let Some(uid) = set.uid {
+                i.uid = uid;
+            }
+            if let Some(gid) = set.gid {
+                i.gid = gid;
+            }
+            if let Some(t) = set.atime {
+                i.atime = resolve(t, now);
+            }
+            if let Some(t) = set.mtime {
+                i.mtime = resolve(t, now);
+            }
+            i.ctime = set.ctime.unwrap_or(now);
+            let a = i.attr();
+            if set.size.is_some() {
+                st.observe(tid, ino);
+                st.collect(ino);
+            }
+            Ok(a)
+        })
     }
 
     /// Writes through a fenced descriptor, or through a guarded file's
@@ -128,7 +135,7 @@ impl Fs {
         if control::is_control(ino) {
             return self.control_open(ino, flags);
         }
-        let mut st = self.state.lock();
+        let mut st = self.fresh();
         let h = Self::open_locked(&mut st, ino, flags, tid)?;
         st.observe(tid, ino);
         Ok(h)
@@ -186,7 +193,7 @@ impl Fs {
 
     /// `read` by thread `tid` (an observation).
     pub fn read(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
-        let mut st = self.state.lock();
+        let mut st = self.fresh();
         if ControlFile::by_ino(ino) == Some(ControlFile::Leases) {
             return Fs::listing_read(&mut st, h, offset, size);
         }
@@ -206,82 +213,90 @@ impl Fs {
         if control::is_control(ino) {
             return Err(Error::NotPermitted);
         }
-        let mut st = self.state.lock();
-        st.clock();
-        Self::check_handle(&mut st, ino, h, "write")?;
-        // A write through the holder's descriptor renews its lease.
-        st.lease.renew(ino, Some(h.0), &[]);
-        let opener = st.handles.get(&h).and_then(|f| f.opener);
-        let d = st.ns.get(ino)?.data()?;
-        // O_APPEND writes land at the daemon's end of file, which other
-        // writers may have moved since the kernel last saw the size.
-        let offset = if how.append { d.size() } else { offset };
-        let extra = d.new_pages(offset, data.len() as u64) * PAGE as u64;
-        st.room_for_bytes(how.uid, extra)?;
-        st.ns.account(ino, |i| i.data_mut()?.write(offset, data))?;
-        let i = st.ns.get_mut(ino)?;
-        i.change_content(now());
-        if how.kill_suidgid && i.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0 {
-            let file_gid = i.gid;
-            let member = how.tid != 0 && !how.writeback && in_group(how.tid, how.gid, file_gid);
+        // A fenced holder learns it is fenced (ESTALE) even when the
+        // shared namespace cannot be changed now.
+        self.precheck(|st| Self::check_handle(st, ino, h, "write"))?;
+        self.change(|st| {
+            st.clock();
+            Self::check_handle(st, ino, h, "write")?;
+            // A write through the holder's descriptor renews its lease.
+            st.lease.renew(ino, Some(h.0), &[]);
+            let opener = st.handles.get(&h).and_then(|f| f.opener);
+            let d = st.ns.get(ino)?.data()?;
+            // O_APPEND writes land at the daemon's end of file, which other
+            // writers may have moved since the kernel last saw the size.
+            let offset = if how.append { d.size() } else { offset };
+            if offset.saturating_add(data.len() as u64) > st.max_file {
+                return Err(Error::FileTooBig);
+            }
+            let extra = d.new_pages(offset, data.len() as u64) * PAGE as u64;
+            st.room_for_bytes(how.uid, extra)?;
+            st.ns.account(ino, |i| i.data_mut()?.write(offset, data))?;
             let i = st.ns.get_mut(ino)?;
-            i.perm = kill_suidgid(i.perm, member);
-        }
-        // Writeback carries no meaningful caller: the pages were dirtied
-        // through the opener's mapping, so the opener's own view stays
-        // current (its own writes never make it stale).
-        match (how.writeback || how.tid == 0, opener) {
-            (true, Some(p)) => st.observe_as(p, ino),
-            _ => st.observe(how.tid, ino),
-        }
-        Ok(data.len() as u32)
+            i.change_content(now());
+            if how.kill_suidgid && i.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0 {
+                let file_gid = i.gid;
+                let member = how.tid != 0 && !how.writeback && in_group(how.tid, how.gid, file_gid);
+                let i = st.ns.get_mut(ino)?;
+                i.perm = kill_suidgid(i.perm, member);
+            }
+            // Writeback carries no meaningful caller: the pages were dirtied
+            // through the opener's mapping, so the opener's own view stays
+            // current (its own writes never make it stale).
+            match (how.writeback || how.tid == 0, opener) {
+                (true, Some(p)) => st.observe_as(p, ino),
+                _ => st.observe(how.tid, ino),
+            }
+            Ok(data.len() as u32)
+        })
     }
 
     /// `fallocate`: mode 0 and `FALLOC_FL_KEEP_SIZE` reserve (a no-op in
     /// memory beyond growing the size), `PUNCH_HOLE|KEEP_SIZE` zeroes.
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: i32, caller: Caller) -> Result<()> {
         let tid = caller.pid;
-        let mut st = self.state.lock();
-        let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
-        if end > crate::namespace::MAX_FILE_SIZE {
-            return Err(Error::FileTooBig);
-        }
-        let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-        if mode != 0 && mode != libc::FALLOC_FL_KEEP_SIZE && mode != punch {
-            return Err(Error::NotSupported);
-        }
-        if mode != punch {
-            // Reserving stores the pages, so later writes into the range
-            // cannot fail for lack of room (what fallocate promises).
-            let extra = st.ns.get(ino)?.data()?.new_pages(offset, len) * PAGE as u64;
-            st.room_for_bytes(caller.uid, extra)?;
-        }
-        let i = st.ns.get_mut(ino)?;
-        i.perm = after_unprivileged_change(i.perm, i.gid, caller);
-        st.ns.account(ino, |i| {
-            let d = i.data_mut()?;
-            if mode == punch {
-                d.zero_range(offset, len);
-            } else {
-                d.allocate(offset, len);
-                if mode == 0 && end > d.size() {
-                    d.truncate(end)?;
-                }
+        self.change(|st| {
+            let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
+            if end > st.max_file {
+                return Err(Error::FileTooBig);
             }
+            let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+            if mode != 0 && mode != libc::FALLOC_FL_KEEP_SIZE && mode != punch {
+                return Err(Error::NotSupported);
+            }
+            if mode != punch {
+                // Reserving stores the pages, so later writes into the range
+                // cannot fail for lack of room (what fallocate promises).
+                let extra = st.ns.get(ino)?.data()?.new_pages(offset, len) * PAGE as u64;
+                st.room_for_bytes(caller.uid, extra)?;
+            }
+            let i = st.ns.get_mut(ino)?;
+            i.perm = after_unprivileged_change(i.perm, i.gid, caller);
+            st.ns.account(ino, |i| {
+                let d = i.data_mut()?;
+                if mode == punch {
+                    d.zero_range(offset, len);
+                } else {
+                    d.allocate(offset, len);
+                    if mode == 0 && end > d.size() {
+                        d.truncate(end)?;
+                    }
+                }
+                Ok(())
+            })?;
+            let i = st.ns.get_mut(ino)?;
+            i.change_content(now());
+            st.observe(tid, ino);
+            st.collect(ino);
             Ok(())
-        })?;
-        let i = st.ns.get_mut(ino)?;
-        i.change_content(now());
-        st.observe(tid, ino);
-        st.collect(ino);
-        Ok(())
+        })
     }
 
     /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel handles the
     /// other whences itself) over the sparse pages.
     pub fn lseek(&self, ino: Ino, offset: i64, whence: i32) -> Result<u64> {
         let from = u64::try_from(offset).map_err(|_| Error::NoSuchOffset)?;
-        let st = self.state.lock();
+        let st = self.fresh();
         let d = st.ns.get(ino)?.data()?;
         match whence {
             libc::SEEK_DATA => d.seek_data(from).ok_or(Error::NoSuchOffset),
@@ -303,7 +318,7 @@ impl Fs {
             out.retain(|e| e.cookie > offset);
             return Ok(out);
         }
-        let st = self.state.lock();
+        let st = self.fresh();
         let i = st.ns.get(ino)?;
         let d = i.dir()?;
         let mut out = Vec::new();

@@ -269,6 +269,10 @@ struct State {
     breaking: &'static str,
     /// Command names of processes named in events.
     comms: HashMap<Proc, String>,
+    /// The store the namespace is shared through (an `--etcd` mount).
+    replica: Option<Box<dyn crate::namespace::replica::Replica>>,
+    /// Largest file size accepted (`EFBIG` beyond).
+    max_file: u64,
 }
 
 impl State {
@@ -777,6 +781,37 @@ impl State {
         self.lease.retain_detached(&mut |i| ns.get(i).is_ok());
     }
 
+    /// Bring a shared namespace up to every change other hosts committed
+    /// before this call; when its store cannot be reached, reads answer
+    /// from the table as it is (SPEC 10).
+    fn catch_up(&mut self) {
+        let Some(r) = self.replica.as_mut() else { return };
+        match r.catch_up(&mut self.ns) {
+            Ok(c) => self.caught(c),
+            Err(e) => tracing::debug!("answering from the local copy of the namespace: {e:?}"),
+        }
+    }
+
+    /// Lease settings and names another host changed.
+    fn caught(&mut self, c: crate::namespace::replica::Caught) {
+        for (ino, x) in c.extras {
+            if self.lease.lease(ino).and_then(|l| l.ttl()) != x.ttl_ms {
+                // Effects of a changed TTL reach waiters at the next tick.
+                let _ = self.lease.set_ttl(ino, x.ttl_ms);
+            }
+            match x.guard {
+                Some(g) if self.lease.guard(ino).as_ref() != Some(&g) => self.lease.set_guard(ino, g),
+                Some(_) => {}
+                None => {
+                    self.lease.remove_guard(ino);
+                }
+            }
+        }
+        for ino in c.unlinked {
+            self.collect(ino);
+        }
+    }
+
     /// True when `ino` or anything below it is a live lease.
     fn holds_live_lease(&self, ino: Ino) -> bool {
         if self.lease.is_live(ino) {
@@ -850,12 +885,78 @@ impl Fs {
                 parked_req: HashMap::new(),
                 breaking: "ttl",
                 comms: HashMap::new(),
+                replica: None,
+                max_file: crate::namespace::MAX_FILE_SIZE,
             }),
             group: crate::store::group::GroupCommit::default(),
         };
         let wake = fs.state.lock().wake.clone();
         fs.state.lock().lease.set_wake(wake);
         fs
+    }
+
+    /// The state, after catching up with the other hosts of a shared
+    /// namespace: for every operation that reads names, attributes or
+    /// contents.
+    fn fresh(&self) -> parking_lot::MutexGuard<'_, State> {
+        let mut st = self.state.lock();
+        st.catch_up();
+        st
+    }
+
+    /// Run `op`, which changes the namespace. On a shared namespace it runs
+    /// holding the right to change it, on a table caught up with every
+    /// other host, and its change is stored before its caller is answered
+    /// (`EIO` when it could not be; the change is then undone).
+    fn change<T>(&self, op: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
+        let mut st = self.state.lock();
+        let Some(mut r) = st.replica.take() else { return op(&mut st) };
+        let begun = r.begin(&mut st.ns);
+        let out = match begun {
+            Ok(c) => {
+                st.caught(c);
+                let out = op(&mut st);
+                let st = &mut *st;
+                let lease = &*st.lease;
+                let published = r.publish(&mut st.ns, &|ino| extra_of(lease, ino));
+                match (out, published) {
+                    (Ok(v), Ok(())) => Ok(v),
+                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        st.replica = Some(r);
+        out
+    }
+
+    /// On a shared namespace, `check` before taking the right to change it:
+    /// a refusal that needs no other host (a fenced holder) is answered
+    /// even while the shared store cannot be reached.
+    fn precheck(&self, check: impl FnOnce(&mut State) -> Result<()>) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.replica.is_some() {
+            check(&mut st)?;
+        }
+        Ok(())
+    }
+
+    /// Share the namespace through `replica`: the table is replaced by the
+    /// shared namespace as it is now.
+    pub fn set_replica(&self, mut replica: Box<dyn crate::namespace::replica::Replica>) -> Result<()> {
+        let mut st = self.state.lock();
+        st.ns.set_tracking();
+        let c = replica.catch_up(&mut st.ns)?;
+        st.caught(c);
+        st.max_file = replica.max_file_size();
+        st.replica = Some(replica);
+        Ok(())
+    }
+
+    /// True when the namespace is shared with other hosts (the kernel must
+    /// then cache nothing: another host's change could not reach it in time).
+    pub fn is_shared(&self) -> bool {
+        self.state.lock().replica.is_some()
     }
 
     /// Bound what callers may make the daemon keep.

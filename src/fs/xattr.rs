@@ -14,70 +14,71 @@ impl Fs {
         if control::is_control(ino) {
             return Err(Error::NotPermitted);
         }
-        let mut st = self.state.lock();
-        st.clock();
-        st.ns.get(ino)?;
-        st.check_fenced_pid(tid, ino, "setxattr")?;
-        if is_leasefs_xattr(name) {
-            let text = std::str::from_utf8(value).map_err(|_| Error::Invalid)?.trim_end_matches('\0');
-            return match name.to_str() {
-                Some(XATTR_TTL) => {
-                    let ttl = parse_ttl(text)?;
-                    st.lease.set_ttl(ino, ttl);
-                    st.ns.mark_dirty(ino);
-                    Ok(())
-                }
-                Some(XATTR_RENEW) => {
-                    let pids = st.lineage(tid);
-                    if st.lease.renew(ino, None, &pids) {
+        self.change(|st| {
+            st.clock();
+            st.ns.get(ino)?;
+            st.check_fenced_pid(tid, ino, "setxattr")?;
+            if is_leasefs_xattr(name) {
+                let text = std::str::from_utf8(value).map_err(|_| Error::Invalid)?.trim_end_matches('\0');
+                return match name.to_str() {
+                    Some(XATTR_TTL) => {
+                        let ttl = parse_ttl(text)?;
+                        st.lease.set_ttl(ino, ttl);
+                        st.ns.mark_dirty(ino);
                         Ok(())
-                    } else {
-                        Err(Error::NoLock)
                     }
-                }
-                Some(XATTR_GUARD) => {
-                    let path = PathBuf::from(text);
-                    let ok = !text.is_empty()
-                        && text.len() < 4096
-                        && path
-                            .components()
-                            .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
-                    if !ok {
-                        return Err(Error::Invalid);
+                    Some(XATTR_RENEW) => {
+                        let pids = st.lineage(tid);
+                        if st.lease.renew(ino, None, &pids) {
+                            Ok(())
+                        } else {
+                            Err(Error::NoLock)
+                        }
                     }
-                    st.lease.set_guard(ino, path);
-                    st.ns.mark_dirty(ino);
-                    Ok(())
-                }
-                _ => Err(Error::NotPermitted),
-            };
-        }
-        let i = st.ns.get_mut(ino)?;
-        let exists = i.xattrs.contains_key(name);
-        if flags & XATTR_CREATE != 0 && exists {
-            return Err(Error::Exists);
-        }
-        if flags & XATTR_REPLACE != 0 && !exists {
-            return Err(Error::NoAttr);
-        }
-        // Bounded per file (count and bytes) and counted against the size limit.
-        let old = i.xattrs.get(name).map_or(0, |v| (name.len() + v.len()) as u64);
-        let new = (name.len() + value.len()) as u64;
-        let count = i.xattrs.len() + usize::from(!exists);
-        let bytes = crate::namespace::xattr_bytes(&i.xattrs) - old + new;
-        let (max_count, max_bytes) = (st.limits.xattrs_per_file, st.limits.xattr_bytes_per_file);
-        if count > max_count || bytes > max_bytes {
-            return Err(st.hits.refuse(
-                super::limits::Limit::Xattrs,
-                Error::NoSpace,
-                format_args!("{count} attributes, {bytes} bytes on one file (at most {max_count}, {max_bytes})"),
-            ));
-        }
-        st.room_for_bytes(caller.uid, new.saturating_sub(old))?;
-        st.ns.account(ino, |i| {
-            i.xattrs.insert(name.to_os_string(), value.to_vec());
-            i.ctime = now();
-            Ok(())
+                    Some(XATTR_GUARD) => {
+                        let path = PathBuf::from(text);
+                        let ok = !text.is_empty()
+                            && text.len() < 4096
+                            && path
+                                .components()
+                                .all(|c| matches!(c, std::path::Component::Normal(_) | std::path::Component::CurDir));
+                        if !ok {
+                            return Err(Error::Invalid);
+                        }
+                        st.lease.set_guard(ino, path);
+                        st.ns.mark_dirty(ino);
+                        Ok(())
+                    }
+                    _ => Err(Error::NotPermitted),
+                };
+            }
+            let i = st.ns.get_mut(ino)?;
+            let exists = i.xattrs.contains_key(name);
+            if flags & XATTR_CREATE != 0 && exists {
+                return Err(Error::Exists);
+            }
+            if flags & XATTR_REPLACE != 0 && !exists {
+                return Err(Error::NoAttr);
+            }
+            // Bounded per file (count and bytes) and counted against the size limit.
+            let old = i.xattrs.get(name).map_or(0, |v| (name.len() + v.len()) as u64);
+            let new = (name.len() + value.len()) as u64;
+            let count = i.xattrs.len() + usize::from(!exists);
+            let bytes = crate::namespace::xattr_bytes(&i.xattrs) - old + new;
+            let (max_count, max_bytes) = (st.limits.xattrs_per_file, st.limits.xattr_bytes_per_file);
+            if count > max_count || bytes > max_bytes {
+                return Err(st.hits.refuse(
+                    super::limits::Limit::Xattrs,
+                    Error::NoSpace,
+                    format_args!("{count} attributes, {bytes} bytes on one file (at most {max_count}, {max_bytes})"),
+                ));
+            }
+            st.room_for_bytes(caller.uid, new.saturating_sub(old))?;
+            st.ns.account(ino, |i| {
+                i.xattrs.insert(name.to_os_string(), value.to_vec());
+                i.ctime = now();
+                Ok(())
+            })
         })
     }
 
@@ -87,7 +88,7 @@ impl Fs {
         if control::is_control(ino) {
             return Err(Error::NoAttr);
         }
-        let mut st = self.state.lock();
+        let mut st = self.fresh();
         let now = st.lease.now();
         let i = st.ns.get(ino)?;
         match name.to_str() {
@@ -116,7 +117,7 @@ impl Fs {
         if control::is_control(ino) {
             return Ok(Vec::new());
         }
-        let st = self.state.lock();
+        let st = self.fresh();
         let mut out = Vec::new();
         for name in st.ns.get(ino)?.xattrs.keys() {
             out.extend_from_slice(name.as_bytes());
@@ -131,32 +132,33 @@ impl Fs {
         if control::is_control(ino) {
             return Err(Error::NotPermitted);
         }
-        let mut st = self.state.lock();
-        st.ns.get(ino)?;
-        st.check_fenced_pid(tid, ino, "removexattr")?;
-        if is_leasefs_xattr(name) {
-            return match name.to_str() {
-                Some(XATTR_TTL) => {
-                    st.clock();
-                    st.lease.set_ttl(ino, None);
-                    st.ns.mark_dirty(ino);
-                    Ok(())
-                }
-                Some(XATTR_GUARD) => {
-                    st.ns.mark_dirty(ino);
-                    if st.lease.remove_guard(ino) {
+        self.change(|st| {
+            st.ns.get(ino)?;
+            st.check_fenced_pid(tid, ino, "removexattr")?;
+            if is_leasefs_xattr(name) {
+                return match name.to_str() {
+                    Some(XATTR_TTL) => {
+                        st.clock();
+                        st.lease.set_ttl(ino, None);
+                        st.ns.mark_dirty(ino);
                         Ok(())
-                    } else {
-                        Err(Error::NoAttr)
                     }
-                }
-                _ => Err(Error::NotPermitted),
-            };
-        }
-        st.ns.account(ino, |i| {
-            i.xattrs.remove(name).ok_or(Error::NoAttr)?;
-            i.ctime = now();
-            Ok(())
+                    Some(XATTR_GUARD) => {
+                        st.ns.mark_dirty(ino);
+                        if st.lease.remove_guard(ino) {
+                            Ok(())
+                        } else {
+                            Err(Error::NoAttr)
+                        }
+                    }
+                    _ => Err(Error::NotPermitted),
+                };
+            }
+            st.ns.account(ino, |i| {
+                i.xattrs.remove(name).ok_or(Error::NoAttr)?;
+                i.ctime = now();
+                Ok(())
+            })
         })
     }
 }

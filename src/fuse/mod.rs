@@ -58,9 +58,18 @@ const TTL: Duration = Duration::ZERO;
 /// component.
 const DIR_TTL: Duration = Duration::from_secs(1);
 
+/// False on a namespace shared with other hosts: there a directory's names
+/// and attributes change through other kernels too, and this one must ask
+/// every time (no timeout could be short enough).
+static CACHE_DIRS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+fn cache_dirs() -> bool {
+    CACHE_DIRS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// The entry and attribute timeout for a name leading to `a`.
 fn ttl(a: &Attr) -> &'static Duration {
-    if a.kind == Kind::Dir {
+    if a.kind == Kind::Dir && cache_dirs() {
         &DIR_TTL
     } else {
         &TTL
@@ -252,6 +261,9 @@ impl LeaseFs {
     pub fn new(fs: Arc<Fs>) -> (LeaseFs, Arc<Interceptor>) {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
+        if fs.is_shared() {
+            CACHE_DIRS.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
         (LeaseFs { fs, waits, direct_io: false }, icpt)
     }
 
@@ -403,7 +415,8 @@ impl fuser::Filesystem for LeaseFs {
             Err(Error::NotFound) if !crate::control::is_control(Ino(parent.0)) => {
                 let mut none = attr(&Attr::absent());
                 none.ino = INodeNo(0);
-                reply.entry_with_ttls(&TTL, &NEGATIVE_TTL, &none, Generation(0));
+                let negative = if cache_dirs() { &NEGATIVE_TTL } else { &TTL };
+                reply.entry_with_ttls(&TTL, negative, &none, Generation(0));
             }
             Err(e) => reply.error(errno(e)),
         });

@@ -17,6 +17,7 @@ use crate::error::{Error, Result};
 
 mod data;
 mod pages;
+pub mod replica;
 
 pub use data::Data;
 use data::{freed, FREED_PAGES};

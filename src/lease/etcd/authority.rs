@@ -235,6 +235,12 @@ impl EtcdAuthority {
         })
     }
 
+    /// The namespace shared through the same cluster, prefix and host
+    /// session.
+    pub fn namespace(&self) -> super::namespace::EtcdNamespace {
+        super::namespace::EtcdNamespace::open(self.arbiter.client().clone(), self.session.clone(), &self.config.prefix)
+    }
+
     /// The host session (tests pause its renewals to cut the host off).
     pub fn session(&self) -> &Arc<HostSession> {
         &self.session

@@ -9,5 +9,6 @@ pub mod authority;
 pub mod b64;
 pub mod client;
 pub mod http;
+pub mod namespace;
 pub mod session;
 pub mod watcher;

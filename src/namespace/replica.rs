@@ -1,0 +1,41 @@
+//! A namespace shared with other hosts.
+//!
+//! A mount whose namespace is shared (the etcd backend) keeps the inode
+//! table as a local replica of a namespace stored elsewhere. The filesystem
+//! core asks the replica at two points and never decides sharing itself:
+//! - before an operation that reads names, attributes or contents,
+//!   [`Replica::catch_up`] brings the table up to every change another host
+//!   committed before the call (a read barrier);
+//! - around an operation that changes the namespace, [`Replica::begin`]
+//!   takes the exclusive right to change it (and catches up), and
+//!   [`Replica::publish`] stores what the operation changed (the table's
+//!   change tracking) and gives the right up. The operation's caller is
+//!   answered only after the change is stored.
+
+use super::{Ino, Namespace};
+use crate::error::Result;
+use crate::store::records::Extra;
+
+/// What catching up changed besides the table itself.
+#[derive(Debug, Default)]
+pub struct Caught {
+    /// Lease settings (TTL, guard) of inodes another host changed.
+    pub extras: Vec<(Ino, Extra)>,
+    /// Inodes that lost a name: their lease state may be collectable.
+    pub unlinked: Vec<Ino>,
+}
+
+/// The shared store behind a replicated namespace.
+pub trait Replica: Send + std::fmt::Debug {
+    /// Apply every change committed before this call.
+    fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught>;
+    /// Take the right to change the namespace, then catch up.
+    fn begin(&mut self, ns: &mut Namespace) -> Result<Caught>;
+    /// Store what changed since [`Replica::begin`] and give the right up.
+    /// On failure the change is undone by the next catch-up.
+    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra) -> Result<()>;
+    /// Largest file the shared store keeps.
+    fn max_file_size(&self) -> u64;
+    /// For `status`.
+    fn status(&self) -> serde_json::Value;
+}
