@@ -761,3 +761,69 @@ fn without_etcd_cached_reads_keep_working_changes_fail_with_eio_and_both_recover
     assert_eq!(sh_ok(&b.path, "cat z z2"), "cached\nagain\n");
     assert_eq!(status(&a)["etcd"]["namespace"]["stale"], false);
 }
+
+#[test]
+fn a_guarded_write_is_stored_only_while_its_lease_is_held_in_etcd() {
+    let cluster = Cluster::start();
+    let p = prefix("guardtxn");
+    let eps = cluster.endpoints().join(",");
+    // Host a stalls each guarded write just before storing it, so the
+    // lease can be lost in between (as when a host pauses there).
+    let a = Mount::with_args_env(
+        &["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", &p],
+        &[("LEASEFS_PAUSE", "guarded-publish:3000")],
+    );
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&b.path, "touch x && echo original > reg && setfattr -n user.leasefs.guard -v x reg");
+    let go = a.dir.path().join("go");
+    let holder = format!(
+        r#"
+import errno, fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+g = os.open("reg", os.O_RDWR)
+print("ready", flush=True)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+while not os.path.exists("{}"):
+    time.sleep(0.01)
+try:
+    os.pwrite(g, b"stale   \n", 0)
+    print("written", flush=True)
+except OSError as e:
+    print(errno.errorcode[e.errno], flush=True)
+time.sleep(60)
+"#,
+        go.display()
+    );
+    let script = a.dir.path().join("holder.py");
+    std::fs::write(&script, holder).unwrap();
+    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    await_entries(&cluster, &p, "x", 1);
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let q = format!("{p}/q/x/").into_bytes();
+    let entry = c.range(&q, &prefix_end(&q)).unwrap().0.remove(0);
+    std::fs::write(&go, "").unwrap();
+    // Host a is storing the write (it holds the namespace change lock).
+    let lock = format!("{p}/ns/lock").into_bytes();
+    let deadline = Instant::now() + STEP;
+    while c.get(&lock).unwrap().0.is_none() {
+        assert!(Instant::now() < deadline, "host a never started storing the write");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Meanwhile its holder's entry goes (as on expiry) and b is granted.
+    c.delete(&entry.key, &[]).unwrap();
+    let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
+    let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
+    assert!(w.wait(STEP).success(), "b was never granted");
+    let deadline = Instant::now() + STEP;
+    while h.output().len() < 2 {
+        assert!(Instant::now() < deadline, "the write never returned: {:?}", h.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let e1: u64 = h.output()[0].parse().unwrap();
+    assert_eq!(w.output(), [format!("{}", e1 + 1)]);
+    assert_eq!(h.output()[1], "ESTALE", "the stale holder's write was stored");
+    assert_eq!(sh_ok(&b.path, "cat reg"), "original\n");
+    assert_eq!(sh_ok(&a.path, "cat reg"), "original\n");
+    h.kill_all();
+}

@@ -219,6 +219,13 @@ impl Fs {
         self.change(|st| {
             st.clock();
             Self::check_handle(st, ino, h, "write")?;
+            // On a shared namespace the write is stored only while the lease
+            // of a guarded file is still held (checked where it is stored).
+            if let Some((lease, _, _)) = st.handles.get(&h).and_then(|f| f.guard) {
+                if let Some(c) = st.lease.hold_condition(lease) {
+                    st.conditions.push(c);
+                }
+            }
             // A write through the holder's descriptor renews its lease.
             st.lease.renew(ino, Some(h.0), &[]);
             let opener = st.handles.get(&h).and_then(|f| f.opener);

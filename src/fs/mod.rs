@@ -273,6 +273,8 @@ struct State {
     replica: Option<Box<dyn crate::namespace::replica::Replica>>,
     /// Largest file size accepted (`EFBIG` beyond).
     max_file: u64,
+    /// What the change in progress may be stored under only (guarded writes).
+    conditions: Vec<crate::namespace::replica::Condition>,
 }
 
 impl State {
@@ -887,6 +889,7 @@ impl Fs {
                 comms: HashMap::new(),
                 replica: None,
                 max_file: crate::namespace::MAX_FILE_SIZE,
+                conditions: Vec::new(),
             }),
             group: crate::store::group::GroupCommit::default(),
         };
@@ -917,8 +920,12 @@ impl Fs {
                 st.caught(c);
                 let out = op(&mut st);
                 let st = &mut *st;
+                let conditions = std::mem::take(&mut st.conditions);
+                if !conditions.is_empty() {
+                    crate::store::snapshot::pausepoint("guarded-publish");
+                }
                 let lease = &*st.lease;
-                let published = r.publish(&mut st.ns, &|ino| extra_of(lease, ino));
+                let published = r.publish(&mut st.ns, &|ino| extra_of(lease, ino), &conditions);
                 match (out, published) {
                     (Ok(v), Ok(())) => Ok(v),
                     (Err(e), _) | (Ok(_), Err(e)) => Err(e),

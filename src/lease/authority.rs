@@ -222,6 +222,13 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn break_reason(&self, _ino: Ino, _fenced: &Fenced) -> Option<&'static str> {
         None
     }
+    /// What a shared namespace must find unchanged for a write under the
+    /// lease `ino` (held here) to land: the holder's entry in the remote
+    /// arbiter. `None` when the arbiter is this host.
+    fn hold_condition(&self, _ino: Ino) -> Option<crate::namespace::replica::Condition> {
+        None
+    }
+
     /// Leases held or awaited on other hosts (a remote arbiter), at or
     /// under the mount-relative `prefix`: one row each, shaped like the
     /// rows of `.leasefs/leases`, with each holder's `host`.

@@ -16,6 +16,15 @@ use super::{Ino, Namespace};
 use crate::error::Result;
 use crate::store::records::Extra;
 
+/// A key of the shared store that must still exist as it was created at
+/// `create_revision` for a change to be stored (a lease holder's entry: a
+/// write through a guarded file lands only while its lease is held).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Condition {
+    pub key: Vec<u8>,
+    pub create_revision: i64,
+}
+
 /// What catching up changed besides the table itself.
 #[derive(Debug, Default)]
 pub struct Caught {
@@ -31,9 +40,10 @@ pub trait Replica: Send + std::fmt::Debug {
     fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught>;
     /// Take the right to change the namespace, then catch up.
     fn begin(&mut self, ns: &mut Namespace) -> Result<Caught>;
-    /// Store what changed since [`Replica::begin`] and give the right up.
-    /// On failure the change is undone by the next catch-up.
-    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra) -> Result<()>;
+    /// Store what changed since [`Replica::begin`] and give the right up,
+    /// in one step that also checks `conditions` (`ESTALE` when one does
+    /// not hold). On failure the change is undone by the next catch-up.
+    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()>;
     /// Largest file the shared store keeps.
     fn max_file_size(&self) -> u64;
     /// For `status`.

@@ -833,6 +833,12 @@ impl LeaseAuthority for EtcdAuthority {
         ("etcd", Some(info))
     }
 
+    fn hold_condition(&self, ino: Ino) -> Option<crate::namespace::replica::Condition> {
+        self.held.iter().find(|((i, _), t)| *i == ino && t.mode == QMode::Exclusive).map(|(_, t)| {
+            crate::namespace::replica::Condition { key: t.key.clone(), create_revision: t.create_revision }
+        })
+    }
+
     fn break_reason(&self, ino: Ino, fenced: &Fenced) -> Option<&'static str> {
         self.lost_holders.contains(&(ino, fenced.handle)).then_some("host_lost")
     }

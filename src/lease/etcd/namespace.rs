@@ -39,7 +39,7 @@ use serde_json::json;
 use super::client::{prefix_end, Client, CmpOp, Compare, EtcdError, Kv, Op, OpResult, Target, WatchMsg};
 use super::session::HostSession;
 use crate::error::{Error, Result};
-use crate::namespace::replica::{Caught, Replica};
+use crate::namespace::replica::{Caught, Condition, Replica};
 use crate::namespace::{Body, Ino, Kind, Namespace, NewInode};
 use crate::store::records::{decode_object, encode_object, Extra};
 
@@ -477,7 +477,7 @@ impl Replica for EtcdNamespace {
         }
     }
 
-    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra) -> Result<()> {
+    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()> {
         let Some(lock_rev) = self.lock else { return Err(Error::Unreachable) };
         let (dirty, freed) = ns.dirty();
         let dirty: Vec<Ino> = dirty.iter().copied().collect();
@@ -533,8 +533,11 @@ impl Replica for EtcdNamespace {
             ops.push(Op::put(self.key("rev"), self.tag.clone(), 0));
         }
         ops.push(Op::delete(lock.clone()));
-        let cmp = [Compare::new(lock, CmpOp::Equal, Target::Create(lock_rev))];
-        match self.client.txn(&cmp, &ops, &[]) {
+        let mut cmp = vec![Compare::new(lock.clone(), CmpOp::Equal, Target::Create(lock_rev))];
+        for c in conditions {
+            cmp.push(Compare::new(c.key.clone(), CmpOp::Equal, Target::Create(c.create_revision)));
+        }
+        match self.client.txn(&cmp, &ops, &[Op::get(lock)]) {
             Ok(t) if t.succeeded => {
                 self.lock = None;
                 if changed {
@@ -542,12 +545,21 @@ impl Replica for EtcdNamespace {
                 }
                 Ok(())
             }
-            Ok(_) => {
-                // The lock expired with this host's session: nothing landed.
-                self.lock = None;
+            Ok(t) => {
+                // Nothing landed: the change is undone by re-reading.
                 self.desync = true;
-                tracing::warn!("shared namespace: the change lock was lost; the change is undone");
-                Err(Error::Unreachable)
+                let still_ours = matches!(t.responses.first(), Some(OpResult::Range(kvs)) if kvs.first().is_some_and(|k| k.create_revision == lock_rev));
+                if still_ours {
+                    // A condition failed: the guarding lease is no longer held.
+                    tracing::warn!("shared namespace: a guarded write came after its lease was lost; refused");
+                    self.drop_lock();
+                    Err(Error::Stale)
+                } else {
+                    // The lock expired with this host's session.
+                    self.lock = None;
+                    tracing::warn!("shared namespace: the change lock was lost; the change is undone");
+                    Err(Error::Unreachable)
+                }
             }
             Err(e) => {
                 self.desync = true;
