@@ -827,3 +827,57 @@ time.sleep(60)
     assert_eq!(sh_ok(&a.path, "cat reg"), "original\n");
     h.kill_all();
 }
+
+#[test]
+fn a_rename_over_a_lease_held_on_another_host_keeps_its_inode_and_stale_views_get_estale() {
+    let cluster = Cluster::start();
+    let p = prefix("renameover");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "echo v1 > lease.json && echo p1 > plain");
+    let go = b.dir.path().join("go");
+    // On b: a holder of lease.json, and a process that observed both files
+    // and later renames over them (a compare-and-swap).
+    let script = format!(
+        r#"
+import errno, fcntl, os, time
+fd = os.open("lease.json", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+mine = os.fstat(fd).st_ino
+os.stat("plain")
+print("ready", flush=True)
+while not os.path.exists("{go}"):
+    time.sleep(0.01)
+print(os.pread(fd, 64, 0).decode().strip(), os.stat("lease.json").st_ino == mine, flush=True)
+pid = os.fork()
+if pid == 0:
+    # A process that observed nothing yet: observes now, then swaps.
+    os.stat("lease.json")
+    open("mine", "w").write("v9\n")
+    os.rename("mine", "lease.json")
+    os._exit(0)
+os.waitpid(pid, 0)
+for name in ["lease.json", "plain"]:
+    open("tmp", "w").write("late")
+    try:
+        os.rename("tmp", name)
+        print(name, "renamed", flush=True)
+    except OSError as e:
+        print(name, errno.errorcode[e.errno], flush=True)
+        os.unlink("tmp")
+"#,
+        go = go.display()
+    );
+    let file = b.dir.path().join("holder.py");
+    std::fs::write(&file, script).unwrap();
+    let mut h = Bg::ready(&b.path, &format!("exec python3 -u {}", file.display()));
+    await_entries(&cluster, &p, "lease.json", 1);
+    // On a, the usual renewal by rename, over both.
+    sh_ok(&a.path, "echo v2 > t && mv t lease.json && echo p2 > t && mv t plain");
+    std::fs::write(&go, "").unwrap();
+    assert!(h.wait(STEP).success());
+    // The holder on b keeps the lease's inode and sees the new content; the
+    // process that observed before a's renames is refused on both names
+    // (the lease's content changed; the plain name now leads elsewhere).
+    assert_eq!(h.output(), ["v2 True", "lease.json ESTALE", "plain ESTALE"]);
+    assert_eq!(sh_ok(&a.path, "cat lease.json plain"), "v9\np2\n");
+}

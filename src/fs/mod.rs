@@ -809,6 +809,18 @@ impl State {
                 }
             }
         }
+        for (dir, name, ino) in c.removed_names {
+            if let Some(p) = self.path_of(dir, &name) {
+                self.lease.views().name_removed(p, ino);
+            }
+        }
+        for (dir, name, ino) in c.added_names {
+            if let Some(old) = self.path_of(dir, &name).and_then(|p| self.lease.views().take_removed(&p)) {
+                if old != ino {
+                    self.succeed(old, ino);
+                }
+            }
+        }
         for ino in c.unlinked {
             self.collect(ino);
         }

@@ -382,7 +382,8 @@ impl Fs {
             let old_path = st.path_of(parent, name);
             let new_path = st.path_of(newparent, newname);
             if let Some(dst) = dst {
-                let live = st.lease.is_live(dst);
+                st.name_lease(dst);
+                let live = st.lease.held_anywhere(dst);
                 let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
                 if live && both_files {
                     // Rename over a live lease replaces its content and keeps

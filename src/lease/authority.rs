@@ -119,6 +119,11 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
 
     /// True while the lease has a holder or a waiter.
     fn is_live(&self, ino: Ino) -> bool;
+    /// Live on this host or, for a remote arbiter, on any host (asked
+    /// before a rename over the lease, which keeps a live lease's inode).
+    fn held_anywhere(&self, ino: Ino) -> bool {
+        self.is_live(ino)
+    }
     /// The inode is gone: drop its lease state.
     fn forget(&mut self, ino: Ino);
     /// A live lease lost its name: re-creating `path` re-attaches it.

@@ -32,6 +32,11 @@ pub struct Caught {
     pub extras: Vec<(Ino, Extra)>,
     /// Inodes that lost a name: their lease state may be collectable.
     pub unlinked: Vec<Ino>,
+    /// Names another host removed (directory, name, inode), then names it
+    /// added, in that order: a name that now leads elsewhere makes earlier
+    /// observers' views stale (SPEC 6).
+    pub removed_names: Vec<(Ino, std::ffi::OsString, Ino)>,
+    pub added_names: Vec<(Ino, std::ffi::OsString, Ino)>,
 }
 
 /// The shared store behind a replicated namespace.

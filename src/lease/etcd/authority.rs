@@ -621,6 +621,21 @@ impl LeaseAuthority for EtcdAuthority {
         self.local.is_live(ino) || self.parked.values().any(|p| p.ino == ino)
     }
 
+    fn held_anywhere(&self, ino: Ino) -> bool {
+        if self.is_live(ino) {
+            return true;
+        }
+        let Some(name) = self.names.get(&ino) else { return false };
+        match self.arbiter.entries(name) {
+            Ok((entries, _)) => !entries.is_empty(),
+            // Unknown: keeping the inode is the safe answer.
+            Err(e) => {
+                tracing::warn!(lease = %name, "cannot tell whether another host holds the lease: {e}");
+                true
+            }
+        }
+    }
+
     fn forget(&mut self, ino: Ino) {
         if !self.held.keys().any(|(i, _)| *i == ino) {
             self.names.remove(&ino);

@@ -199,9 +199,12 @@ impl EtcdNamespace {
                 continue;
             }
             if ns.child(p, &name).is_ok() {
-                caught.unlinked.push(ns.unlink(p, &name)?);
+                let old = ns.unlink(p, &name)?;
+                caught.removed_names.push((p, name.clone(), old));
+                caught.unlinked.push(old);
             }
             ns.link(p, &name, c)?;
+            caught.added_names.push((p, name, c));
         }
         for (dir, name) in batch.removed_entries {
             let Some(&p) = self.to_ino.get(&dir) else { continue };
@@ -214,6 +217,7 @@ impl EtcdNamespace {
             } else {
                 caught.unlinked.push(ns.unlink(p, &name)?);
             }
+            caught.removed_names.push((p, name, c));
         }
         for id in batch.removed_inodes {
             self.unmap(&id);
