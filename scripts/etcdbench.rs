@@ -39,7 +39,7 @@ fn main() {
         cycle.push(t.elapsed());
     }
     let a = host(&endpoints, "a");
-    let me = Asker { pid: std::process::id(), comm: "etcdbench".into(), owner: "bench".into() };
+    let me = Asker { pid: std::process::id(), comm: "etcdbench".into(), owner: "bench".into(), ttl_ms: None };
     let mut arb = Vec::with_capacity(n);
     for i in 0..n {
         let name = format!("/bench/{}", i % 16);

@@ -351,7 +351,7 @@ mod arbitration {
     }
 
     fn asker(pid: u32) -> Asker {
-        Asker { pid, comm: "test".into(), owner: format!("flock:{pid}") }
+        Asker { pid, comm: "test".into(), owner: format!("flock:{pid}"), ttl_ms: None }
     }
 
     /// Wait for `t` to be granted (its predecessors to go); the epoch.
@@ -361,7 +361,7 @@ mod arbitration {
             match a.decide(t).unwrap() {
                 Decision::Granted { epoch, lost_holder } => return (epoch, lost_holder),
                 Decision::Gone => panic!("the entry is gone"),
-                Decision::Behind { predecessor, revision } => {
+                Decision::Behind { predecessor, revision, .. } => {
                     assert!(a.wait_gone(&predecessor, revision, deadline).unwrap(), "never granted")
                 }
             }

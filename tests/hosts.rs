@@ -881,3 +881,103 @@ for name in ["lease.json", "plain"]:
     assert_eq!(h.output(), ["v2 True", "lease.json ESTALE", "plain ESTALE"]);
     assert_eq!(sh_ok(&a.path, "cat lease.json plain"), "v9\np2\n");
 }
+
+#[test]
+fn a_holder_that_stops_renewing_is_broken_by_a_waiter_on_another_host_after_its_ttl() {
+    let cluster = Cluster::start();
+    let p = prefix("ttl");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&b.path, "touch x && setfattr -n user.leasefs.ttl -v 2s x");
+    let (stop, probe) = (a.dir.path().join("stop"), a.dir.path().join("probe"));
+    let holder = format!(
+        r#"
+import errno, fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+while not os.path.exists("{stop}"):
+    os.pwrite(fd, b"renew", 0)
+    time.sleep(0.2)
+while not os.path.exists("{probe}"):
+    time.sleep(0.01)
+try:
+    os.pwrite(fd, b"late", 0)
+    print("written", flush=True)
+except OSError as e:
+    print(errno.errorcode[e.errno], flush=True)
+time.sleep(60)
+"#,
+        stop = stop.display(),
+        probe = probe.display()
+    );
+    let script = a.dir.path().join("holder.py");
+    std::fs::write(&script, holder).unwrap();
+    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    await_entries(&cluster, &p, "x", 1);
+    // While the holder renews, a waiter on b waits well past the TTL...
+    let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
+    let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
+    await_entries(&cluster, &p, "x", 2);
+    // ...and so does a non-blocking contender, try after try.
+    for _ in 0..6 {
+        assert_eq!(py_lock(&b.path, "x", "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)"), "EAGAIN");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(w.running(), "a renewing holder was broken: {:?}", w.output());
+    // Once it stops renewing, the waiter breaks it after the TTL.
+    std::fs::write(&stop, "").unwrap();
+    assert!(w.wait(STEP).success(), "the waiter was never granted");
+    let e1: u64 = h.output()[0].parse().unwrap();
+    assert_eq!(w.output(), [format!("{}", e1 + 1)]);
+    // The holder's host learns it was broken: its write is refused.
+    let deadline = Instant::now() + STEP;
+    while status(&a)["etcd"]["ttl_breaks"]["by_other_hosts"] != 1 {
+        assert!(Instant::now() < deadline, "host a never saw its holder broken: {}", status(&a));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(&probe, "").unwrap();
+    let deadline = Instant::now() + STEP;
+    while h.output().len() < 2 {
+        assert!(Instant::now() < deadline, "the late write never returned");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(h.output()[1], "ESTALE");
+    assert_eq!(status(&b)["etcd"]["ttl_breaks"]["of_other_hosts"], 1);
+    h.kill_all();
+}
+
+#[test]
+fn a_non_blocking_contender_on_another_host_breaks_a_holder_it_saw_unrenewed_for_a_ttl() {
+    let cluster = Cluster::start();
+    let p = prefix("ttlnb");
+    let (a, b) = (host(&cluster, &p, &["--lease-ttl", "1s"]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x");
+    let mut h = Bg::ready(
+        &a.path,
+        "exec flock x sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch x; echo; sleep 60'",
+    );
+    await_entries(&cluster, &p, "x", 1);
+    let deadline = Instant::now() + STEP;
+    while h.output().is_empty() {
+        assert!(Instant::now() < deadline, "the holder never printed its epoch");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let e1: u64 = h.output()[0].parse().unwrap();
+    // The first try starts this host's clock on the holder's TTL.
+    assert_eq!(sh_code(&b.path, "flock -n x true"), 1);
+    let deadline = Instant::now() + STEP;
+    let mut tries = 1;
+    let got = loop {
+        let o = sh_ok(&b.path, "flock -n x getfattr --only-values -n user.leasefs.epoch x || echo busy");
+        tries += 1;
+        if o != "busy\n" {
+            break o;
+        }
+        assert!(Instant::now() < deadline, "never broken");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(got, format!("{}", e1 + 1));
+    assert!(tries > 2, "broken at once, not after the TTL");
+    h.kill_all();
+}

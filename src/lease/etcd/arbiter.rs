@@ -68,6 +68,9 @@ pub struct Asker {
     pub comm: String,
     /// The lock owner on its host (`flock:…`, `posix:…`).
     pub owner: String,
+    /// The lease's TTL when it has one: other hosts may break this holder
+    /// once they saw its entry unrenewed that long.
+    pub ttl_ms: Option<u64>,
 }
 
 /// A holder or waiter as stored in etcd.
@@ -95,6 +98,7 @@ fn entry(kv: &Kv) -> Option<Entry> {
             pid: v["pid"].as_u64().unwrap_or(0) as u32,
             comm: v["comm"].as_str().unwrap_or("").to_string(),
             owner: v["owner"].as_str().unwrap_or("").to_string(),
+            ttl_ms: v["ttl_ms"].as_u64(),
         },
     })
 }
@@ -118,7 +122,9 @@ pub enum Decision {
     /// holder's session expired instead of releasing.
     Granted { epoch: u64, lost_holder: bool },
     /// Not yet: wait for this earlier entry to go, watching from `revision`.
-    Behind { predecessor: Vec<u8>, revision: i64 },
+    /// `breakable`: the predecessor holds with a TTL (its TTL and the
+    /// revision of its last renewal).
+    Behind { predecessor: Vec<u8>, revision: i64, breakable: Option<(u64, i64)> },
     /// The entry is gone (cancelled, or its session expired).
     Gone,
 }
@@ -201,10 +207,13 @@ impl Arbiter {
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let mut key = self.queue(name);
         key.extend_from_slice(format!("{session:016x}/{seq:016x}").as_bytes());
-        let value = json!({
+        let mut value = json!({
             "mode": mode.tag(), "state": "wait", "host": self.host,
             "pid": asker.pid, "comm": asker.comm, "owner": asker.owner,
         });
+        if let Some(ttl) = asker.ttl_ms {
+            value["ttl_ms"] = json!(ttl);
+        }
         Ok(Ticket { name: name.to_string(), key, create_revision: 0, mode, session, value })
     }
 
@@ -291,8 +300,9 @@ impl Arbiter {
             }
             let blocker =
                 entries.iter().rfind(|(e, _)| e.create_revision < mine.create_revision && e.mode.conflicts(t.mode));
-            if let Some((b, _)) = blocker {
-                return Ok(Decision::Behind { predecessor: b.key.clone(), revision: rev });
+            if let Some((b, b_rev)) = blocker {
+                let breakable = b.asker.ttl_ms.filter(|_| b.held).map(|ttl| (ttl, *b_rev));
+                return Ok(Decision::Behind { predecessor: b.key.clone(), revision: rev, breakable });
             }
             let lost_holder = !holder.is_empty()
                 && !entries.iter().any(|(e, _)| e.key == holder.as_bytes())
@@ -317,6 +327,26 @@ impl Arbiter {
             }
         }
         Err(EtcdError::Unavailable("the queue kept changing; try again".into()))
+    }
+
+    /// A renewal of the held entry `t` (granted with `epoch`): rewritten in
+    /// place, so other hosts see it renewed (its mod revision moves). Never
+    /// re-creates an entry that was broken meanwhile.
+    pub fn touch(&self, t: &Ticket, epoch: u64) -> Result<bool> {
+        let mut value = t.value.clone();
+        value["state"] = json!("held");
+        value["epoch"] = json!(epoch);
+        let same =
+            Compare::new(t.key.clone(), super::client::CmpOp::Equal, super::client::Target::Create(t.create_revision));
+        Ok(self.client.txn(&[same], &[Op::put(t.key.clone(), value.to_string(), t.session)], &[])?.succeeded)
+    }
+
+    /// Break the holder entry `key` whose TTL passed unrenewed since
+    /// revision `renewed` (its mod revision); false when it was renewed or
+    /// left meanwhile.
+    pub fn break_held(&self, key: &[u8], renewed: i64) -> Result<bool> {
+        let same = Compare::unchanged(key.to_vec(), renewed);
+        Ok(self.client.txn(&[same], &[Op::delete(key.to_vec())], &[])?.succeeded)
     }
 
     /// Block until `key` is deleted (or `deadline`); true if it was.
@@ -357,7 +387,7 @@ impl Arbiter {
             match self.decide(&t) {
                 Ok(Decision::Granted { epoch, .. }) => return Ok(Some((t, epoch))),
                 Ok(Decision::Gone) => return Ok(None),
-                Ok(Decision::Behind { predecessor, revision }) => {
+                Ok(Decision::Behind { predecessor, revision, .. }) => {
                     if !self.wait_gone(&predecessor, revision, deadline)? {
                         let _ = self.release(&t);
                         return Ok(None);

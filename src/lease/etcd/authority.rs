@@ -84,6 +84,9 @@ struct Parked {
     predecessor: Vec<u8>,
     /// Set by the host's queue watch when the predecessor went away.
     ready: Arc<AtomicBool>,
+    /// The predecessor holds with a TTL: when it may be broken unless
+    /// renewed, and the revision of its last renewal.
+    breakable: Option<(Instant, i64)>,
 }
 
 /// A grant held back by `--lock-delay` (its previous holder's host was lost).
@@ -161,6 +164,16 @@ pub struct EtcdAuthority {
     losses: u64,
     /// The holders fenced by the last session loss (for the events' reason).
     lost_holders: Vec<(Ino, u64)>,
+    /// When this host first saw each holder entry with a TTL at a given
+    /// renewal (key, mod revision): its TTL runs from there on this host's
+    /// clock, so it is never broken earlier than the holder's own host
+    /// would let it lapse.
+    seen: HashMap<(Vec<u8>, i64), Instant>,
+    /// Held entries with a TTL, flagged by the queue watch when another
+    /// host breaks them.
+    broken_flags: HashMap<Vec<u8>, Arc<AtomicBool>>,
+    /// Holders of other hosts broken here, and holders here broken by others.
+    ttl_breaks: (u64, u64),
 }
 
 impl std::fmt::Debug for EtcdAuthority {
@@ -232,6 +245,9 @@ impl EtcdAuthority {
             watcher: None,
             losses: 0,
             lost_holders: Vec::new(),
+            seen: HashMap::new(),
+            broken_flags: HashMap::new(),
+            ttl_breaks: (0, 0),
         })
     }
 
@@ -250,6 +266,9 @@ impl EtcdAuthority {
     /// Waiters of this host that queued right behind the entry decide again
     /// at once instead of waiting for their watch.
     fn release_ticket(&mut self, t: Ticket) {
+        if let (Some(flag), Some(w)) = (self.broken_flags.remove(&t.key), &self.watcher) {
+            w.unregister(&t.key, &flag);
+        }
         match self.arbiter.release(&t) {
             Ok(()) => {
                 for p in self.parked.values().filter(|p| p.predecessor == t.key) {
@@ -305,6 +324,14 @@ impl EtcdAuthority {
                 if outcome == Outcome::Granted && ticket.mode == QMode::Exclusive && self.local.epoch(ino).0 != epoch {
                     tracing::error!(lease = %ticket.name, etcd = epoch, local = self.local.epoch(ino).0, "epoch differs from etcd's grant");
                 }
+                if outcome == Outcome::Granted && self.local.effective_ttl(ino).is_some() {
+                    // Another host may break it once its TTL passes.
+                    let flag = Arc::new(AtomicBool::new(false));
+                    if let Some(w) = &self.watcher {
+                        w.register(&ticket.key, ticket.create_revision, &flag);
+                    }
+                    self.broken_flags.insert(ticket.key.clone(), flag);
+                }
                 self.held.insert((ino, req.owner), ticket);
                 (outcome, effects)
             }
@@ -315,8 +342,87 @@ impl EtcdAuthority {
         }
     }
 
+    /// When the TTL of the holder entry `key`, renewed at revision
+    /// `renewed`, runs out as this host measures it.
+    fn lapses_at(&mut self, key: &[u8], renewed: i64, ttl_ms: u64) -> Instant {
+        if self.seen.len() >= 4096 {
+            self.seen.clear();
+        }
+        let first = *self.seen.entry((key.to_vec(), renewed)).or_insert_with(Instant::now);
+        first + Duration::from_millis(ttl_ms)
+    }
+
+    /// Break the holder entry `key` if its TTL ran out unrenewed since
+    /// revision `renewed` (as this host measured it); true if it did.
+    fn break_if_lapsed(&mut self, name: &str, key: &[u8], renewed: i64, ttl_ms: u64) -> bool {
+        if self.lapses_at(key, renewed, ttl_ms) > Instant::now() {
+            return false;
+        }
+        match self.arbiter.break_held(key, renewed) {
+            Ok(true) => {
+                tracing::info!(lease = %name, ttl_ms, "the TTL of another host's holder ran out: broken");
+                self.ttl_breaks.0 += 1;
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::warn!(lease = %name, "breaking a lapsed holder failed: {e}");
+                false
+            }
+        }
+    }
+
+    /// A holder of `ino` renewed its lease: rewrite its entries with a TTL,
+    /// so other hosts see the renewal.
+    fn touch(&mut self, ino: Ino) {
+        let epoch = self.local.epoch(ino).0;
+        for ((i, _), t) in &self.held {
+            if *i != ino || !self.broken_flags.contains_key(&t.key) {
+                continue;
+            }
+            match self.arbiter.touch(t, epoch) {
+                Ok(true) => {}
+                // Broken meanwhile: the queue watch reports it.
+                Ok(false) => {}
+                Err(e) => tracing::warn!(lease = %t.name, "renewing in etcd failed: {e}"),
+            }
+        }
+    }
+
+    /// Holders of this host whose entries another host broke (their TTL
+    /// ran out): fenced here too.
+    fn broken_elsewhere(&mut self, effects: &mut Vec<Effect>) {
+        let gone: Vec<(Ino, Owner)> = self
+            .held
+            .iter()
+            .filter(|(_, t)| self.broken_flags.get(&t.key).is_some_and(|f| f.load(Ordering::Relaxed)))
+            .map(|(k, _)| *k)
+            .collect();
+        for (ino, owner) in gone {
+            let Some(t) = self.held.remove(&(ino, owner)) else { continue };
+            self.broken_flags.remove(&t.key);
+            tracing::warn!(lease = %t.name, "another host broke this host's holder (its TTL ran out): fencing it");
+            self.ttl_breaks.1 += 1;
+            effects.extend(self.local.break_now(ino));
+        }
+    }
+
     /// Park `id` until `predecessor` leaves the queue.
-    fn park(&mut self, id: WaitId, ino: Ino, req: Request, ticket: Ticket, predecessor: Vec<u8>, revision: i64) {
+    #[allow(clippy::too_many_arguments)]
+    fn park(
+        &mut self,
+        id: WaitId,
+        ino: Ino,
+        req: Request,
+        ticket: Ticket,
+        predecessor: Vec<u8>,
+        revision: i64,
+        breakable: Option<(u64, i64)>,
+    ) {
+        let breakable = breakable.map(|(ttl, renewed)| (self.lapses_at(&predecessor, renewed, ttl), renewed));
+        if breakable.is_some() {
+            self.wake.wake();
+        }
         let ready = Arc::new(AtomicBool::new(false));
         let now = match &self.watcher {
             Some(w) => w.register(&predecessor, revision, &ready),
@@ -329,7 +435,7 @@ impl EtcdAuthority {
         if now {
             self.wake.wake();
         }
-        self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready });
+        self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready, breakable });
     }
 
     /// A parked request's wait ended: stop watching for it.
@@ -345,8 +451,8 @@ impl EtcdAuthority {
             Ok(Decision::Granted { epoch, lost_holder }) => {
                 self.answer_grant(p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
             }
-            Ok(Decision::Behind { predecessor, revision }) => {
-                self.park(id, p.ino, p.req, p.ticket, predecessor, revision);
+            Ok(Decision::Behind { predecessor, revision, breakable }) => {
+                self.park(id, p.ino, p.req, p.ticket, predecessor, revision, breakable);
             }
             Ok(Decision::Gone) => effects.push(Effect::Refuse(id, Error::Unreachable)),
             Err(e) => {
@@ -464,9 +570,13 @@ impl LeaseAuthority for EtcdAuthority {
         };
         if let Some(t) = self.held.get(&(ino, req.owner)) {
             if t.mode == mode {
-                // Re-locking what this owner holds: a renewal, no round trip.
+                // Re-locking what this owner holds: a renewal (a round trip
+                // only when other hosts must see it, for a TTL).
                 let (outcome, more) = self.local.request(ino, req, wait)?;
                 effects.extend(more);
+                if outcome == Outcome::Granted {
+                    self.touch(ino);
+                }
                 return Ok((outcome, effects));
             }
             // A conversion is not atomic, as flock(2) says: the old entry
@@ -485,7 +595,12 @@ impl LeaseAuthority for EtcdAuthority {
             effects.extend(more);
             return Ok((outcome, effects));
         };
-        let asker = Asker { pid: req.pid, comm: comm(req.pid), owner: format!("{:?}:{:x}", req.kind, req.owner.0) };
+        let asker = Asker {
+            pid: req.pid,
+            comm: comm(req.pid),
+            owner: format!("{:?}:{:x}", req.kind, req.owner.0),
+            ttl_ms: self.local.effective_ttl(ino),
+        };
         let mut ticket =
             self.arbiter.ticket(&name, mode, &asker).map_err(|e| unreachable("joining an etcd queue", &e))?;
         match self.arbiter.join(&mut ticket) {
@@ -500,18 +615,26 @@ impl LeaseAuthority for EtcdAuthority {
                 return Err(err);
             }
         }
-        match self.arbiter.decide(&ticket) {
+        let mut decided = self.arbiter.decide(&ticket);
+        // A non-blocking contender breaks a holder whose TTL it saw run out.
+        if let (None, Ok(Decision::Behind { predecessor, breakable: Some((ttl, renewed)), .. })) = (wait, &decided) {
+            let predecessor = predecessor.clone();
+            if self.break_if_lapsed(&name, &predecessor, *renewed, *ttl) {
+                decided = self.arbiter.decide(&ticket);
+            }
+        }
+        match decided {
             Ok(Decision::Granted { epoch, lost_holder }) => {
                 let outcome = self.answer_grant(ino, req, ticket, epoch, lost_holder, wait, false, &mut effects);
                 Ok((outcome, effects))
             }
-            Ok(Decision::Behind { predecessor, revision }) => match wait {
+            Ok(Decision::Behind { predecessor, revision, breakable }) => match wait {
                 None => {
                     self.release_ticket(ticket);
                     Ok((Outcome::Refused(Error::WouldBlock), effects))
                 }
                 Some(id) => {
-                    self.park(id, ino, req, ticket, predecessor, revision);
+                    self.park(id, ino, req, ticket, predecessor, revision, breakable);
                     Ok((Outcome::Parked, effects))
                 }
             },
@@ -697,14 +820,42 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
-        self.local.renew(ino, handle, pids)
+        let renewed = self.local.renew(ino, handle, pids);
+        if renewed {
+            self.touch(ino);
+        }
+        renewed
     }
 
     fn tick(&mut self) -> (Vec<Effect>, Option<u64>) {
         let mut effects = Vec::new();
         self.on_session_loss(&mut effects);
+        self.broken_elsewhere(&mut effects);
         let (more, mut next) = self.local.tick();
         effects.extend(more);
+        // Waiters behind a holder whose TTL ran out break it, then decide again.
+        let now = Instant::now();
+        let lapsed: Vec<(WaitId, Vec<u8>, i64)> = self
+            .parked
+            .iter()
+            .filter_map(|(id, p)| {
+                p.breakable.filter(|(at, _)| *at <= now).map(|(_, r)| (*id, p.predecessor.clone(), r))
+            })
+            .collect();
+        for (id, key, renewed) in lapsed {
+            let name = self.parked.get(&id).map(|p| p.ticket.name.clone()).unwrap_or_default();
+            match self.arbiter.break_held(&key, renewed) {
+                Ok(true) => {
+                    tracing::info!(lease = %name, "the TTL of another host's holder ran out: broken");
+                    self.ttl_breaks.0 += 1;
+                }
+                Ok(false) => {}
+                Err(e) => tracing::warn!(lease = %name, "breaking a lapsed holder failed: {e}"),
+            }
+            if let Some(p) = self.parked.get(&id) {
+                p.ready.store(true, Ordering::Relaxed);
+            }
+        }
         let ready: Vec<WaitId> =
             self.parked.iter().filter(|(_, p)| p.ready.load(Ordering::Relaxed)).map(|(id, _)| *id).collect();
         for id in ready {
@@ -732,6 +883,9 @@ impl LeaseAuthority for EtcdAuthority {
         }
         if let Some(until) = self.delayed.iter().map(|d| d.until).min() {
             next = soonest(next, millis_until(until));
+        }
+        if let Some(at) = self.parked.values().filter_map(|p| p.breakable.map(|(at, _)| at)).min() {
+            next = soonest(next, millis_until(at));
         }
         (effects, next)
     }
@@ -844,6 +998,7 @@ impl LeaseAuthority for EtcdAuthority {
             "request_timeout_ms": self.config.request_timeout.as_millis() as u64,
             "entries": { "held": self.held.len(), "waiting": self.parked.len(), "delayed": self.delayed.len(), "release_retries": self.leftover.pending() },
             "fenced_by_session_loss": self.losses,
+            "ttl_breaks": { "of_other_hosts": self.ttl_breaks.0, "by_other_hosts": self.ttl_breaks.1 },
         });
         ("etcd", Some(info))
     }
