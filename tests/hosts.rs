@@ -981,3 +981,127 @@ fn a_non_blocking_contender_on_another_host_breaks_a_holder_it_saw_unrenewed_for
     assert!(tries > 2, "broken at once, not after the TTL");
     h.kill_all();
 }
+
+#[test]
+fn byte_range_locks_conflict_across_hosts_only_where_they_overlap() {
+    let cluster = Cluster::start();
+    let p = prefix("ranges");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "head -c 100 /dev/zero > f");
+    let before = epoch(&a.path, "f");
+    let (u1, u2) = (a.dir.path().join("u1"), a.dir.path().join("u2"));
+    let holder = format!(
+        r#"
+import fcntl, os, time
+fd = os.open("f", os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)
+print("ready", flush=True)
+for step, start, length in [("{u1}", 0, 5), ("{u2}", 5, 5)]:
+    while not os.path.exists(step):
+        time.sleep(0.01)
+    fcntl.lockf(fd, fcntl.LOCK_UN, length, start)
+    print("unlocked", start, flush=True)
+time.sleep(60)
+"#,
+        u1 = u1.display(),
+        u2 = u2.display()
+    );
+    let script = a.dir.path().join("holder.py");
+    std::fs::write(&script, holder).unwrap();
+    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    await_entries(&cluster, &p, "f", 1);
+    // Disjoint bytes are free on the other host; overlapping ones are not,
+    // in either mode; F_GETLK names the holder (pid 0: another host's).
+    let lock = |how: &str| py_lock(&b.path, "f", how);
+    assert_eq!(lock("fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 20)"), "ok");
+    assert_eq!(lock("fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 10, 5)"), "EAGAIN");
+    assert_eq!(lock("fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, 9)"), "EAGAIN");
+    assert_eq!(lock("fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)"), "EAGAIN");
+    let getlk = py_ok(
+        &b.path,
+        r#"
+import fcntl, os, struct
+fd = os.open("f", os.O_RDWR)
+got = fcntl.fcntl(fd, fcntl.F_GETLK, struct.pack("hhqqi", fcntl.F_WRLCK, 0, 7, 1, 0))
+t, w, start, length, pid = struct.unpack("hhqqi", got)
+print(t == fcntl.F_WRLCK, start, length, pid)
+"#,
+    );
+    assert_eq!(getlk.trim(), "True 0 10 0");
+    // A blocking waiter for bytes 5..8 waits until exactly those are free.
+    let waiter =
+        "import fcntl, os\nfd = os.open('f', os.O_RDWR)\nfcntl.lockf(fd, fcntl.LOCK_EX, 3, 5)\nprint('granted')";
+    let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
+    await_entries(&cluster, &p, "f", 2);
+    std::fs::write(&u1, "").unwrap();
+    let deadline = Instant::now() + STEP;
+    while h.output().is_empty() {
+        assert!(Instant::now() < deadline, "the first unlock never returned");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // Bytes 0..4 are free now; the waiter's 5..7 are not.
+    assert_eq!(lock("fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 0)"), "ok");
+    assert!(w.running(), "granted while bytes 5..9 were still held");
+    std::fs::write(&u2, "").unwrap();
+    assert!(w.wait(STEP).success());
+    assert_eq!(w.output(), ["granted"]);
+    // Record locks never take the lease: the epoch did not move.
+    assert_eq!(epoch(&a.path, "f"), before);
+    h.kill_all();
+}
+
+#[test]
+fn a_cycle_of_byte_range_waits_on_one_host_of_an_etcd_mount_is_refused_with_edeadlk() {
+    let cluster = Cluster::start();
+    let p = prefix("deadlock");
+    let a = host(&cluster, &p, &[]);
+    sh_ok(&a.path, "head -c 100 /dev/zero > f");
+    let go = a.dir.path().join("go");
+    // The first process holds bytes 0..9 and then waits for 50..59; the
+    // second holds 50..59 and then asks for 0..9: a cycle.
+    let first = format!(
+        r#"
+import fcntl, os, time
+fd = os.open("f", os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)
+print("ready", flush=True)
+while not os.path.exists("{go}"):
+    time.sleep(0.01)
+fcntl.lockf(fd, fcntl.LOCK_EX, 10, 50)
+print("got 50", flush=True)
+"#,
+        go = go.display()
+    );
+    let script = a.dir.path().join("first.py");
+    std::fs::write(&script, first).unwrap();
+    let mut one = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    let go2 = a.dir.path().join("go2");
+    let second = format!(
+        r#"
+import errno, fcntl, os, time
+fd = os.open("f", os.O_RDWR)
+fcntl.lockf(fd, fcntl.LOCK_EX, 10, 50)
+print("ready", flush=True)
+while not os.path.exists("{go2}"):
+    time.sleep(0.01)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX, 10, 0)
+    print("granted", flush=True)
+except OSError as e:
+    print("EDEADLK" if e.errno == errno.EDEADLK else errno.errorcode[e.errno], flush=True)
+"#,
+        go2 = go2.display()
+    );
+    let script2 = a.dir.path().join("second.py");
+    std::fs::write(&script2, second).unwrap();
+    let mut two = Bg::ready(&a.path, &format!("exec python3 -u {}", script2.display()));
+    std::fs::write(&go, "").unwrap();
+    // The first process waits in the etcd queue behind the second.
+    await_entries(&cluster, &p, "f", 3);
+    std::fs::write(&go2, "").unwrap();
+    assert!(two.wait(STEP).success());
+    assert_eq!(two.output(), ["EDEADLK"]);
+    // The second process's exit freed 50..59 for the first.
+    assert!(one.wait(STEP).success());
+    assert_eq!(one.output(), ["got 50"]);
+}

@@ -83,6 +83,31 @@ pub struct Entry {
     pub epoch: u64,
     pub host: String,
     pub asker: Asker,
+    /// Byte ranges (first and last byte); `None`: the whole lease.
+    pub ranges: Option<Vec<(u64, u64)>>,
+}
+
+fn ranges_of(v: &Value) -> Option<Vec<(u64, u64)>> {
+    let a = v["ranges"].as_array()?;
+    Some(a.iter().filter_map(|r| Some((r[0].as_u64()?, r[1].as_u64()?))).collect())
+}
+
+pub fn overlap(a: &Option<Vec<(u64, u64)>>, b: &Option<Vec<(u64, u64)>>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.iter().any(|x| b.iter().any(|y| x.0 <= y.1 && y.0 <= x.1)),
+        // The whole lease overlaps any range (even none left: an empty
+        // list never stays in the queue).
+        _ => true,
+    }
+}
+
+impl Entry {
+    /// Whether this entry stands in the way of `t` (another owner's, on
+    /// overlapping bytes, in a conflicting mode).
+    fn blocks(&self, t: &Ticket, host: &str) -> bool {
+        let same_owner = self.host == host && self.asker.owner == t.value["owner"].as_str().unwrap_or("");
+        !same_owner && self.mode.conflicts(t.mode) && overlap(&self.ranges, &t.ranges)
+    }
 }
 
 fn entry(kv: &Kv) -> Option<Entry> {
@@ -100,6 +125,7 @@ fn entry(kv: &Kv) -> Option<Entry> {
             owner: v["owner"].as_str().unwrap_or("").to_string(),
             ttl_ms: v["ttl_ms"].as_u64(),
         },
+        ranges: ranges_of(&v),
     })
 }
 
@@ -112,7 +138,25 @@ pub struct Ticket {
     pub mode: Mode,
     /// The etcd lease the entry hangs on.
     pub session: i64,
+    /// Byte ranges of a record lock (first and last byte); `None`: a
+    /// lease-level lock (flock or the whole file).
+    pub ranges: Option<Vec<(u64, u64)>>,
     value: Value,
+}
+
+impl Ticket {
+    /// Ask for byte ranges only (a record lock), not the whole lease.
+    pub fn with_ranges(mut self, ranges: Vec<(u64, u64)>) -> Ticket {
+        self.value["ranges"] = json!(ranges.iter().map(|r| [r.0, r.1]).collect::<Vec<_>>());
+        self.ranges = Some(ranges);
+        self
+    }
+
+    /// Record that etcd granted the entry, with `epoch`.
+    pub fn mark_held(&mut self, epoch: u64) {
+        self.value["state"] = json!("held");
+        self.value["epoch"] = json!(epoch);
+    }
 }
 
 /// What one decision found.
@@ -214,7 +258,7 @@ impl Arbiter {
         if let Some(ttl) = asker.ttl_ms {
             value["ttl_ms"] = json!(ttl);
         }
-        Ok(Ticket { name: name.to_string(), key, create_revision: 0, mode, session, value })
+        Ok(Ticket { name: name.to_string(), key, create_revision: 0, mode, session, ranges: None, value })
     }
 
     /// Queue `t`. When this fails with [`EtcdError::Indeterminate`] the
@@ -299,20 +343,23 @@ impl Arbiter {
                 return Ok(Decision::Granted { epoch: mine.epoch, lost_holder: false });
             }
             let blocker =
-                entries.iter().rfind(|(e, _)| e.create_revision < mine.create_revision && e.mode.conflicts(t.mode));
+                entries.iter().rfind(|(e, _)| e.create_revision < mine.create_revision && e.blocks(t, &self.host));
             if let Some((b, b_rev)) = blocker {
                 let breakable = b.asker.ttl_ms.filter(|_| b.held).map(|ttl| (ttl, *b_rev));
                 return Ok(Decision::Behind { predecessor: b.key.clone(), revision: rev, breakable });
             }
-            let lost_holder = !holder.is_empty()
+            // Record locks neither take the lease nor change its epoch.
+            let lease_level = t.ranges.is_none();
+            let lost_holder = lease_level
+                && !holder.is_empty()
                 && !entries.iter().any(|(e, _)| e.key == holder.as_bytes())
                 && holder.as_bytes() != t.key;
-            let new_epoch = if t.mode == Mode::Exclusive { epoch + 1 } else { epoch };
+            let new_epoch = if t.mode == Mode::Exclusive && lease_level { epoch + 1 } else { epoch };
             let mut value = t.value.clone();
             value["state"] = json!("held");
             value["epoch"] = json!(new_epoch);
             let mut success = vec![Op::put(t.key.clone(), value.to_string(), t.session)];
-            if t.mode == Mode::Exclusive {
+            if t.mode == Mode::Exclusive && lease_level {
                 let counter = json!({"epoch": new_epoch, "holder": String::from_utf8_lossy(&t.key)});
                 success.push(Op::put(ek.clone(), counter.to_string(), 0));
             }
@@ -336,6 +383,20 @@ impl Arbiter {
         let mut value = t.value.clone();
         value["state"] = json!("held");
         value["epoch"] = json!(epoch);
+        self.rewrite(t, value)
+    }
+
+    /// Rewrite the held record-lock entry `t` to the byte ranges it still
+    /// holds (fewer after an unlock of part of them; its place in the queue
+    /// is kept).
+    pub fn shrink(&self, t: &mut Ticket, ranges: Vec<(u64, u64)>) -> Result<bool> {
+        let shrunk = t.clone().with_ranges(ranges);
+        let done = self.rewrite(t, shrunk.value.clone())?;
+        *t = shrunk;
+        Ok(done)
+    }
+
+    fn rewrite(&self, t: &Ticket, value: Value) -> Result<bool> {
         let same =
             Compare::new(t.key.clone(), super::client::CmpOp::Equal, super::client::Target::Create(t.create_revision));
         Ok(self.client.txn(&[same], &[Op::put(t.key.clone(), value.to_string(), t.session)], &[])?.succeeded)

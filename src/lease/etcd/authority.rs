@@ -152,6 +152,9 @@ pub struct EtcdAuthority {
     names: HashMap<Ino, String>,
     /// The etcd entry behind each lease-level lock on this host.
     held: HashMap<(Ino, Owner), Ticket>,
+    /// The etcd entries behind each owner's byte-range locks on this host
+    /// (one per grant, shrunk as parts are unlocked).
+    ranges: HashMap<(Ino, Owner), Vec<Ticket>>,
     parked: HashMap<WaitId, Parked>,
     delayed: Vec<Delayed>,
     /// Entries whose release failed (etcd unreachable), deleted by a
@@ -198,6 +201,16 @@ fn cluster_mode(req: &Request) -> Option<QMode> {
     })
 }
 
+/// The queue mode and range of a byte-range request (a record lock on
+/// part of the file); `None` for lease-level requests and unlocks.
+fn record_range(req: &Request) -> Option<(QMode, Range)> {
+    let mode = req.mode?;
+    if req.kind == LockKind::Flock || req.range.is_whole() {
+        return None;
+    }
+    Some((if mode == Mode::Shared { QMode::Shared } else { QMode::Exclusive }, req.range))
+}
+
 /// A lock that the entry of its owner backs (flock or the whole file).
 fn lease_level(l: &Lock) -> bool {
     l.kind == LockKind::Flock || l.range.is_whole()
@@ -238,6 +251,7 @@ impl EtcdAuthority {
             config: EtcdConfig { prefix, ..config },
             names: HashMap::new(),
             held: HashMap::new(),
+            ranges: HashMap::new(),
             parked: HashMap::new(),
             delayed: Vec::new(),
             leftover,
@@ -302,6 +316,55 @@ impl EtcdAuthority {
                 self.release_ticket(t);
             }
         }
+        self.reconcile_ranges(ino);
+    }
+
+    /// Shrink the byte-range entries of `ino` to what their owners still
+    /// hold here, and leave the queue with those that hold nothing.
+    fn reconcile_ranges(&mut self, ino: Ino) {
+        let owners: Vec<(Ino, Owner)> = self.ranges.keys().filter(|(i, _)| *i == ino).copied().collect();
+        for key in owners {
+            let locks: Vec<Lock> = self
+                .local
+                .lease(ino)
+                .map(|l| l.locks().iter().filter(|k| k.owner == key.1 && !lease_level(k)).copied().collect())
+                .unwrap_or_default();
+            let Some(tickets) = self.ranges.remove(&key) else { continue };
+            let mut keep = Vec::new();
+            for mut t in tickets {
+                let qmode = |l: &Lock| if l.mode == Mode::Shared { QMode::Shared } else { QMode::Exclusive };
+                let had = t.ranges.clone().unwrap_or_default();
+                let still: Vec<(u64, u64)> = had
+                    .iter()
+                    .flat_map(|&(s, e)| {
+                        locks.iter().filter(|l| qmode(l) == t.mode).filter_map(move |l| {
+                            let (a, b) = (s.max(l.range.start), e.min(l.range.end));
+                            (a <= b).then_some((a, b))
+                        })
+                    })
+                    .collect();
+                if still.is_empty() {
+                    self.release_ticket(t);
+                    continue;
+                }
+                if still != had {
+                    match self.arbiter.shrink(&mut t, still) {
+                        Ok(false) => continue,
+                        Ok(true) => {}
+                        Err(e) => tracing::warn!(lease = %t.name, "shrinking a byte-range entry failed: {e}"),
+                    }
+                    // Waiters behind it may fit now.
+                    for p in self.parked.values().filter(|p| p.predecessor == t.key) {
+                        p.ready.store(true, Ordering::Relaxed);
+                    }
+                    self.wake.wake();
+                }
+                keep.push(t);
+            }
+            if !keep.is_empty() {
+                self.ranges.insert(key, keep);
+            }
+        }
     }
 
     /// etcd granted `ticket` with `epoch`: grant the request here.
@@ -323,6 +386,16 @@ impl EtcdAuthority {
             Ok((outcome, effects)) => {
                 if outcome == Outcome::Granted && ticket.mode == QMode::Exclusive && self.local.epoch(ino).0 != epoch {
                     tracing::error!(lease = %ticket.name, etcd = epoch, local = self.local.epoch(ino).0, "epoch differs from etcd's grant");
+                }
+                let mut ticket = ticket;
+                ticket.mark_held(epoch);
+                if ticket.ranges.is_some() {
+                    self.ranges.entry((ino, req.owner)).or_default().push(ticket);
+                    if outcome == Outcome::Granted {
+                        // Merged with or converted from the owner's earlier ranges.
+                        self.reconcile_ranges(ino);
+                    }
+                    return (outcome, effects);
                 }
                 if outcome == Outcome::Granted && self.local.effective_ttl(ino).is_some() {
                     // Another host may break it once its TTL passes.
@@ -405,6 +478,34 @@ impl EtcdAuthority {
             self.ttl_breaks.1 += 1;
             effects.extend(self.local.break_now(ino));
         }
+    }
+
+    /// The owner of one of this host's entries.
+    fn owner_of(&self, key: &[u8]) -> Option<Owner> {
+        self.held
+            .iter()
+            .map(|((_, o), t)| (o, t))
+            .chain(self.ranges.iter().flat_map(|((_, o), ts)| ts.iter().map(move |t| (o, t))))
+            .find(|(_, t)| t.key == key)
+            .map(|(o, _)| *o)
+    }
+
+    /// `owner` waiting behind `predecessor` closes a cycle of waits among
+    /// this host's owners (`EDEADLK`, as on one host; waits through other
+    /// hosts are not followed).
+    fn would_deadlock(&self, owner: Owner, predecessor: &[u8]) -> bool {
+        let mut seen = std::collections::HashSet::new();
+        let mut next = self.owner_of(predecessor);
+        while let Some(o) = next {
+            if o == owner {
+                return true;
+            }
+            if !seen.insert(o) {
+                return false;
+            }
+            next = self.parked.values().find(|p| p.req.owner == o).and_then(|p| self.owner_of(&p.predecessor));
+        }
+        false
     }
 
     /// Park `id` until `predecessor` leaves the queue.
@@ -505,6 +606,7 @@ impl EtcdAuthority {
         let alive = self.session.alive();
         let stale = |t: &Ticket| Some(t.session) != alive;
         let lost = self.held.values().any(stale)
+            || self.ranges.values().flatten().any(stale)
             || self.parked.values().any(|p| stale(&p.ticket))
             || self.delayed.iter().any(|d| stale(&d.ticket));
         if !lost {
@@ -514,6 +616,10 @@ impl EtcdAuthority {
         let holders = self.held.len();
         tracing::warn!(holders, waiters = self.parked.len(), "this host's etcd session is lost: fencing its holders");
         self.held.retain(|_, t| !stale(t));
+        self.ranges.retain(|_, ts| {
+            ts.retain(|t| !stale(t));
+            !ts.is_empty()
+        });
         let fenced = self.local.fence_all();
         self.lost_holders = fenced
             .iter()
@@ -562,13 +668,14 @@ impl LeaseAuthority for EtcdAuthority {
     fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
         let mut effects = Vec::new();
         self.on_session_loss(&mut effects);
-        let Some(mode) = cluster_mode(&req) else {
+        let record = record_range(&req);
+        let Some(mode) = cluster_mode(&req).or(record.map(|(m, _)| m)) else {
             let (outcome, more) = self.local.request(ino, req, wait)?;
             effects.extend(more);
             self.reconcile(ino);
             return Ok((outcome, effects));
         };
-        if let Some(t) = self.held.get(&(ino, req.owner)) {
+        if let Some(t) = self.held.get(&(ino, req.owner)).filter(|_| record.is_none()) {
             if t.mode == mode {
                 // Re-locking what this owner holds: a renewal (a round trip
                 // only when other hosts must see it, for a TTL).
@@ -603,6 +710,9 @@ impl LeaseAuthority for EtcdAuthority {
         };
         let mut ticket =
             self.arbiter.ticket(&name, mode, &asker).map_err(|e| unreachable("joining an etcd queue", &e))?;
+        if let Some((_, r)) = record {
+            ticket = ticket.with_ranges(vec![(r.start, r.end)]);
+        }
         match self.arbiter.join(&mut ticket) {
             Ok(()) => {}
             Err(e) => {
@@ -633,6 +743,11 @@ impl LeaseAuthority for EtcdAuthority {
                     self.release_ticket(ticket);
                     Ok((Outcome::Refused(Error::WouldBlock), effects))
                 }
+                Some(id) if req.kind == LockKind::Posix && self.would_deadlock(req.owner, &predecessor) => {
+                    self.release_ticket(ticket);
+                    let _ = id;
+                    Ok((Outcome::Refused(Error::Deadlock), effects))
+                }
                 Some(id) => {
                     self.park(id, ino, req, ticket, predecessor, revision, breakable);
                     Ok((Outcome::Parked, effects))
@@ -653,17 +768,28 @@ impl LeaseAuthority for EtcdAuthority {
         }
         // A holder on another host: reported with pid 0 (its pid means
         // nothing here; `leasefs leases` names it and its host).
-        let mode = cluster_mode(req)?;
+        let record = record_range(req);
+        let mode = cluster_mode(req).or(record.map(|(m, _)| m))?;
+        let wanted = record.map(|(_, r)| vec![(r.start, r.end)]);
         let name = self.names.get(&ino)?;
         let (entries, _) = self.arbiter.entries(name).map_err(|e| tracing::warn!("F_GETLK of {name}: {e}")).ok()?;
-        let mine: Vec<&[u8]> = self.held.values().map(|t| t.key.as_slice()).collect();
-        let other =
-            entries.into_iter().find(|e| e.held && !mine.contains(&e.key.as_slice()) && e.mode.conflicts(mode))?;
+        let mine: Vec<&[u8]> =
+            self.held.values().chain(self.ranges.values().flatten()).map(|t| t.key.as_slice()).collect();
+        let other = entries.into_iter().find(|e| {
+            e.held
+                && !mine.contains(&e.key.as_slice())
+                && e.mode.conflicts(mode)
+                && super::arbiter::overlap(&e.ranges, &wanted)
+        })?;
+        let range = match &other.ranges {
+            Some(rs) => rs.first().map_or(Range::WHOLE, |&(start, end)| Range { start, end }),
+            None => Range::WHOLE,
+        };
         Some(Lock {
             owner: Owner(0),
             kind: if other.asker.owner.starts_with("Flock") { LockKind::Flock } else { LockKind::Posix },
             mode: if other.mode == QMode::Shared { Mode::Shared } else { Mode::Exclusive },
-            range: Range::WHOLE,
+            range,
             pid: 0,
             handle: 0,
             since: 0,
@@ -1065,6 +1191,7 @@ impl LeaseAuthority for EtcdAuthority {
             .into_iter()
             .map(|p| p.ticket)
             .chain(self.held.drain().map(|(_, t)| t))
+            .chain(self.ranges.drain().flat_map(|(_, ts)| ts))
             .chain(self.delayed.drain(..).map(|d| d.ticket))
             .collect();
         for t in tickets {
