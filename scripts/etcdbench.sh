@@ -5,7 +5,10 @@
 #   bare etcd transaction cycle, and two arbiter "hosts" contending;
 # - through real mounts: two leasefs daemons mounted with --etcd (two
 #   hosts), an uncontended flock pair on one, one process on each host
-#   contending for one lease, and the same on a single-host mount (no etcd).
+#   contending for one lease, and the same on a single-host mount (no etcd);
+# - the shared namespace: stat of an unchanged file (a revision check),
+#   creating a 14-byte lease file (O_EXCL, write, close), and a renewal by
+#   rename on one host read back on the other, against a single-host mount.
 # Needs root (mounts) for the second part; it is skipped otherwise.
 #   scripts/etcdbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 500, 3)
 # Needs etcd (apt-get install etcd-server).
@@ -58,7 +61,34 @@ cat > "$work/mountbench.py" <<'PY'
 import fcntl, os, statistics, sys, time
 mode, n, secs = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 dirs = sys.argv[4:]
-if mode == "pair":
+def median_us(n, step):
+    t = []
+    for i in range(n):
+        t0 = time.perf_counter_ns()
+        step(i)
+        t.append(time.perf_counter_ns() - t0)
+    return statistics.median(t) / 1000
+if mode == "stat":
+    f = os.path.join(dirs[0], "s")
+    open(f, "w").close()
+    print(median_us(n, lambda i: os.stat(f)))
+elif mode == "create":
+    d = os.path.join(dirs[0], f"new{os.getpid()}")
+    os.mkdir(d)
+    def create(i):
+        fd = os.open(os.path.join(d, f"l{i}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        os.write(fd, b'{"owner":"me"}')
+        os.close(fd)
+    print(median_us(n, create))
+elif mode == "renew":
+    a, b = dirs
+    def renew(i):
+        with open(os.path.join(a, "r.tmp"), "w") as f:
+            f.write(str(i))
+        os.rename(os.path.join(a, "r.tmp"), os.path.join(a, "r.json"))
+        assert open(os.path.join(b, "r.json")).read() == str(i)
+    print(median_us(n, renew))
+elif mode == "pair":
     fd = os.open(os.path.join(dirs[0], "p"), os.O_RDWR | os.O_CREAT)
     t = []
     for _ in range(n):
@@ -88,6 +118,12 @@ for r in $(seq "$repeats"); do
         echo "mount_contend2_acq_s $(python3 "$work/mountbench.py" contend 0 "$secs" "$work/a" "$work/b")"
         echo "local_flock_pair_us $(python3 "$work/mountbench.py" pair "$n" 0 "$work/local")"
         echo "local_contend2_acq_s $(python3 "$work/mountbench.py" contend 0 "$secs" "$work/local" "$work/local")"
+        echo "mount_stat_us $(python3 "$work/mountbench.py" stat "$n" 0 "$work/a")"
+        echo "local_stat_us $(python3 "$work/mountbench.py" stat "$n" 0 "$work/local")"
+        echo "mount_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/a")"
+        echo "local_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/local")"
+        echo "mount_renew_read_us $(python3 "$work/mountbench.py" renew "$n" 0 "$work/a" "$work/b")"
+        echo "local_renew_read_us $(python3 "$work/mountbench.py" renew "$n" 0 "$work/local" "$work/local")"
     fi
 done > "$work/results"
 python3 - "$work/results" "$repeats" "$n" <<'PY'
@@ -103,4 +139,6 @@ print(f"arbiter/raw         {m['arbiter_cycle_us'] / m['raw_txn_cycle_us']:>9.2f
 if 'mount_flock_pair_us' in m:
     print(f"mount pair/raw      {m['mount_flock_pair_us'] / m['raw_txn_cycle_us']:>9.2f}x")
     print(f"mount pair/local    {m['mount_flock_pair_us'] / m['local_flock_pair_us']:>9.0f}x")
+    print(f"mount stat/raw      {m['mount_stat_us'] / m['raw_txn_cycle_us']:>9.2f}x")
+    print(f"mount create/raw    {m['mount_create_us'] / m['raw_txn_cycle_us']:>9.2f}x")
 PY
