@@ -722,14 +722,18 @@ fn a_host_far_behind_rereads_the_namespace_and_a_new_host_starts_from_it() {
     sh_ok(&b.path, "echo start > s");
     let before = status(&b)["etcd"]["namespace"]["reloads"].as_u64().unwrap();
     // More changes than a host replays from a watch.
-    sh_ok(&a.path, "mkdir many && for i in $(seq 300); do echo $i > many/$i; done; rm many/1");
-    assert_eq!(sh_ok(&b.path, "ls many | wc -l; cat many/300 s"), "299\n300\nstart\n");
+    // A name b knows is re-pointed among them (the re-read must follow it).
+    sh_ok(
+        &a.path,
+        "mkdir many && for i in $(seq 300); do echo $i > many/$i; done; rm many/1; echo renewed > t && mv t s",
+    );
+    assert_eq!(sh_ok(&b.path, "ls many | wc -l; cat many/300 s"), "299\n300\nrenewed\n");
     let after = status(&b)["etcd"]["namespace"]["reloads"].as_u64().unwrap();
     assert_eq!(after, before + 1, "b re-read the namespace once");
     // A host that mounts later (or again) starts from the shared namespace.
     drop(a);
     let c = host(&cluster, &p, &[]);
-    assert_eq!(sh_ok(&c.path, "ls many | wc -l; cat many/2 s"), "299\n2\nstart\n");
+    assert_eq!(sh_ok(&c.path, "ls many | wc -l; cat many/2 s"), "299\n2\nrenewed\n");
 }
 
 #[test]
@@ -919,6 +923,7 @@ time.sleep(60)
     let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
     let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
     await_entries(&cluster, &p, "x", 2);
+    assert_eq!(status(&b)["leases"]["awaited"], 1, "a wait parked in etcd counts");
     // ...and so does a non-blocking contender, try after try.
     for _ in 0..6 {
         assert_eq!(py_lock(&b.path, "x", "fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)"), "EAGAIN");

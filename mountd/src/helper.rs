@@ -16,7 +16,7 @@ const IGNORED: [&str; 16] = [
 ];
 
 /// Options taking a value, and the `leasefs mount` flag each becomes.
-const VALUED: [(&str, &str); 11] = [
+const VALUED: [(&str, &str); 15] = [
     ("size", "--size"),
     ("max_locks", "--max-locks"),
     ("max_waiters", "--max-waiters"),
@@ -28,6 +28,10 @@ const VALUED: [(&str, &str); 11] = [
     ("log_file", "--log-file"),
     ("ready_timeout", "--ready-timeout"),
     ("source", "--source"),
+    ("etcd_prefix", "--etcd-prefix"),
+    ("host_ttl", "--host-ttl"),
+    ("lock_delay", "--lock-delay"),
+    ("etcd_timeout", "--etcd-timeout"),
 ];
 
 /// Flags, and the `leasefs mount` flag each becomes. mount(8) takes
@@ -86,12 +90,18 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
     if foreground {
         args.push("--foreground".into());
     }
+    // `etcd=URL`, once per member (a comma would end the option).
+    let mut etcd: Vec<&str> = Vec::new();
     for o in opts.iter().filter(|o| !o.is_empty()) {
         let (key, value) = match o.split_once('=') {
             Some((k, v)) => (k, Some(v)),
             None => (o.as_str(), None),
         };
         if IGNORED.contains(&key) || key.starts_with("x-") {
+            continue;
+        }
+        if key == "etcd" {
+            etcd.push(value.filter(|v| !v.is_empty()).ok_or("mount option etcd needs a value")?);
             continue;
         }
         if let Some((_, flag)) = VALUED.iter().find(|(k, _)| *k == key) {
@@ -107,9 +117,14 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
         } else if !sloppy {
             return Err(format!(
                 "unknown mount option {o:?} (known: state_dir=, lease_ttl=, size=, nr_inodes=, max_locks=, max_waiters=, \
-                 log_file=, ready_timeout=, metrics_addr=, volatile, private_access, allow_other, nonempty)"
+                 log_file=, ready_timeout=, metrics_addr=, etcd=, etcd_prefix=, host_ttl=, lock_delay=, etcd_timeout=, \
+                 volatile, private_access, allow_other, nonempty)"
             ));
         }
+    }
+    if !etcd.is_empty() {
+        args.push("--etcd".into());
+        args.push(etcd.join(",").into());
     }
     Ok(Helper { args, verbose })
 }
@@ -135,7 +150,7 @@ pub fn command() -> clap::Command {
          type fuse.leasefs. It starts `leasefs mount DIR --source SOURCE` with the options below and returns once \
          the mount is live (or after ready_timeout, 30 s by default, with the daemon stopped). The mount's source \
          is SOURCE, so `findmnt SOURCE` and `mount -a` recognise it; `umount DIR` stops the daemon.\n\n\
-         Options taking a value:\n{}\n\n\
+         Options taking a value:\n{}\n  etcd=URL    one etcd member of leasefs mount --etcd (give it once per member)\n\n\
          Flags:\n{}\n  private    the same as private_access, for callers other than mount(8), which keeps \
          `private` for itself (mount propagation)\n\n\
          Ignored, as mount(8), systemd and fstab conventions pass them: {} and every x-* option. Any other \
@@ -193,6 +208,27 @@ mod tests {
             run("s /d -f -oallow_other").unwrap(),
             ["mount", "/d", "--source", "s", "--foreground", "--allow-other"]
         );
+    }
+
+    #[test]
+    fn etcd_members_are_one_option_each() {
+        let got = run("l /d -o etcd=http://a:2379,etcd=http://b:2379,etcd_prefix=p,host_ttl=5s").unwrap();
+        assert_eq!(
+            got,
+            [
+                "mount",
+                "/d",
+                "--source",
+                "l",
+                "--etcd-prefix",
+                "p",
+                "--host-ttl",
+                "5s",
+                "--etcd",
+                "http://a:2379,http://b:2379"
+            ]
+        );
+        assert!(run("l /d -o etcd=").is_err());
     }
 
     #[test]

@@ -199,7 +199,8 @@ impl Fs {
         match c {
             ControlFile::Status => {
                 let held = leases.iter().filter(|(_, l)| !l.locks().is_empty()).count();
-                let awaited = leases.iter().filter(|(_, l)| l.waiters() > 0).count();
+                // Also waits parked in a remote arbiter's queue.
+                let awaited = st.lease.waited().len();
                 let ttl = leases.iter().filter(|(i, _)| st.lease.effective_ttl(*i).is_some()).count();
                 let (backend, remote) = st.lease.backend();
                 let mut status = serde_json::json!({

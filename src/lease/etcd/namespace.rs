@@ -190,6 +190,9 @@ impl EtcdNamespace {
             self.apply_inode(ns, id, &v, caught)?;
         }
         let mut moved = HashSet::new();
+        // A name put in this batch is not also removed by it (a re-read
+        // lists a name whose target changed under both).
+        let put: HashSet<(String, OsString)> = batch.entries.iter().map(|(d, n, _)| (d.clone(), n.clone())).collect();
         for (dir, name, child) in batch.entries {
             let (Some(&p), Some(&c)) = (self.to_ino.get(&dir), self.to_ino.get(&child)) else {
                 return Err(Error::Unreachable);
@@ -207,6 +210,9 @@ impl EtcdNamespace {
             caught.added_names.push((p, name, c));
         }
         for (dir, name) in batch.removed_entries {
+            if put.contains(&(dir.clone(), name.clone())) {
+                continue;
+            }
             let Some(&p) = self.to_ino.get(&dir) else { continue };
             let Ok(c) = ns.child(p, &name) else { continue };
             let is_dir = ns.get(c)?.kind == Kind::Dir;
@@ -513,8 +519,9 @@ impl Replica for EtcdNamespace {
                     let key = self.entry_key(&id, name);
                     match d.get(name) {
                         Some(c) if named(ns, c) => {
+                            let unstored = !dirty.contains(&c) && !self.to_id.contains_key(&c);
                             let cid = self.id_of(c);
-                            if !dirty.contains(&c) && !self.to_id.contains_key(&c) {
+                            if unstored {
                                 ops.push(Op::put(self.inode_key(&cid), encode_object(ns.get(c)?, &extra(c)), 0));
                             }
                             ops.push(Op::put(key, cid, 0));
