@@ -57,7 +57,9 @@ const ROOT: &str = "r";
 /// The etcd side of a shared namespace.
 pub struct EtcdNamespace {
     client: Arc<Client>,
-    session: Arc<HostSession>,
+    /// The host session the change lock hangs on (none in unit tests,
+    /// which never change the store).
+    session: Option<Arc<HostSession>>,
     /// `P/ns/`.
     base: String,
     /// Prefix of the ids of inodes this host creates.
@@ -107,6 +109,10 @@ impl EtcdNamespace {
     /// Join the namespace under `prefix` and read it whole into `ns`.
     pub fn open(client: Arc<Client>, session: Arc<HostSession>, prefix: &str) -> EtcdNamespace {
         let tag = format!("{:x}", session.lease().0);
+        EtcdNamespace::with(client, Some(session), prefix, tag)
+    }
+
+    fn with(client: Arc<Client>, session: Option<Arc<HostSession>>, prefix: &str, tag: String) -> EtcdNamespace {
         let mut n = EtcdNamespace {
             client,
             session,
@@ -278,11 +284,18 @@ impl EtcdNamespace {
     fn reload(&mut self, ns: &mut Namespace) -> Result<Caught> {
         let base = self.base.clone().into_bytes();
         let (kvs, _) = self.client.range(&base, &prefix_end(&base)).map_err(unreachable)?;
+        let caught = self.install(ns, &kvs)?;
+        self.reloads += 1;
+        Ok(caught)
+    }
+
+    /// Make the table match `kvs`, the whole namespace as read.
+    fn install(&mut self, ns: &mut Namespace, kvs: &[Kv]) -> Result<Caught> {
         let mut batch = Batch::default();
         let mut applied = 0;
         let mut stored: HashSet<String> = HashSet::new();
         let mut wanted: HashMap<(String, OsString), String> = HashMap::new();
-        for kv in &kvs {
+        for kv in kvs {
             if kv.key == self.key("rev") {
                 applied = kv.mod_revision;
             }
@@ -313,7 +326,6 @@ impl EtcdNamespace {
         ns.clear_dirty();
         self.applied = applied;
         self.desync = false;
-        self.reloads += 1;
         Ok(caught)
     }
 
@@ -432,7 +444,7 @@ impl Replica for EtcdNamespace {
         let rev = self.key("rev");
         let deadline = Instant::now() + self.client.timeout() * 2;
         loop {
-            let lease = self.session.alive().ok_or(Error::Unreachable)?;
+            let lease = self.session.as_ref().and_then(|s| s.alive()).ok_or(Error::Unreachable)?;
             let took = self
                 .client
                 .txn(
@@ -592,5 +604,124 @@ impl Replica for EtcdNamespace {
             "replayed": self.replayed,
             "stale": self.stale || self.desync,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::Inode;
+    use std::time::UNIX_EPOCH;
+
+    fn table() -> (EtcdNamespace, Namespace) {
+        let client = Arc::new(Client::new(&["http://127.0.0.1:9".to_string()], std::time::Duration::from_millis(10)));
+        (EtcdNamespace::with(client, None, "p", "h".into()), Namespace::new(0o755, 0, 0, UNIX_EPOCH))
+    }
+
+    /// The stored value of a file holding `text` (or of a directory).
+    fn value(kind: Kind, text: &str) -> Vec<u8> {
+        let mut ns = Namespace::new(0o755, 0, 0, UNIX_EPOCH);
+        let new = NewInode { kind, perm: 0o644, uid: 1, gid: 2, rdev: 0, symlink: None };
+        let ino = ns.alloc(new, Ino::ROOT, UNIX_EPOCH);
+        if kind == Kind::File {
+            ns.get_mut(ino).unwrap().data_mut().unwrap().write(0, text.as_bytes()).unwrap();
+        }
+        let i: Inode = ns.get(ino).unwrap().clone();
+        encode_object(&i, &Extra::default())
+    }
+
+    fn kv(key: &str, value: &[u8], rev: i64) -> Kv {
+        Kv { key: key.as_bytes().to_vec(), value: value.to_vec(), mod_revision: rev, ..Kv::default() }
+    }
+
+    /// Apply one revision's events: (key, Some(value)) puts, (key, None) deletes.
+    fn events(t: &mut EtcdNamespace, ns: &mut Namespace, evs: &[(&str, Option<Vec<u8>>)]) -> Caught {
+        let mut b = Batch::default();
+        for (k, v) in evs {
+            t.sort(&mut b, k.as_bytes(), v.as_deref());
+        }
+        let mut c = Caught::default();
+        t.apply(ns, b, &mut c).unwrap();
+        c
+    }
+
+    fn read(ns: &Namespace, dir: Ino, name: &str) -> String {
+        let ino = ns.child(dir, OsStr::new(name)).unwrap();
+        String::from_utf8(ns.get(ino).unwrap().data().unwrap().read(0, 100)).unwrap()
+    }
+
+    #[test]
+    fn a_renewal_by_rename_from_another_host_re_points_the_name() {
+        let (mut t, mut ns) = table();
+        events(
+            &mut t,
+            &mut ns,
+            &[("p/ns/i/o.1", Some(value(Kind::File, "v1"))), ("p/ns/e/r/l.json", Some(b"o.1".to_vec()))],
+        );
+        let old = ns.child(Ino::ROOT, OsStr::new("l.json")).unwrap();
+        events(
+            &mut t,
+            &mut ns,
+            &[("p/ns/i/o.2", Some(value(Kind::File, "v2"))), ("p/ns/e/r/l.tmp", Some(b"o.2".to_vec()))],
+        );
+        let c = events(
+            &mut t,
+            &mut ns,
+            &[("p/ns/e/r/l.json", Some(b"o.2".to_vec())), ("p/ns/e/r/l.tmp", None), ("p/ns/i/o.1", None)],
+        );
+        assert_eq!(read(&ns, Ino::ROOT, "l.json"), "v2");
+        assert!(ns.child(Ino::ROOT, OsStr::new("l.tmp")).is_err());
+        let new = ns.child(Ino::ROOT, OsStr::new("l.json")).unwrap();
+        assert_eq!(ns.get(new).unwrap().nlink, 1);
+        // Observers of the old file learn the name moved on.
+        assert!(c.removed_names.iter().any(|(_, n, i)| n == "l.json" && *i == old));
+        assert!(c.added_names.iter().any(|(_, n, i)| n == "l.json" && *i == new));
+        assert!(!t.to_ino.contains_key("o.1"));
+    }
+
+    #[test]
+    fn a_directory_renamed_elsewhere_keeps_its_link_counts() {
+        let (mut t, mut ns) = table();
+        events(&mut t, &mut ns, &[("p/ns/i/o.1", Some(value(Kind::Dir, ""))), ("p/ns/e/r/d1", Some(b"o.1".to_vec()))]);
+        let d = ns.child(Ino::ROOT, OsStr::new("d1")).unwrap();
+        events(&mut t, &mut ns, &[("p/ns/e/r/d2", Some(b"o.1".to_vec())), ("p/ns/e/r/d1", None)]);
+        assert_eq!(ns.child(Ino::ROOT, OsStr::new("d2")).unwrap(), d);
+        assert!(ns.child(Ino::ROOT, OsStr::new("d1")).is_err());
+        assert_eq!((ns.get(d).unwrap().nlink, ns.get(Ino::ROOT).unwrap().nlink), (2, 3));
+    }
+
+    #[test]
+    fn a_re_read_follows_a_name_whose_target_changed_and_drops_names_gone() {
+        let (mut t, mut ns) = table();
+        events(
+            &mut t,
+            &mut ns,
+            &[
+                ("p/ns/i/o.1", Some(value(Kind::File, "old"))),
+                ("p/ns/e/r/s", Some(b"o.1".to_vec())),
+                ("p/ns/i/o.3", Some(value(Kind::File, "gone"))),
+                ("p/ns/e/r/g", Some(b"o.3".to_vec())),
+            ],
+        );
+        let kvs =
+            [kv("p/ns/i/o.2", &value(Kind::File, "renewed"), 9), kv("p/ns/e/r/s", b"o.2", 9), kv("p/ns/rev", b"x", 9)];
+        t.install(&mut ns, &kvs).unwrap();
+        assert_eq!(read(&ns, Ino::ROOT, "s"), "renewed");
+        assert!(ns.child(Ino::ROOT, OsStr::new("g")).is_err());
+        assert_eq!(t.applied, 9);
+        assert!(!t.to_ino.contains_key("o.1") && !t.to_ino.contains_key("o.3"));
+    }
+
+    #[test]
+    fn an_entry_naming_an_unknown_inode_asks_for_a_re_read() {
+        let (mut t, mut ns) = table();
+        let mut b = Batch::default();
+        t.sort(&mut b, b"p/ns/e/r/x", Some(b"o.9"));
+        assert_eq!(t.apply(&mut ns, b, &mut Caught::default()), Err(Error::Unreachable));
+        // Keys outside the namespace (the change lock) are not the table's.
+        let mut b = Batch::default();
+        t.sort(&mut b, b"p/ns/lock", Some(b"h"));
+        t.sort(&mut b, b"q/ns/i/o.1", Some(b""));
+        assert!(b.inodes.is_empty() && b.entries.is_empty());
     }
 }
