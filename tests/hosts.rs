@@ -66,6 +66,24 @@ fn status(m: &Mount) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(m.p(".leasefs/status")).unwrap()).unwrap()
 }
 
+/// Run the Python `program` from a file in `m`'s scratch directory, in
+/// `m`, until it prints `ready` (the lines after that are its output).
+fn py_ready(m: &Mount, program: &str) -> Bg {
+    let file =
+        tempfile::Builder::new().suffix(".py").tempfile_in(m.dir.path()).unwrap().into_temp_path().keep().unwrap();
+    std::fs::write(&file, program).unwrap();
+    Bg::ready(&m.path, &format!("exec python3 -u {}", file.display()))
+}
+
+/// Wait until `bg` printed `n` lines after `ready`.
+fn await_lines(bg: &Bg, n: usize, what: &str) {
+    let deadline = Instant::now() + STEP;
+    while bg.output().len() < n {
+        assert!(Instant::now() < deadline, "{what}: {:?}", bg.output());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The errno name a Python snippet prints for a lock attempt on `file`.
 fn py_lock(dir: &Path, file: &str, how: &str) -> String {
     py_ok(
@@ -247,9 +265,7 @@ for f, what in ((fd, "lease"), (g, "guarded")):
 "#,
         go = go.display()
     );
-    let script = a.dir.path().join("holder.py");
-    std::fs::write(&script, holder).unwrap();
-    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "x", 1);
     // A command run under `leasefs lock` on the frozen host, on another lease.
     let lock = format!("exec {} lock y -- sleep 60", leasefs_bin().display());
@@ -513,9 +529,7 @@ while True:
         break
     time.sleep(0.005)
 "#;
-    let script = a.dir.path().join("holder.py");
-    std::fs::write(&script, holder).unwrap();
-    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    let mut h = py_ready(&a, holder);
     await_entries(&cluster, &p, "x", 1);
     let mut events = Bg::capture(&a.path, "cat", &[".leasefs/events"]);
     let waiter = "import fcntl, os, time\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(repr(time.monotonic()))\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
@@ -799,9 +813,7 @@ time.sleep(60)
 "#,
         go.display()
     );
-    let script = a.dir.path().join("holder.py");
-    std::fs::write(&script, holder).unwrap();
-    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "x", 1);
     let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
     let q = format!("{p}/q/x/").into_bytes();
@@ -819,11 +831,7 @@ time.sleep(60)
     let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
     let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
     assert!(w.wait(STEP).success(), "b was never granted");
-    let deadline = Instant::now() + STEP;
-    while h.output().len() < 2 {
-        assert!(Instant::now() < deadline, "the write never returned: {:?}", h.output());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_lines(&h, 2, "the write never returned");
     let e1: u64 = h.output()[0].parse().unwrap();
     assert_eq!(w.output(), [format!("{}", e1 + 1)]);
     assert_eq!(h.output()[1], "ESTALE", "the stale holder's write was stored");
@@ -871,9 +879,7 @@ for name in ["lease.json", "plain"]:
 "#,
         go = go.display()
     );
-    let file = b.dir.path().join("holder.py");
-    std::fs::write(&file, script).unwrap();
-    let mut h = Bg::ready(&b.path, &format!("exec python3 -u {}", file.display()));
+    let mut h = py_ready(&b, &script);
     await_entries(&cluster, &p, "lease.json", 1);
     // On a, the usual renewal by rename, over both.
     sh_ok(&a.path, "echo v2 > t && mv t lease.json && echo p2 > t && mv t plain");
@@ -915,9 +921,7 @@ time.sleep(60)
         stop = stop.display(),
         probe = probe.display()
     );
-    let script = a.dir.path().join("holder.py");
-    std::fs::write(&script, holder).unwrap();
-    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "x", 1);
     // While the holder renews, a waiter on b waits well past the TTL...
     let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
@@ -942,11 +946,7 @@ time.sleep(60)
         std::thread::sleep(Duration::from_millis(20));
     }
     std::fs::write(&probe, "").unwrap();
-    let deadline = Instant::now() + STEP;
-    while h.output().len() < 2 {
-        assert!(Instant::now() < deadline, "the late write never returned");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    await_lines(&h, 2, "the late write never returned");
     assert_eq!(h.output()[1], "ESTALE");
     assert_eq!(status(&b)["etcd"]["ttl_breaks"]["of_other_hosts"], 1);
     h.kill_all();
@@ -963,11 +963,7 @@ fn a_non_blocking_contender_on_another_host_breaks_a_holder_it_saw_unrenewed_for
         "exec flock x sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch x; echo; sleep 60'",
     );
     await_entries(&cluster, &p, "x", 1);
-    let deadline = Instant::now() + STEP;
-    while h.output().is_empty() {
-        assert!(Instant::now() < deadline, "the holder never printed its epoch");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    await_lines(&h, 1, "the holder never printed its epoch");
     let e1: u64 = h.output()[0].parse().unwrap();
     // The first try starts this host's clock on the holder's TTL.
     assert_eq!(sh_code(&b.path, "flock -n x true"), 1);
@@ -1011,9 +1007,7 @@ time.sleep(60)
         u1 = u1.display(),
         u2 = u2.display()
     );
-    let script = a.dir.path().join("holder.py");
-    std::fs::write(&script, holder).unwrap();
-    let mut h = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "f", 1);
     // Disjoint bytes are free on the other host; overlapping ones are not,
     // in either mode; F_GETLK names the holder (pid 0: another host's).
@@ -1039,11 +1033,7 @@ print(t == fcntl.F_WRLCK, start, length, pid)
     let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
     await_entries(&cluster, &p, "f", 2);
     std::fs::write(&u1, "").unwrap();
-    let deadline = Instant::now() + STEP;
-    while h.output().is_empty() {
-        assert!(Instant::now() < deadline, "the first unlock never returned");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    await_lines(&h, 1, "the first unlock never returned");
     // Bytes 0..4 are free now; the waiter's 5..7 are not.
     assert_eq!(lock("fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 5, 0)"), "ok");
     assert!(w.running(), "granted while bytes 5..9 were still held");
@@ -1077,9 +1067,7 @@ print("got 50", flush=True)
 "#,
         go = go.display()
     );
-    let script = a.dir.path().join("first.py");
-    std::fs::write(&script, first).unwrap();
-    let mut one = Bg::ready(&a.path, &format!("exec python3 -u {}", script.display()));
+    let mut one = py_ready(&a, &first);
     let go2 = a.dir.path().join("go2");
     let second = format!(
         r#"
@@ -1097,9 +1085,7 @@ except OSError as e:
 "#,
         go2 = go2.display()
     );
-    let script2 = a.dir.path().join("second.py");
-    std::fs::write(&script2, second).unwrap();
-    let mut two = Bg::ready(&a.path, &format!("exec python3 -u {}", script2.display()));
+    let mut two = py_ready(&a, &second);
     std::fs::write(&go, "").unwrap();
     // The first process waits in the etcd queue behind the second.
     await_entries(&cluster, &p, "f", 3);
