@@ -1096,3 +1096,28 @@ except OSError as e:
     assert!(one.wait(STEP).success());
     assert_eq!(one.output(), ["got 50"]);
 }
+
+#[test]
+fn a_host_whose_changes_were_compacted_away_rereads_the_namespace() {
+    let cluster = Cluster::start();
+    let p = prefix("compact");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&b.path, "echo 0 > n");
+    let before = status(&b)["etcd"]["namespace"]["reloads"].as_u64().unwrap();
+    sh_ok(&a.path, "for i in 1 2 3; do echo $i > n; done; echo x > more");
+    // etcd forgets the history b would replay.
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let (_, rev) = c.get(b"x").unwrap();
+    let o = run_timeout(
+        std::process::Command::new("etcdctl").args([
+            "--endpoints",
+            &cluster.endpoints().join(","),
+            "compact",
+            &rev.to_string(),
+        ]),
+        STEP,
+    );
+    assert!(o.status.success(), "{o:?}");
+    assert_eq!(sh_ok(&b.path, "cat n more"), "3\nx\n");
+    assert_eq!(status(&b)["etcd"]["namespace"]["reloads"].as_u64().unwrap(), before + 1);
+}
