@@ -251,10 +251,11 @@ struct MountArgs {
     /// 4096 per lease). Beyond it, blocking lock requests fail with ENOLCK.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     max_waiters: Option<u64>,
-    /// Arbitrate leases across hosts through etcd: client URLs of the
-    /// cluster's members, comma-separated (http://10.0.0.1:2379,...). Locks
-    /// and epochs are then shared by every mount of the same cluster and
-    /// --etcd-prefix.
+    /// Share the namespace and its leases across hosts through etcd: client
+    /// URLs of the cluster's members, comma-separated
+    /// (http://10.0.0.1:2379,...). Files, locks and epochs are then the same
+    /// on every mount of the same cluster and --etcd-prefix (files up to
+    /// 1 MiB).
     #[arg(long, value_name = "URL[,URL...]", value_delimiter = ',')]
     etcd: Vec<String>,
     /// Key prefix of the shared lease namespace in etcd.
