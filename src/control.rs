@@ -82,6 +82,78 @@ pub fn is_control(ino: Ino) -> bool {
     ino == DIR_INO || ControlFile::by_ino(ino).is_some()
 }
 
+/// FUSE requests received, by opcode (every request the kernel sent, counted
+/// before it is handled; `metrics` shows them as
+/// `leasefs_fuse_requests_total{op=...}`). One mount per daemon process.
+pub static FUSE_REQUESTS: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::AtomicU64::new(0) }; 64];
+
+/// Count one request of this opcode.
+pub fn count_request(opcode: u32) {
+    if let Some(c) = FUSE_REQUESTS.get(opcode as usize) {
+        c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// The name of a FUSE opcode as `metrics` labels it.
+pub fn opcode_name(op: usize) -> Option<&'static str> {
+    const NAMES: [&str; 53] = [
+        "",
+        "lookup",
+        "forget",
+        "getattr",
+        "setattr",
+        "readlink",
+        "symlink",
+        "",
+        "mknod",
+        "mkdir",
+        "unlink",
+        "rmdir",
+        "rename",
+        "link",
+        "open",
+        "read",
+        "write",
+        "statfs",
+        "release",
+        "",
+        "fsync",
+        "setxattr",
+        "getxattr",
+        "listxattr",
+        "removexattr",
+        "flush",
+        "init",
+        "opendir",
+        "readdir",
+        "releasedir",
+        "fsyncdir",
+        "getlk",
+        "setlk",
+        "setlkw",
+        "access",
+        "create",
+        "interrupt",
+        "bmap",
+        "destroy",
+        "ioctl",
+        "poll",
+        "notify_reply",
+        "batch_forget",
+        "fallocate",
+        "readdirplus",
+        "rename2",
+        "lseek",
+        "copy_file_range",
+        "setupmapping",
+        "removemapping",
+        "syncfs",
+        "tmpfile",
+        "statx",
+    ];
+    NAMES.get(op).filter(|n| !n.is_empty()).copied()
+}
+
 /// Wait-time histogram bucket bounds in seconds.
 pub const WAIT_BUCKETS: [f64; 10] = [0.0001, 0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
 
@@ -163,6 +235,17 @@ impl Metrics {
         out.push_str(&format!("leasefs_wait_seconds_bucket{{le=\"+Inf\",{m}}} {cumulative}\n"));
         out.push_str(&format!("leasefs_wait_seconds_sum{{{m}}} {}\n", self.wait_sum_secs));
         out.push_str(&format!("leasefs_wait_seconds_count{{{m}}} {}\n", self.wait_count));
+        out.push_str(
+            "# HELP leasefs_fuse_requests_total FUSE requests received from the kernel, by opcode.\n\
+             # TYPE leasefs_fuse_requests_total counter\n",
+        );
+        for (op, c) in FUSE_REQUESTS.iter().enumerate() {
+            let n = c.load(std::sync::atomic::Ordering::Relaxed);
+            if n > 0 {
+                let name = opcode_name(op).map_or_else(|| format!("op{op}"), str::to_string);
+                out.push_str(&format!("leasefs_fuse_requests_total{{op=\"{name}\",{m}}} {n}\n"));
+            }
+        }
         out.push_str(&format!(
             "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases{{{m}}} {live_leases}\n"
         ));
@@ -214,6 +297,7 @@ mod tests {
     #[test]
     fn metrics_render_prometheus_text() {
         let mut m = Metrics { acquisitions: 3, ..Metrics::default() };
+        count_request(1);
         m.waited(0.02);
         m.waited(7.0);
         let text = m.render(1, 0, "/run/a \"b\"");
@@ -222,6 +306,9 @@ mod tests {
         assert!(text.contains(&format!("leasefs_wait_seconds_bucket{{le=\"0.05\",{l}}} 1\n")));
         assert!(text.contains(&format!("leasefs_wait_seconds_bucket{{le=\"+Inf\",{l}}} 2\n")));
         assert!(text.contains(&format!("leasefs_wait_seconds_count{{{l}}} 2\n")));
+        assert!(text.contains(&format!("leasefs_fuse_requests_total{{op=\"lookup\",{l}}} ")), "{text}");
+        assert_eq!(opcode_name(35), Some("create"));
+        assert_eq!(opcode_name(52), Some("statx"));
         assert!(text.contains(&format!(
             "leasefs_build_info{{version=\"{}\",backend=\"local\",{l}}} 1\n",
             env!("CARGO_PKG_VERSION")

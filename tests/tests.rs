@@ -6,6 +6,7 @@
 
 mod util;
 
+mod caching;
 mod cas;
 mod cli;
 mod clients;

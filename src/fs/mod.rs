@@ -232,6 +232,10 @@ struct State {
     /// Inodes whose cached pages the kernel must drop (content replaced
     /// behind open descriptors).
     invalidate: Vec<Ino>,
+    /// The kernel's cached names must go stale before the reply (a rename
+    /// over a live lease: the kernel moves the source's entry to the
+    /// lease's name, which the daemon keeps on the lease's inode).
+    stale_names: bool,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
     /// them their first name (the kernel allows it unless `O_EXCL`).
     tmpfiles: std::collections::HashSet<Ino>,
@@ -881,6 +885,7 @@ impl Fs {
                 next_handle: 1,
                 lease: Box::new(LocalAuthority::new(None)),
                 invalidate: Vec::new(),
+                stale_names: false,
                 tmpfiles: std::collections::HashSet::new(),
                 metrics: Metrics::default(),
                 parked_at: HashMap::new(),

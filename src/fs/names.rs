@@ -401,6 +401,11 @@ impl Fs {
                     st.ns.get_mut(parent)?.touch_content(now);
                     st.ns.get_mut(newparent)?.touch_content(now);
                     st.invalidate.push(dst);
+                    // The kernel moves the source's entry to the new name
+                    // when it has the answer: it must be stale by then, so
+                    // that the next walk to the name looks it up again and
+                    // finds the lease's inode.
+                    st.stale_names = true;
                     st.repoint(dst);
                     st.collect(src);
                     // Its own rename is an observation of the new version.

@@ -39,13 +39,21 @@ const TIMER_IDLE: Duration = Duration::from_secs(1);
 /// How many interrupts for not-yet-parked requests are remembered.
 const EARLY_INTERRUPTS: usize = 256;
 
-/// Names and attributes of anything but a directory are never cached by the
-/// kernel: a lease's name can change its target behind the kernel's back
-/// (rename over a live lease keeps the destination's inode while the kernel
-/// moves the source's entry), and a cached entry would let a process reach a
-/// stale inode. Every `stat` of a file reaches the daemon, where it counts as
-/// an observation (SPEC 6).
-const TTL: Duration = Duration::ZERO;
+/// Attributes of anything but a directory are never cached by the kernel:
+/// every `stat` of a file reaches the daemon, where it counts as an
+/// observation for compare-and-swap (SPEC 6), and every open checks
+/// permissions against fresh attributes.
+const ATTR_TTL: Duration = Duration::ZERO;
+
+/// How long the kernel may trust a name leading to a file or symlink: the
+/// kernel changes its own entries with every create, link, unlink and
+/// rename it sends, and the one change the daemon makes differently (a
+/// rename over a live lease keeps the destination's inode while the kernel
+/// moves the source's entry to the name) makes every cached entry stale
+/// before the rename is answered (FUSE_NOTIFY_INC_EPOCH), so the kernel
+/// looks each name up again the next time anyone walks through it. A path
+/// walk costs no LOOKUP for its last component.
+const FILE_ENTRY_TTL: Duration = Duration::from_secs(1);
 
 /// How long the kernel may trust a directory's name and attributes. A lease
 /// is never a directory and a directory holding a live lease cannot move, so
@@ -58,22 +66,44 @@ const TTL: Duration = Duration::ZERO;
 /// component.
 const DIR_TTL: Duration = Duration::from_secs(1);
 
-/// False on a namespace shared with other hosts: there a directory's names
-/// and attributes change through other kernels too, and this one must ask
+/// False on a namespace shared with other hosts: there names and
+/// attributes change through other kernels too, and this one must ask
 /// every time (no timeout could be short enough).
-static CACHE_DIRS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+static CACHE_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-fn cache_dirs() -> bool {
-    CACHE_DIRS.load(std::sync::atomic::Ordering::Relaxed)
+fn cache_names() -> bool {
+    CACHE_NAMES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The entry and attribute timeout for a name leading to `a`.
-fn ttl(a: &Attr) -> &'static Duration {
-    if a.kind == Kind::Dir && cache_dirs() {
+/// False when the kernel cannot expire an entry without taking its
+/// directory's lock (before FUSE 7.38).
+static CACHE_FILE_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// The attribute timeout of `a`.
+fn attr_ttl(a: &Attr) -> &'static Duration {
+    if a.kind == Kind::Dir && cache_names() {
         &DIR_TTL
     } else {
-        &TTL
+        &ATTR_TTL
     }
+}
+
+/// The entry timeout of a name leading to `a`.
+fn entry_ttl(a: &Attr) -> &'static Duration {
+    if !cache_names() || crate::control::is_control(a.ino) {
+        &Duration::ZERO
+    } else if a.kind == Kind::Dir {
+        &DIR_TTL
+    } else if CACHE_FILE_NAMES.load(std::sync::atomic::Ordering::Relaxed) {
+        &FILE_ENTRY_TTL
+    } else {
+        &Duration::ZERO
+    }
+}
+
+/// Answer a request that made or found a name.
+fn entry(reply: ReplyEntry, a: &Attr) {
+    reply.entry_with_ttls(attr_ttl(a), entry_ttl(a), &attr(a), Generation(0))
 }
 
 /// How long the kernel may remember that a name does not exist.
@@ -262,7 +292,7 @@ impl LeaseFs {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
         if fs.is_shared() {
-            CACHE_DIRS.store(false, std::sync::atomic::Ordering::Relaxed);
+            CACHE_NAMES.store(false, std::sync::atomic::Ordering::Relaxed);
         }
         (LeaseFs { fs, waits, direct_io: false }, icpt)
     }
@@ -311,19 +341,26 @@ impl LeaseFs {
         })
     }
 
-    /// Answer a request that replaced file content only after the kernel
-    /// dropped its cached pages of those files.
+    /// Answer a request only after the kernel expired the entries of names
+    /// it re-pointed and dropped its cached pages of files whose content it
+    /// replaced.
     fn reply_after_invalidation(&self, reply: ReplyEmpty) {
         let w = self.waits.lock();
-        let mut inos = self.fs.take_invalidations();
-        match (&w.notices, inos.pop()) {
-            (Some(n), Some(last)) => {
+        let (mut inos, names) = self.fs.take_invalidations();
+        let Some(n) = &w.notices else {
+            return reply.ok();
+        };
+        if names {
+            n.inc_epoch();
+        }
+        match inos.pop() {
+            Some(last) => {
                 for ino in inos {
                     n.inval_inode(ino.0, None);
                 }
                 n.inval_inode(last.0, Some(Box::new(move || reply.ok())));
             }
-            _ => reply.ok(),
+            None => reply.ok(),
         }
     }
 }
@@ -401,12 +438,21 @@ impl fuser::Filesystem for LeaseFs {
         if !self.direct_io {
             warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
         }
+        // Names of files are cached only where the kernel's entries can be
+        // made stale while a rename over a live lease waits for its answer
+        // (an entry invalidation takes the directory's lock, which the
+        // rename holds until it has the answer).
+        debug!(abi = ?config.kernel_abi(), "kernel FUSE protocol");
+        if config.kernel_abi().1 < session::INC_EPOCH_MINOR {
+            CACHE_FILE_NAMES.store(false, std::sync::atomic::Ordering::Relaxed);
+            warn!("kernel lacks FUSE_NOTIFY_INC_EPOCH (Linux 6.16): names of files are looked up on every use");
+        }
         Ok(())
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guarded("lookup", || match self.fs.lookup(Ino(parent.0), name) {
-            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
+            Ok(a) => entry(reply, &a),
             // "No such name" may be cached (node id 0): every name of this
             // mount is created through this kernel, whose create, link,
             // rename and mknod replace the negative entry. Programs that probe
@@ -415,8 +461,8 @@ impl fuser::Filesystem for LeaseFs {
             Err(Error::NotFound) if !crate::control::is_control(Ino(parent.0)) => {
                 let mut none = attr(&Attr::absent());
                 none.ino = INodeNo(0);
-                let negative = if cache_dirs() { &NEGATIVE_TTL } else { &TTL };
-                reply.entry_with_ttls(&TTL, negative, &none, Generation(0));
+                let negative = if cache_names() { &NEGATIVE_TTL } else { &Duration::ZERO };
+                reply.entry_with_ttls(&Duration::ZERO, negative, &none, Generation(0));
             }
             Err(e) => reply.error(errno(e)),
         });
@@ -428,7 +474,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         guarded("getattr", || match self.fs.getattr(Ino(ino.0), req.pid()) {
-            Ok(a) => reply.attr(ttl(&a), &attr(&a)),
+            Ok(a) => reply.attr(attr_ttl(&a), &attr(&a)),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -463,7 +509,7 @@ impl fuser::Filesystem for LeaseFs {
                 handle: fh.map(|h| Handle(h.0)),
             };
             match self.fs.setattr(Ino(ino.0), &set, caller(req)) {
-                Ok(a) => reply.attr(ttl(&a), &attr(&a)),
+                Ok(a) => reply.attr(attr_ttl(&a), &attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -478,14 +524,14 @@ impl fuser::Filesystem for LeaseFs {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         guarded("mknod", || match self.fs.mknod(caller(req), Ino(parent.0), name, mode, umask, rdev) {
-            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
+            Ok(a) => entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         guarded("mkdir", || match self.fs.mkdir(caller(req), Ino(parent.0), name, mode, umask) {
-            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
+            Ok(a) => entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -506,7 +552,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         guarded("symlink", || match self.fs.symlink(caller(req), Ino(parent.0), link_name, target.as_os_str()) {
-            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
+            Ok(a) => entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -531,7 +577,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname) {
-            Ok(a) => reply.entry(ttl(&a), &attr(&a), Generation(0)),
+            Ok(a) => entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -760,7 +806,7 @@ impl fuser::Filesystem for LeaseFs {
         guarded("create", || match self.fs.create(caller(req), Ino(parent.0), name, mode, umask, flags) {
             Ok((a, h)) => {
                 let flags = if self.direct_io { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() };
-                reply.created(&TTL, &attr(&a), Generation(0), FileHandle(h.0), flags)
+                reply.created_with_ttls(attr_ttl(&a), entry_ttl(&a), &attr(&a), Generation(0), FileHandle(h.0), flags)
             }
             Err(e) => reply.error(errno(e)),
         });

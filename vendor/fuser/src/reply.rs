@@ -510,6 +510,30 @@ impl ReplyCreate {
         assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
         self.reply.send_ll(&ll::ResponseStruct::new_create(
             ttl,
+            ttl,
+            &attr.into(),
+            generation,
+            fh,
+            flags,
+            0,
+        ));
+    }
+
+    /// Like [`ReplyCreate::created`], with the attribute and entry TTLs
+    /// given separately (leasefs patch).
+    pub fn created_with_ttls(
+        self,
+        attr_ttl: &Duration,
+        entry_ttl: &Duration,
+        attr: &FileAttr,
+        generation: Generation,
+        fh: ll::FileHandle,
+        flags: FopenFlags,
+    ) {
+        assert!(!flags.contains(FopenFlags::FOPEN_PASSTHROUGH));
+        self.reply.send_ll(&ll::ResponseStruct::new_create(
+            attr_ttl,
+            entry_ttl,
             &attr.into(),
             generation,
             fh,
@@ -562,6 +586,7 @@ impl ReplyCreate {
         backing_id: &BackingId,
     ) {
         self.reply.send_ll(&ll::ResponseStruct::new_create(
+            ttl,
             ttl,
             &attr.into(),
             generation,

@@ -204,6 +204,7 @@ impl ResponseStruct<abi::fuse_statfs_out> {
 impl ResponseStruct<abi::fuse_create_out> {
     pub(crate) fn new_create(
         ttl: &Duration,
+        entry_ttl: &Duration,
         attr: &Attr,
         generation: Generation,
         fh: FileHandle,
@@ -214,9 +215,9 @@ impl ResponseStruct<abi::fuse_create_out> {
             abi::fuse_entry_out {
                 nodeid: attr.attr.ino,
                 generation: generation.into(),
-                entry_valid: ttl.as_secs(),
+                entry_valid: entry_ttl.as_secs(),
                 attr_valid: ttl.as_secs(),
-                entry_valid_nsec: ttl.subsec_nanos(),
+                entry_valid_nsec: entry_ttl.subsec_nanos(),
                 attr_valid_nsec: ttl.subsec_nanos(),
                 attr: attr.attr,
             },
@@ -819,6 +820,7 @@ mod test {
             blksize: 0xdd,
         };
         let r = ResponseStruct::new_create(
+            &ttl,
             &ttl,
             &attr.into(),
             Generation(0xaa),

@@ -1,0 +1,189 @@
+//! The kernel caches names of files (entries) for a second; the daemon
+//! makes them stale whenever its view and the kernel's could differ. Each
+//! test has a second process that looked at the name before the change (so
+//! its entry is cached) and requires that it sees the change at once.
+
+use crate::util::*;
+
+/// Rename over a live lease keeps the lease's inode at the name while the
+/// kernel moves the source's entry there: the renaming process itself and
+/// a reader that loops over the name must never reach the source's inode,
+/// not even right after the rename returns; also when the source has
+/// another hard link (whose own name keeps working).
+#[test]
+fn rename_over_a_live_lease_is_seen_at_once_by_every_process() {
+    let m = Mount::new();
+    sh_ok(&m.path, "printf v0 > lease");
+    let _holder = Bg::ready(&m.path, "exec 9<lease; flock 9; echo ready; exec sleep 60");
+    let out = py_ok(
+        &m.path,
+        r#"
+import os, sys
+D = os.stat("lease").st_ino
+epoch = os.getxattr("lease", "user.leasefs.epoch")
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    # The reader: the name must always lead to the lease's inode.
+    os.close(w)
+    os.set_blocking(r, False)
+    seen = 0
+    while True:
+        st = os.stat("lease")
+        if st.st_ino != D:
+            print("reader saw inode", st.st_ino, "not", D, flush=True)
+            os._exit(1)
+        seen += 1
+        try:
+            if os.read(r, 1) == b"":
+                break
+        except BlockingIOError:
+            pass
+    os._exit(0 if seen > 0 else 2)
+os.close(r)
+bad = []
+for i in range(300):
+    t = "tmp%d" % i
+    with open(t, "w") as f:
+        f.write("v%d" % i)
+    if i % 2:
+        os.link(t, t + ".other")
+    os.stat(t)  # the source's entry is cached now
+    os.rename(t, "lease")
+    st = os.stat("lease")
+    with open("lease") as f:
+        body = f.read()
+    if st.st_ino != D or body != "v%d" % i or os.getxattr("lease", "user.leasefs.epoch") != epoch:
+        bad.append((i, st.st_ino, body))
+    if i % 2:
+        o = os.stat(t + ".other")
+        assert o.st_ino != D and o.st_nlink == 1, (i, o)
+        with open(t + ".other") as f:
+            assert f.read() == "v%d" % i
+        os.unlink(t + ".other")
+    try:
+        os.stat(t)
+        bad.append((i, "source name still there"))
+    except FileNotFoundError:
+        pass
+os.close(w)
+_, status = os.waitpid(pid, 0)
+print("bad", bad[:5], "reader", os.waitstatus_to_exitcode(status))
+"#,
+    );
+    assert_eq!(out.trim().lines().last().unwrap(), "bad [] reader 0", "{out}");
+}
+
+/// Unlink and re-create: of a live lease (the name comes back with the
+/// lease's inode) and of a plain file (a new inode); another process that
+/// had the name cached sees each step at once.
+#[test]
+fn unlink_and_recreate_are_seen_at_once_by_a_process_that_cached_the_name() {
+    let m = Mount::new();
+    sh_ok(&m.path, "printf a > live && printf b > plain");
+    let _holder = Bg::ready(&m.path, "exec 9<live; flock 9; echo ready; exec sleep 60");
+    let out = py_ok(
+        &m.path,
+        r#"
+import os
+def ask(to, frm, what):
+    os.write(to, what.encode() + b"\n")
+    return os.read(frm, 100).decode().strip()
+p2c_r, p2c_w = os.pipe()
+c2p_r, c2p_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    # The observer: answers "stat NAME" with the inode or ENOENT.
+    os.close(p2c_w)
+    while True:
+        line = os.read(p2c_r, 100)
+        if not line:
+            break
+        name = line.split()[1].decode()
+        try:
+            ans = str(os.stat(name).st_ino)
+        except FileNotFoundError:
+            ans = "ENOENT"
+        os.write(c2p_w, ans.encode() + b"\n")
+    os._exit(0)
+live, plain = os.stat("live").st_ino, os.stat("plain").st_ino
+out = []
+for name, ino in (("live", live), ("plain", plain)):
+    out.append(ask(p2c_w, c2p_r, "stat " + name) == str(ino))
+    os.unlink(name)
+    out.append(ask(p2c_w, c2p_r, "stat " + name))
+    with open(name, "w") as f:
+        f.write("again")
+    new = os.stat(name).st_ino
+    out.append(ask(p2c_w, c2p_r, "stat " + name) == str(new))
+    out.append(new == ino)
+os.close(p2c_w)
+os.waitpid(pid, 0)
+print(out)
+"#,
+    );
+    // The live lease keeps its inode; the plain file gets a new one.
+    assert_eq!(out.trim(), "[True, 'ENOENT', True, True, True, 'ENOENT', True, False]", "{out}");
+}
+
+/// A break changes no name, and what it changes (the epoch, the fence)
+/// is never cached: a process that cached the name reads the epoch of the
+/// grant after the break at once, and the broken holder's next write is
+/// refused.
+#[test]
+fn a_break_is_seen_at_once_by_a_process_that_cached_the_name() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L");
+    let h = Bg::ready(
+        &m.path,
+        "exec 9<>L; flock 9; echo ready; while [ ! -e go ]; do sleep 0.02; done; \
+         if echo more >&9 2>/dev/null; then echo wrote; else echo refused; fi; exec sleep 60",
+    );
+    let before = epoch(&m.path, "L");
+    let out = py_ok(
+        &m.path,
+        r#"
+import os, subprocess
+os.stat("L")
+e0 = int(os.getxattr("L", "user.leasefs.epoch"))
+with open(".leasefs/break", "w") as f:
+    f.write("/L")
+# Broken: the next contender gets it, at epoch + 1.
+assert subprocess.run(["flock", "-n", "L", "true"]).returncode == 0
+print(int(os.getxattr("L", "user.leasefs.epoch")) - e0)
+"#,
+    );
+    assert_eq!(out.trim(), "1", "the epoch after a break, seen through a cached name");
+    assert_eq!(epoch(&m.path, "L"), before + 1);
+    sh_ok(&m.path, "touch go");
+    let deadline = std::time::Instant::now() + STEP;
+    while h.lines.lock().unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "the holder never tried its write");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert_eq!(h.lines.lock().unwrap()[0], "refused", "the broken holder's write must be fenced");
+}
+
+/// The kernel caches names of files: repeated `stat`s of one file cost a
+/// GETATTR each (an observation the daemon must see) and no LOOKUP; a
+/// name's first use costs one LOOKUP. The daemon counts the requests it
+/// gets by opcode in `.leasefs/metrics`.
+#[test]
+fn names_are_cached_and_requests_are_counted() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch f");
+    let count = |op: &str| -> u64 {
+        let metrics = std::fs::read_to_string(m.path.join(".leasefs/metrics")).unwrap();
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&format!("leasefs_fuse_requests_total{{op=\"{op}\"")))
+            .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
+    };
+    let (lookups, getattrs) = (count("lookup"), count("getattr"));
+    py_ok(&m.path, "import os\nfor _ in range(1000): os.stat('f')");
+    let (lookups, getattrs) = (count("lookup") - lookups, count("getattr") - getattrs);
+    assert!(getattrs >= 1000, "every stat reaches the daemon: {getattrs} getattrs");
+    // One per second of the entry's lifetime at most (and the python
+    // start-up's own lookups of names that do not exist).
+    assert!(lookups < 100, "1000 stats of a cached name sent {lookups} lookups");
+}
