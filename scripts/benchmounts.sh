@@ -1,16 +1,17 @@
 # Sourced by the benchmarks: mounts tmpfs, leasefs, leasefs --volatile, an
 # optional older build (BASELINE=/path/to/leasefs) and the minimal fuser
-# filesystem (scripts/minimalfs.rs) under $work, pinned with ${pin[@]}, and
-# unmounts them all (by daemon, not by sleeping) when the script exits.
-# Sets $cols to the columns mounted besides "minimal". PIN=1 pins the
-# daemons (and, through ${pin[@]}, the clients) to CPU 0.
+# filesystem (scripts/minimalfs.rs) twice, with a zero entry/attribute TTL
+# ("minimal") and with a 1 s TTL ("minimal1s"), under $work, pinned with
+# ${pin[@]}, and unmounts them all (by daemon, not by sleeping) when the
+# script exits. Sets $cols to the columns mounted besides the minimal ones.
+# PIN=1 pins the daemons (and, through ${pin[@]}, the clients) to CPU 0.
 pin=()
 [ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
 
 bench_mount_all() {
     cargo build --release --workspace --quiet
     cargo build --release --quiet --example minimalfs
-    mkdir -p "$work/tmpfs" "$work/leasefs" "$work/volatile" "$work/minimal"
+    mkdir -p "$work/tmpfs" "$work/leasefs" "$work/volatile" "$work/minimal" "$work/minimal1s"
     mount -t tmpfs tmpfs "$work/tmpfs"
     "${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state.leasefs"
     "${pin[@]}" ./target/release/leasefs mount "$work/volatile" --state-dir "$work/state.volatile" --volatile
@@ -20,11 +21,15 @@ bench_mount_all() {
         "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state.baseline"
         cols="$cols baseline"
     fi
-    "${pin[@]}" ./target/release/examples/minimalfs "$work/minimal" &
+    "${pin[@]}" ./target/release/examples/minimalfs "$work/minimal" 0 &
     minimal_pid=$!
+    "${pin[@]}" ./target/release/examples/minimalfs "$work/minimal1s" 1 &
+    minimal1s_pid=$!
     trap bench_unmount_all EXIT
-    for _ in $(seq 100); do mountpoint -q "$work/minimal" && break; sleep 0.05; done
-    mountpoint -q "$work/minimal" || { echo "minimalfs did not mount" >&2; exit 1; }
+    for m in minimal minimal1s; do
+        for _ in $(seq 100); do mountpoint -q "$work/$m" && break; sleep 0.05; done
+        mountpoint -q "$work/$m" || { echo "minimalfs did not mount on $m" >&2; exit 1; }
+    done
 }
 
 # bench_each_run PROGRAM ARGS...: compile scripts/PROGRAM.c, then run it
@@ -37,11 +42,11 @@ bench_each_run() {
     shift
     gcc -O2 -o "$work/$prog" "scripts/$prog.c"
     mkdir -p "$work/disk"
-    cols="tmpfs disk ${cols#tmpfs } minimal"
+    cols="tmpfs disk ${cols#tmpfs } minimal minimal1s"
     for r in $(seq "$repeats"); do
         for fs in $cols; do
             d="$work/$fs"
-            [ "$fs" = minimal ] || { d="$work/$fs/run$r"; mkdir "$d"; }
+            case $fs in minimal*) ;; *) d="$work/$fs/run$r"; mkdir "$d" ;; esac
             "${pin[@]}" "$work/$prog" "$d" "$@" | sed "s/^/$fs /"
         done
     done
@@ -52,9 +57,11 @@ bench_unmount_all() {
         [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done
-    umount "$work/minimal" 2>/dev/null || umount -l "$work/minimal" 2>/dev/null || true
-    kill "$minimal_pid" 2>/dev/null || true
-    wait "$minimal_pid" 2>/dev/null || true
+    for m in minimal minimal1s; do
+        umount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
+    done
+    kill "$minimal_pid" "$minimal1s_pid" 2>/dev/null || true
+    wait "$minimal_pid" "$minimal1s_pid" 2>/dev/null || true
     umount "$work/tmpfs" 2>/dev/null || true
     rm -rf "$work"
 }

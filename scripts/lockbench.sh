@@ -2,7 +2,10 @@
 # Lock-path benchmark, side by side in one run on tmpfs, ext4 (a directory on
 # the root disk, for the fsync cycle), leasefs, leasefs --volatile, and a
 # minimal fuser filesystem with in-memory locks and none of leasefs's logic
-# (scripts/minimalfs.rs). Medians over repeated runs.
+# (scripts/minimalfs.rs), once with a zero entry/attribute TTL ("minimal")
+# and once with a 1 s TTL ("minimal1s"). Medians over repeated runs, then
+# the FUSE requests one operation of each kind costs on leasefs (and on
+# BASELINE when it counts them), from the daemon's per-opcode counters.
 #   scripts/lockbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 5000, 2)
 #   PIN=1 scripts/lockbench.sh                     (everything on CPU 0)
 #   BASELINE=/path/to/older/leasefs scripts/lockbench.sh   (adds that build as a column)
@@ -25,11 +28,43 @@ for fs, metric, v in (l.split() for l in open(sys.argv[1])):
     data.setdefault(metric, {}).setdefault(fs, []).append(float(v))
 print(f"# medians of {sys.argv[2]} runs; {sys.argv[3]} ops per latency metric; {sys.argv[4]} s per contention run")
 cols = tuple(sys.argv[5:])
-print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min':>9}{'lfs/tmpfs':>11}{'lfs/vol':>9}")
+print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min0':>9}{'lfs/min1s':>10}{'lfs/tmpfs':>11}{'lfs/vol':>9}")
 for metric, by in data.items():
     med = {c: statistics.median(by[c]) for c in cols}
     print(f"{metric:<20}" + "".join(f"{med[c]:>12.0f}" for c in cols)
-          + f"{med['leasefs']/med['minimal']:>8.2f}x{med['leasefs']/med['tmpfs']:>10.1f}x{med['leasefs']/med['volatile']:>8.2f}x")
+          + f"{med['leasefs']/med['minimal']:>8.2f}x{med['leasefs']/med['minimal1s']:>9.2f}x"
+          + f"{med['leasefs']/med['tmpfs']:>10.1f}x{med['leasefs']/med['volatile']:>8.2f}x")
 print("(ns for *_ns, acquisitions/s for *_acq_s, µs for *_worst_us; lower is better except acq_s;")
-print(" disk = a directory on the root filesystem; volatile = leasefs --volatile)")
+print(" disk = a directory on the root filesystem; volatile = leasefs --volatile;")
+print(" minimal/minimal1s = minimal fuser filesystem with 0 s / 1 s entry and attribute TTL)")
 PY
+
+# FUSE requests per operation: run each latency metric alone with 1000 and
+# with 0 operations and divide the difference of the daemon's counters.
+requests() {
+    grep '^leasefs_fuse_requests_total' "$1/.leasefs/metrics" | sed 's/.*op="\([a-z_0-9]*\)".* \([0-9]*\)$/\1 \2/' | sort || true
+}
+echo
+echo "# FUSE requests per operation (counted by the daemon; lookups include one per second of an entry's life)"
+for fs in leasefs ${BASELINE:+baseline}; do
+    [ -n "$(requests "$work/$fs")" ] || { echo "$fs: no request counters"; continue; }
+    for metric in stat_ns open_close_ns flock_pair_ns fcntl_pair_ns lease_cycle_ns fsync_cycle_ns; do
+        d="$work/$fs/count-$metric"
+        mkdir -p "$d"
+        for k in 0 1000; do
+            requests "$work/$fs" > "$work/before"
+            "${pin[@]}" "$work/lockbench" "$d" "$k" 0 "$metric" > /dev/null
+            requests "$work/$fs" > "$work/after.$k"
+            join -a 2 -e 0 -o 2.1,1.2,2.2 "$work/before" "$work/after.$k" | awk '{print $1, $3 - $2}' > "$work/delta.$k"
+        done
+        python3 - "$fs" "$metric" "$work/delta.0" "$work/delta.1000" <<'PY'
+import sys
+fs, metric, zero, full = sys.argv[1:]
+z = dict((l.split()[0], int(l.split()[1])) for l in open(zero))
+f = dict((l.split()[0], int(l.split()[1])) for l in open(full))
+per = {op: (f[op] - z.get(op, 0)) / 1000 for op in f if f[op] - z.get(op, 0) > 0}
+total = sum(per.values())
+print(f"{fs:<9} {metric:<15} {total:5.2f}  " + " ".join(f"{op}={v:g}" for op, v in sorted(per.items())))
+PY
+    done
+done

@@ -2,7 +2,10 @@
 //! none of leasefs's logic (no request hook, no epochs, no identity, no fairness
 //! beyond a FIFO queue). `scripts/lockbench.sh` measures leasefs against it.
 //!
-//! Usage: minimalfs MOUNTPOINT   (runs until unmounted; as root)
+//! Usage: minimalfs MOUNTPOINT [TTL_SECONDS]   (runs until unmounted; as root)
+//!
+//! TTL_SECONDS (default 0) is the entry and attribute timeout of every reply:
+//! 0 makes the kernel ask for every name and attribute, 1 lets it cache them.
 //!
 //! One flat directory of regular files; contents are ignored (writes succeed,
 //! reads return nothing). Blocked lock waits cannot be interrupted.
@@ -81,7 +84,12 @@ fn attr(ino: u64) -> FileAttr {
     }
 }
 
-const TTL: Duration = Duration::ZERO;
+/// The entry and attribute timeout (second argument).
+static TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+fn ttl() -> &'static Duration {
+    TTL.get_or_init(|| Duration::ZERO)
+}
 
 impl fuser::Filesystem for MinimalFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -91,13 +99,13 @@ impl fuser::Filesystem for MinimalFs {
 
     fn lookup(&self, _req: &Request, _parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         match self.st.lock().names.get(name) {
-            Some(&ino) => reply.entry(&TTL, &attr(ino), Generation(0)),
+            Some(&ino) => reply.entry(ttl(), &attr(ino), Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        reply.attr(&TTL, &attr(ino.0));
+        reply.attr(ttl(), &attr(ino.0));
     }
 
     fn create(
@@ -115,7 +123,7 @@ impl fuser::Filesystem for MinimalFs {
         let fresh = st.next;
         let ino = *st.names.entry(name.to_os_string()).or_insert(fresh);
         st.next_fh += 1;
-        reply.created(&TTL, &attr(ino), Generation(0), FileHandle(st.next_fh), FopenFlags::empty());
+        reply.created(ttl(), &attr(ino), Generation(0), FileHandle(st.next_fh), FopenFlags::empty());
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -214,7 +222,9 @@ impl fuser::Filesystem for MinimalFs {
 }
 
 fn main() {
-    let mountpoint = std::env::args().nth(1).expect("usage: minimalfs MOUNTPOINT");
+    let mountpoint = std::env::args().nth(1).expect("usage: minimalfs MOUNTPOINT [TTL_SECONDS]");
+    let secs: f64 = std::env::args().nth(2).map_or(0.0, |s| s.parse().expect("TTL_SECONDS: a number"));
+    let _ = TTL.set(Duration::from_secs_f64(secs));
     let mut config = fuser::Config::default();
     config.mount_options = vec![fuser::MountOption::FSName("minimalfs".into()), fuser::MountOption::DefaultPermissions];
     config.acl = fuser::SessionACL::All;
