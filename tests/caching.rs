@@ -187,3 +187,24 @@ fn names_are_cached_and_requests_are_counted() {
     // start-up's own lookups of names that do not exist).
     assert!(lookups < 100, "1000 stats of a cached name sent {lookups} lookups");
 }
+
+/// Making the moved entry look its name up again touches no other entry:
+/// a filesystem mounted on a directory inside the mount stays mounted
+/// across a rename over a live lease (an invalidation of every cached entry
+/// would detach it at the next walk through it).
+#[test]
+fn a_rename_over_a_live_lease_leaves_other_mounts_inside_alone() {
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+    let m = Mount::new();
+    sh_ok(&m.path, "mkdir sub && mount -t tmpfs tmpfs sub && touch sub/inside && printf v0 > lease");
+    let _sub = Unmount(m.path.join("sub"));
+    let _holder = Bg::ready(&m.path, "exec 9<lease; flock 9; echo ready; exec sleep 60");
+    sh_ok(&m.path, "printf v1 > tmp && mv tmp lease");
+    assert_eq!(sh_ok(&m.path, "cat lease; ls sub"), "v1inside\n");
+    assert!(sh_ok(&m.path, "cat /proc/self/mountinfo").contains(&format!("{} ", m.path.join("sub").display())));
+}

@@ -187,11 +187,9 @@ impl Fs {
     }
 
     /// Inodes whose kernel page cache must be dropped.
-    /// Inodes whose kernel page cache must be dropped, and whether the
-    /// kernel's cached names must all go stale, before the reply.
-    pub fn take_invalidations(&self) -> (Vec<Ino>, bool) {
-        let mut st = self.state.lock();
-        (std::mem::take(&mut st.invalidate), std::mem::take(&mut st.stale_names))
+    /// Inodes whose kernel page cache must be dropped.
+    pub fn take_invalidations(&self) -> Vec<Ino> {
+        std::mem::take(&mut self.state.lock().invalidate)
     }
 
     /// `read` by thread `tid` (an observation).

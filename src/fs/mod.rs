@@ -207,6 +207,55 @@ const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
 const XATTR_SIZE_MAX: usize = 65_536;
 
+/// Renames over a live lease that were answered `ESTALE` so that the kernel
+/// retries them after looking the source up again, by source (directory,
+/// name): the thread that asked, and whether it has looked the source up
+/// since.
+#[derive(Debug, Default)]
+struct PendingRenames(HashMap<(Ino, OsString), (u32, bool)>);
+
+/// At most this many pending renames are remembered (a thread killed
+/// between the two tries leaves one behind).
+const PENDING_RENAMES: usize = 256;
+
+impl PendingRenames {
+    /// `tid` must retry its rename of `name` in `parent`.
+    fn ask(&mut self, parent: Ino, name: &OsStr, tid: u32) {
+        if self.0.len() >= PENDING_RENAMES {
+            self.0.clear();
+        }
+        self.0.insert((parent, name.to_os_string()), (tid, false));
+    }
+
+    /// A lookup of `name` in `parent` by `tid`: true when a rename of it is
+    /// pending (the kernel must not keep the entry).
+    fn looked_up(&mut self, parent: Ino, name: &OsStr, tid: u32) -> bool {
+        if self.0.is_empty() {
+            return false;
+        }
+        match self.0.get_mut(&(parent, name.to_os_string())) {
+            Some(p) => {
+                if p.0 == tid {
+                    p.1 = true;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// True (and forgotten) when `tid` retries its rename after looking
+    /// the source up again.
+    fn retried(&mut self, parent: Ino, name: &OsStr, tid: u32) -> bool {
+        let key = (parent, name.to_os_string());
+        if self.0.get(&key) == Some(&(tid, true)) {
+            self.0.remove(&key);
+            return true;
+        }
+        false
+    }
+}
+
 #[derive(Debug)]
 struct OpenFile {
     ino: Ino,
@@ -232,10 +281,11 @@ struct State {
     /// Inodes whose cached pages the kernel must drop (content replaced
     /// behind open descriptors).
     invalidate: Vec<Ino>,
-    /// The kernel's cached names must go stale before the reply (a rename
-    /// over a live lease: the kernel moves the source's entry to the
-    /// lease's name, which the daemon keeps on the lease's inode).
-    stale_names: bool,
+    /// Renames over a live lease waiting for the kernel to look their
+    /// source up again (see `Fs::rename`).
+    pending_renames: PendingRenames,
+    /// The kernel caches names of files (not on a shared namespace).
+    names_cached: bool,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
     /// them their first name (the kernel allows it unless `O_EXCL`).
     tmpfiles: std::collections::HashSet<Ino>,
@@ -885,7 +935,8 @@ impl Fs {
                 next_handle: 1,
                 lease: Box::new(LocalAuthority::new(None)),
                 invalidate: Vec::new(),
-                stale_names: false,
+                pending_renames: PendingRenames::default(),
+                names_cached: true,
                 tmpfiles: std::collections::HashSet::new(),
                 metrics: Metrics::default(),
                 parked_at: HashMap::new(),
@@ -974,6 +1025,7 @@ impl Fs {
         st.caught(c);
         st.max_file = replica.max_file_size();
         st.replica = Some(replica);
+        st.names_cached = false;
         Ok(())
     }
 

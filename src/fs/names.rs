@@ -5,15 +5,18 @@
 use super::*;
 
 impl Fs {
-    /// Resolve `name` in `parent` and take a kernel reference on it.
-    pub fn lookup(&self, parent: Ino, name: &OsStr) -> Result<Attr> {
+    /// Resolve `name` in `parent` for thread `tid` and take a kernel
+    /// reference on it; false when the kernel must not keep the entry (the
+    /// source of a pending rename over a live lease).
+    pub fn lookup(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<(Attr, bool)> {
         if let Some(a) = self.control_lookup(parent, name)? {
-            return Ok(a);
+            return Ok((a, true));
         }
         let mut st = self.fresh();
         let ino = st.ns.child(parent, name)?;
         st.ns.add_lookup(ino);
-        Ok(st.ns.get(ino)?.attr())
+        let keep = !st.pending_renames.looked_up(parent, name, tid);
+        Ok((st.ns.get(ino)?.attr(), keep))
     }
 
     /// Drop `n` kernel references.
@@ -386,6 +389,20 @@ impl Fs {
                 let live = st.lease.held_anywhere(dst);
                 let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
                 if live && both_files {
+                    // The kernel moves the source's entry to the lease's
+                    // name once it has the answer, and may have cached it:
+                    // it must expire first, or the next walk to the name
+                    // would reach the source. The first try is answered
+                    // ESTALE, which makes the kernel retry the rename once
+                    // after looking the source up again (LOOKUP_REVAL);
+                    // that lookup is answered with an entry that expires at
+                    // once, and the retry goes ahead. No lock is needed:
+                    // an entry invalidation notice would wait for the
+                    // directory the rename holds.
+                    if st.names_cached && !st.pending_renames.retried(parent, name, tid) {
+                        st.pending_renames.ask(parent, name, tid);
+                        return Err(Error::Stale);
+                    }
                     // Rename over a live lease replaces its content and keeps
                     // its inode, holders, waiters and epoch (SPEC 4). Anything
                     // else is renamed over exactly as POSIX says.
@@ -401,11 +418,6 @@ impl Fs {
                     st.ns.get_mut(parent)?.touch_content(now);
                     st.ns.get_mut(newparent)?.touch_content(now);
                     st.invalidate.push(dst);
-                    // The kernel moves the source's entry to the new name
-                    // when it has the answer: it must be stale by then, so
-                    // that the next walk to the name looks it up again and
-                    // finds the lease's inode.
-                    st.stale_names = true;
                     st.repoint(dst);
                     st.collect(src);
                     // Its own rename is an observation of the new version.

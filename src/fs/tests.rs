@@ -16,7 +16,7 @@ fn hard_links_share_nlink_and_content() {
     let b = fs.link(a.ino, Ino::ROOT, OsStr::new("b")).unwrap();
     assert_eq!(b.nlink, 2);
     fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
-    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("b")).unwrap().nlink, 1);
+    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("b"), 0).unwrap().0.nlink, 1);
     assert_eq!(fs.read(a.ino, h, 0, 10, 0).unwrap(), b"hello");
     assert_eq!(fs.link(a.ino, Ino::ROOT, OsStr::new("b")), Err(Error::Exists));
 }
@@ -42,7 +42,7 @@ fn rename_error_cases() {
     assert_eq!(fs.getattr(r, 0).unwrap().nlink, 5);
     assert_eq!(fs.getattr(d.ino, 0).unwrap().nlink, 2);
     fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), RENAME_EXCHANGE, 0).unwrap();
-    assert_eq!(fs.lookup(r, OsStr::new("f")).unwrap().kind, Kind::Dir);
+    assert_eq!(fs.lookup(r, OsStr::new("f"), 0).unwrap().0.kind, Kind::Dir);
 }
 
 #[test]
@@ -95,15 +95,26 @@ fn rename_over_keeps_identity_only_while_live() {
     assert_eq!(fs.epoch(dst.ino), Epoch(2));
     // Held: the content moves, the inode, epoch and holder stay.
     let (src, _) = fs.create(C, r, OsStr::new("src"), 0o640, 0, libc::O_RDWR).unwrap();
-    fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 0).unwrap();
-    assert_eq!(fs.lookup(r, OsStr::new("dst")).unwrap().ino, dst.ino);
+    // As the kernel does it: the first try is refused with ESTALE, the
+    // kernel looks the source up again (an entry it must not keep) and
+    // retries. A retry without that lookup, or by another thread, is
+    // refused again.
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 7), Err(Error::Stale));
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 7), Err(Error::Stale));
+    assert!(!fs.lookup(r, OsStr::new("src"), 8).unwrap().1, "any lookup of a pending source expires at once");
+    assert!(!fs.lookup(r, OsStr::new("src"), 7).unwrap().1, "the source of a pending rename");
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 8), Err(Error::Stale));
+    assert!(!fs.lookup(r, OsStr::new("src"), 8).unwrap().1);
+    fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 8).unwrap();
+    assert!(fs.lookup(r, OsStr::new("dst"), 8).unwrap().1, "nothing pending any more");
+    assert_eq!(fs.lookup(r, OsStr::new("dst"), 0).unwrap().0.ino, dst.ino);
     assert_eq!(fs.epoch(dst.ino), Epoch(2));
     assert_ne!(src.ino, dst.ino);
     // Released: POSIX, the source's inode and mode arrive at the name.
     fs.setlk(dst.ino, flock(h, None), None).unwrap();
     let (src, _) = fs.create(C, r, OsStr::new("src"), 0o640, 0, libc::O_RDWR).unwrap();
     fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 0).unwrap();
-    let now = fs.lookup(r, OsStr::new("dst")).unwrap();
+    let now = fs.lookup(r, OsStr::new("dst"), 0).unwrap().0;
     assert_eq!((now.ino, now.perm), (src.ino, 0o640));
     assert!(fs.epoch(src.ino) >= Epoch(2), "the path's epoch never goes back");
 }
@@ -153,7 +164,7 @@ fn size_and_inode_limits_refuse_with_enospc_change_nothing_and_free_up() {
         fs.mknod(user, Ino::ROOT, OsStr::new(&format!("f{i}")), libc::S_IFREG | 0o644, 0, 0).unwrap();
     }
     assert_eq!(fs.mkdir(user, Ino::ROOT, OsStr::new("d"), 0o755, 0), Err(Error::NoSpace));
-    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("d")), Err(Error::NotFound));
+    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("d"), 0).map(|a| a.0), Err(Error::NotFound));
     fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o755, 0).unwrap();
     assert_eq!(fs.statfs().ffree, 0);
     // Freeing makes room again, and the running count matches a recount.

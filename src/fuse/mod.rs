@@ -49,10 +49,11 @@ const ATTR_TTL: Duration = Duration::ZERO;
 /// kernel changes its own entries with every create, link, unlink and
 /// rename it sends, and the one change the daemon makes differently (a
 /// rename over a live lease keeps the destination's inode while the kernel
-/// moves the source's entry to the name) makes every cached entry stale
-/// before the rename is answered (FUSE_NOTIFY_INC_EPOCH), so the kernel
-/// looks each name up again the next time anyone walks through it. A path
-/// walk costs no LOOKUP for its last component.
+/// moves the source's entry to the name) first has the kernel look the
+/// source up again and answers that lookup with an entry that expires at
+/// once (see [`crate::fs::Fs::rename`]), so the moved entry is looked up
+/// again at its next use. A path walk costs no LOOKUP for its last
+/// component.
 const FILE_ENTRY_TTL: Duration = Duration::from_secs(1);
 
 /// How long the kernel may trust a directory's name and attributes. A lease
@@ -75,10 +76,6 @@ fn cache_names() -> bool {
     CACHE_NAMES.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// False when the kernel cannot expire an entry without taking its
-/// directory's lock (before FUSE 7.38).
-static CACHE_FILE_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
 /// The attribute timeout of `a`.
 fn attr_ttl(a: &Attr) -> &'static Duration {
     if a.kind == Kind::Dir && cache_names() {
@@ -94,10 +91,8 @@ fn entry_ttl(a: &Attr) -> &'static Duration {
         &Duration::ZERO
     } else if a.kind == Kind::Dir {
         &DIR_TTL
-    } else if CACHE_FILE_NAMES.load(std::sync::atomic::Ordering::Relaxed) {
-        &FILE_ENTRY_TTL
     } else {
-        &Duration::ZERO
+        &FILE_ENTRY_TTL
     }
 }
 
@@ -341,26 +336,19 @@ impl LeaseFs {
         })
     }
 
-    /// Answer a request only after the kernel expired the entries of names
-    /// it re-pointed and dropped its cached pages of files whose content it
-    /// replaced.
+    /// Answer a request that replaced file content only after the kernel
+    /// dropped its cached pages of those files.
     fn reply_after_invalidation(&self, reply: ReplyEmpty) {
         let w = self.waits.lock();
-        let (mut inos, names) = self.fs.take_invalidations();
-        let Some(n) = &w.notices else {
-            return reply.ok();
-        };
-        if names {
-            n.inc_epoch();
-        }
-        match inos.pop() {
-            Some(last) => {
+        let mut inos = self.fs.take_invalidations();
+        match (&w.notices, inos.pop()) {
+            (Some(n), Some(last)) => {
                 for ino in inos {
                     n.inval_inode(ino.0, None);
                 }
                 n.inval_inode(last.0, Some(Box::new(move || reply.ok())));
             }
-            None => reply.ok(),
+            _ => reply.ok(),
         }
     }
 }
@@ -438,21 +426,16 @@ impl fuser::Filesystem for LeaseFs {
         if !self.direct_io {
             warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
         }
-        // Names of files are cached only where the kernel's entries can be
-        // made stale while a rename over a live lease waits for its answer
-        // (an entry invalidation takes the directory's lock, which the
-        // rename holds until it has the answer).
-        debug!(abi = ?config.kernel_abi(), "kernel FUSE protocol");
-        if config.kernel_abi().1 < session::INC_EPOCH_MINOR {
-            CACHE_FILE_NAMES.store(false, std::sync::atomic::Ordering::Relaxed);
-            warn!("kernel lacks FUSE_NOTIFY_INC_EPOCH (Linux 6.16): names of files are looked up on every use");
-        }
+
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        guarded("lookup", || match self.fs.lookup(Ino(parent.0), name) {
-            Ok(a) => entry(reply, &a),
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        guarded("lookup", || match self.fs.lookup(Ino(parent.0), name, req.pid()) {
+            // The source of a rename over a live lease: the kernel is about
+            // to move this entry to the lease's name.
+            Ok((a, false)) => reply.entry_with_ttls(attr_ttl(&a), &Duration::ZERO, &attr(&a), Generation(0)),
+            Ok((a, true)) => entry(reply, &a),
             // "No such name" may be cached (node id 0): every name of this
             // mount is created through this kernel, whose create, link,
             // rename and mknod replace the negative entry. Programs that probe

@@ -68,11 +68,6 @@ const CREATE_IN: usize = 16;
 const FOPEN_DIRECT_IO: u32 = 1;
 /// `FUSE_NOTIFY_INVAL_INODE`.
 const NOTIFY_INVAL_INODE: i32 = 2;
-/// `FUSE_NOTIFY_INC_EPOCH` (protocol 7.44, Linux 6.16): every dentry
-/// cached before it is revalidated by a LOOKUP at its next use.
-const NOTIFY_INC_EPOCH: i32 = 8;
-/// The first protocol minor version with [`NOTIFY_INC_EPOCH`].
-pub const INC_EPOCH_MINOR: u32 = 44;
 
 /// What the request hook reports to the filesystem.
 pub trait Intercept: Send + Sync {
@@ -171,9 +166,6 @@ enum Notice {
     /// Drop the kernel's cached pages and attributes of an inode, then run
     /// the continuation (if any).
     InvalInode(u64, Option<Box<dyn FnOnce() + Send>>),
-    /// Make every entry the kernel cached so far stale: the next walk
-    /// through each looks its name up again.
-    IncEpoch,
 }
 
 /// Sends invalidation notices to the kernel from a thread of its own, never
@@ -193,46 +185,28 @@ impl std::fmt::Debug for Notices {
 impl Notices {
     fn start(dev: Arc<OwnedFd>) -> io::Result<Notices> {
         let (tx, rx) = std::sync::mpsc::channel::<Notice>();
-        thread::Builder::new().name("fuse-notify".into()).spawn(move || Self::serve(&dev, rx))?;
+        thread::Builder::new().name("fuse-notify".into()).spawn(move || {
+            for notice in rx {
+                let Notice::InvalInode(ino, then) = notice;
+                let mut msg = Vec::with_capacity(40);
+                msg.extend_from_slice(&40u32.to_ne_bytes());
+                msg.extend_from_slice(&NOTIFY_INVAL_INODE.to_ne_bytes());
+                msg.extend_from_slice(&0u64.to_ne_bytes());
+                msg.extend_from_slice(&ino.to_ne_bytes());
+                msg.extend_from_slice(&0i64.to_ne_bytes());
+                msg.extend_from_slice(&0i64.to_ne_bytes());
+                if let Err(e) = write_all(dev.as_raw_fd(), &msg) {
+                    // ENOENT: the kernel no longer has the inode; nothing cached.
+                    if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) {
+                        warn!(ino, "invalidation notice failed: {e}");
+                    }
+                }
+                if let Some(then) = then {
+                    then();
+                }
+            }
+        })?;
         Ok(Notices { tx })
-    }
-
-    /// Send each notice, then run its continuation.
-    fn serve(dev: &OwnedFd, rx: std::sync::mpsc::Receiver<Notice>) {
-        for notice in rx {
-            let (msg, ino, then) = match notice {
-                Notice::InvalInode(ino, then) => {
-                    let mut msg = Vec::with_capacity(40);
-                    msg.extend_from_slice(&40u32.to_ne_bytes());
-                    msg.extend_from_slice(&NOTIFY_INVAL_INODE.to_ne_bytes());
-                    msg.extend_from_slice(&0u64.to_ne_bytes());
-                    msg.extend_from_slice(&ino.to_ne_bytes());
-                    msg.extend_from_slice(&0i64.to_ne_bytes());
-                    msg.extend_from_slice(&0i64.to_ne_bytes());
-                    (msg, ino, then)
-                }
-                Notice::IncEpoch => {
-                    // A bare fuse_out_header. The kernel takes no lock for
-                    // it, so it may be sent while a request on a directory
-                    // waits for its answer.
-                    let mut msg = Vec::with_capacity(16);
-                    msg.extend_from_slice(&16u32.to_ne_bytes());
-                    msg.extend_from_slice(&NOTIFY_INC_EPOCH.to_ne_bytes());
-                    msg.extend_from_slice(&0u64.to_ne_bytes());
-                    (msg, 0, None)
-                }
-            };
-            if let Err(e) = write_all(dev.as_raw_fd(), &msg) {
-                // ENOENT: the kernel no longer has the inode or the
-                // entry; nothing cached.
-                if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) {
-                    warn!(ino, "invalidation notice failed: {e}");
-                }
-            }
-            if let Some(then) = then {
-                then();
-            }
-        }
     }
 
     /// Drop the kernel's cached pages and attributes of an inode, then run
@@ -244,13 +218,6 @@ impl Notices {
         {
             then();
         }
-    }
-
-    /// Make every entry the kernel cached so far stale. Notices are sent
-    /// in order, so one queued before an [`Notices::inval_inode`] whose
-    /// continuation answers a request has landed before the answer.
-    pub fn inc_epoch(&self) {
-        let _ = self.tx.send(Notice::IncEpoch);
     }
 }
 
