@@ -2,8 +2,10 @@
  * Usage: lockbench DIR N SECONDS [METRIC]
  * Prints "<metric> <value>" lines:
  *   stat_ns (stat of an unchanged file), open_close_ns, flock_pair_ns,
- *   fcntl_pair_ns, lease_cycle_ns, fsync_cycle_ns (single runs; the script
- *   takes medians over repeated runs)
+ *   fcntl_pair_ns, lease_cycle_ns, fsync_cycle_ns, renew_rename_ns (write a
+ *   64-byte temporary file and rename it over a lease another process holds;
+ *   not printed where rename fails) (single runs; the script takes medians
+ *   over repeated runs)
  *   contend2_acq_s, contend2_worst_us, contend8_acq_s, contend8_worst_us
  * With METRIC, runs only that one (the script counts the FUSE requests of
  * each operation that way). */
@@ -78,6 +80,42 @@ static void lease_cycle(int n, const char *buf, size_t len, int do_fsync, const 
     printf("%s %.0f\n", metric, (now_ns() - t) / n);
 }
 
+/* n times: write a 64-byte temporary file and rename it over R, which a
+ * child process holds with flock(LOCK_EX) all along. */
+static void renew_rename(int n, const char *buf, size_t len) {
+    int fd = open("R", O_RDWR | O_CREAT, 0644);
+    if (fd < 0) die("open R");
+    int ready[2], done[2];
+    if (pipe(ready) || pipe(done)) die("pipe");
+    pid_t child = fork();
+    if (child == 0) {
+        char c;
+        close(done[1]);
+        if (flock(fd, LOCK_EX)) die("flock R");
+        if (write(ready[1], "r", 1) != 1) die("write");
+        if (read(done[0], &c, 1) < 0) die("read");
+        _exit(0);
+    }
+    char c;
+    close(done[0]);
+    if (read(ready[0], &c, 1) != 1) die("holder");
+    int ok = 1;
+    double t = now_ns();
+    for (int i = 0; i < n && ok; i++) {
+        /* A fresh name each time (the minimal filesystem has no unlink,
+         * truncate or rename: there the metric is left out). */
+        int f = open("renew.tmp", O_WRONLY | O_CREAT | O_EXCL, 0644);
+        ok = f >= 0 && write(f, buf, len) == (ssize_t)len;
+        if (f >= 0) close(f);
+        ok = ok && rename("renew.tmp", "R") == 0;
+    }
+    double per = (now_ns() - t) / n;
+    close(done[1]);
+    waitpid(child, NULL, 0);
+    close(fd);
+    if (ok) printf("renew_rename_ns %.0f\n", per);
+}
+
 static const char *only;
 
 static int want(const char *metric) { return !only || !strcmp(only, metric); }
@@ -134,6 +172,8 @@ int main(int argc, char **argv) {
     if (want("lease_cycle_ns")) lease_cycle(n, buf, sizeof buf, 0, "lease_cycle_ns");
     /* The same with an fsync of the lease before unlocking. */
     if (want("fsync_cycle_ns")) lease_cycle(n, buf, sizeof buf, 1, "fsync_cycle_ns");
+
+    if (want("renew_rename_ns")) renew_rename(n, buf, sizeof buf);
 
     if (want("contend2_acq_s")) contend(2, secs, "contend2");
     if (want("contend8_acq_s")) contend(8, secs, "contend8");

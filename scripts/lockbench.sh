@@ -30,13 +30,14 @@ print(f"# medians of {sys.argv[2]} runs; {sys.argv[3]} ops per latency metric; {
 cols = tuple(sys.argv[5:])
 print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min0':>9}{'lfs/min1s':>10}{'lfs/tmpfs':>11}{'lfs/vol':>9}")
 for metric, by in data.items():
-    med = {c: statistics.median(by[c]) for c in cols}
+    med = {c: statistics.median(by[c]) if c in by else float("nan") for c in cols}
     print(f"{metric:<20}" + "".join(f"{med[c]:>12.0f}" for c in cols)
           + f"{med['leasefs']/med['minimal']:>8.2f}x{med['leasefs']/med['minimal1s']:>9.2f}x"
           + f"{med['leasefs']/med['tmpfs']:>10.1f}x{med['leasefs']/med['volatile']:>8.2f}x")
 print("(ns for *_ns, acquisitions/s for *_acq_s, µs for *_worst_us; lower is better except acq_s;")
 print(" disk = a directory on the root filesystem; volatile = leasefs --volatile;")
-print(" minimal/minimal1s = minimal fuser filesystem with 0 s / 1 s entry and attribute TTL)")
+print(" minimal/minimal1s = minimal fuser filesystem with 0 s / 1 s entry and attribute TTL;")
+print(" renew_rename = write a temporary file and rename it over a lease another process holds; nan: no rename)")
 PY
 
 # FUSE requests per operation: run each latency metric alone with 1000 and
@@ -48,7 +49,7 @@ echo
 echo "# FUSE requests per operation (counted by the daemon; lookups include one per second of an entry's life)"
 for fs in leasefs ${BASELINE:+baseline}; do
     [ -n "$(requests "$work/$fs")" ] || { echo "$fs: no request counters"; continue; }
-    for metric in stat_ns open_close_ns flock_pair_ns fcntl_pair_ns lease_cycle_ns fsync_cycle_ns; do
+    for metric in stat_ns open_close_ns flock_pair_ns fcntl_pair_ns lease_cycle_ns fsync_cycle_ns renew_rename_ns; do
         d="$work/$fs/count-$metric"
         mkdir -p "$d"
         for k in 0 1000; do
