@@ -156,12 +156,7 @@ print(int(os.getxattr("L", "user.leasefs.epoch")) - e0)
     assert_eq!(out.trim(), "1", "the epoch after a break, seen through a cached name");
     assert_eq!(epoch(&m.path, "L"), before + 1);
     sh_ok(&m.path, "touch go");
-    let deadline = std::time::Instant::now() + STEP;
-    while h.lines.lock().unwrap().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the holder never tried its write");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert_eq!(h.lines.lock().unwrap()[0], "refused", "the broken holder's write must be fenced");
+    assert_eq!(h.first_line(STEP, "the holder's write"), "refused", "the broken holder's write must be fenced");
 }
 
 /// The kernel caches names of files: repeated `stat`s of one file cost a

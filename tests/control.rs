@@ -102,12 +102,7 @@ fn break_fences_the_holder_and_the_next_grant_gets_epoch_plus_one() {
     assert_eq!(sh(&m.path, "flock -n L true").status.code(), Some(0), "broken: the next contender gets it");
     assert_eq!(epoch(&m.path, "L"), before + 1);
     sh_ok(&m.path, "touch go");
-    let deadline = std::time::Instant::now() + STEP;
-    while h.lines.lock().unwrap().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "holder said nothing");
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(h.lines.lock().unwrap()[0], "refused", "the broken holder's write must be fenced");
+    assert_eq!(h.first_line(STEP, "the holder's write"), "refused", "the broken holder's write must be fenced");
     assert_eq!(sh_ok(&m.path, "cat L"), "", "nothing landed");
     let metrics = unlabeled(&sh_ok(&m.path, "cat .leasefs/metrics"));
     assert!(
@@ -147,12 +142,7 @@ fn break_all_fences_every_holder_at_once_and_waiters_get_the_leases() {
     assert_eq!(epoch(&m.path, "d/B"), eb + 1);
     sh_ok(&m.path, "touch go");
     for (h, f) in [(&a, "A"), (&b, "d/B")] {
-        let deadline = std::time::Instant::now() + STEP;
-        while h.lines.lock().unwrap().is_empty() {
-            assert!(std::time::Instant::now() < deadline, "holder of {f} said nothing");
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        assert_eq!(h.lines.lock().unwrap()[0], "refused", "the holder of {f} must be fenced");
+        assert_eq!(h.first_line(STEP, &format!("the holder of {f}")), "refused", "the holder of {f} must be fenced");
     }
     let metrics = unlabeled(&sh_ok(&m.path, "cat .leasefs/metrics"));
     assert!(metrics.contains("leasefs_breaks_total 2"), "{metrics}");

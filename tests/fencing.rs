@@ -73,12 +73,7 @@ fn without_contention_a_late_renewal_keeps_the_incumbent() {
         &m.path,
         "exec flock L sh -c 'echo ready; sleep 1.5; setfattr -n user.leasefs.renew -v 1 L && touch L && echo renewed; exec sleep 60'",
     );
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while h.lines.lock().unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "holder never renewed");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    assert_eq!(h.lines.lock().unwrap()[0], "renewed");
+    assert_eq!(h.first_line(Duration::from_secs(10), "the holder's renewal"), "renewed");
     assert_eq!(sh_code(&m.path, "flock -n L true"), 1, "the renewed incumbent keeps the lease");
     let o = sh(&m.path, "setfattr -n user.leasefs.renew -v 1 L");
     assert!(errno_of(&o).contains("No locks available"), "a non-holder cannot renew: {o:?}");

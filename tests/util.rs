@@ -391,6 +391,19 @@ impl Bg {
         Bg { child, lines }
     }
 
+    /// The first line printed after `ready`, waiting for it at most
+    /// `timeout` (`what` names it in the failure).
+    pub fn first_line(&self, timeout: Duration, what: &str) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.lines.lock().unwrap().first() {
+                return l.clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: nothing printed within {timeout:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Lines printed after `ready`, once the output is drained (after exit).
     pub fn output(&self) -> Vec<String> {
         let deadline = Instant::now() + STEP;

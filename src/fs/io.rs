@@ -187,7 +187,6 @@ impl Fs {
     }
 
     /// Inodes whose kernel page cache must be dropped.
-    /// Inodes whose kernel page cache must be dropped.
     pub fn take_invalidations(&self) -> Vec<Ino> {
         std::mem::take(&mut self.state.lock().invalidate)
     }

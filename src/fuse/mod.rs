@@ -426,7 +426,6 @@ impl fuser::Filesystem for LeaseFs {
         if !self.direct_io {
             warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
         }
-
         Ok(())
     }
 
