@@ -134,6 +134,13 @@ int main(int argc, char **argv) {
     int s = open("S", O_RDWR | O_CREAT, 0644);
     if (s < 0 || close(s)) die("open S");
     struct stat st;
+    /* Files are measured as they usually are, older than a second (leasefs
+     * has the kernel cache the names of files only from then on). */
+    if (stat("S", &st)) die("stat");
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    double age = (wall.tv_sec - st.st_mtim.tv_sec) + (wall.tv_nsec - st.st_mtim.tv_nsec) / 1e9;
+    if (age < 1.2) usleep((useconds_t)((1.2 - age) * 1e6));
     /* Each measured loop starts with one untimed round, so every column
      * starts with the names looked up once. */
     double t;

@@ -41,6 +41,11 @@ if pid == 0:
             pass
     os._exit(0 if seen > 0 else 2)
 os.close(r)
+# Sources: fresh files, and files old enough to have their names cached.
+import time
+for i in range(1, 300, 3):
+    open("tmp%d" % i, "w").close()
+time.sleep(1.2)
 bad = []
 for i in range(300):
     t = "tmp%d" % i
@@ -48,7 +53,8 @@ for i in range(300):
         f.write("v%d" % i)
     if i % 2:
         os.link(t, t + ".other")
-    os.stat(t)  # the source's entry is cached now
+    if i % 3:
+        os.stat(t)  # an old source's entry is cached now
     os.rename(t, "lease")
     st = os.stat("lease")
     with open("lease") as f:
@@ -159,9 +165,9 @@ print(int(os.getxattr("L", "user.leasefs.epoch")) - e0)
     assert_eq!(h.first_line(STEP, "the holder's write"), "refused", "the broken holder's write must be fenced");
 }
 
-/// The kernel caches names of files: repeated `stat`s of one file cost a
-/// GETATTR each (an observation the daemon must see) and no LOOKUP; a
-/// name's first use costs one LOOKUP. The daemon counts the requests it
+/// The kernel caches names of files older than a second: repeated `stat`s
+/// of one file cost a GETATTR each (an observation the daemon must see)
+/// and no LOOKUP; a name's first use costs one LOOKUP. The daemon counts the requests it
 /// gets by opcode in `.leasefs/metrics`.
 #[test]
 fn names_are_cached_and_requests_are_counted() {
@@ -175,12 +181,58 @@ fn names_are_cached_and_requests_are_counted() {
             .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
     };
     let (lookups, getattrs) = (count("lookup"), count("getattr"));
-    py_ok(&m.path, "import os\nfor _ in range(1000): os.stat('f')");
+    // The name of a file younger than a second is not cached.
+    py_ok(&m.path, "import os, time\ntime.sleep(1.1)\nfor _ in range(1000): os.stat('f')");
     let (lookups, getattrs) = (count("lookup") - lookups, count("getattr") - getattrs);
     assert!(getattrs >= 1000, "every stat reaches the daemon: {getattrs} getattrs");
     // One per second of the entry's lifetime at most (and the python
     // start-up's own lookups of names that do not exist).
     assert!(lookups < 100, "1000 stats of a cached name sent {lookups} lookups");
+}
+
+/// Renewal by rename: the name of a file younger than a second is never
+/// cached, and its rename over the live lease goes through at the first
+/// try (one RENAME request); an older source that was looked up (its
+/// entry may be cached) is refused once and retried (two).
+#[test]
+fn a_renewal_by_rename_of_a_fresh_file_needs_no_retry() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch lease");
+    let _holder = Bg::ready(&m.path, "exec 9<lease; flock 9; echo ready; exec sleep 60");
+    let renames = || -> u64 {
+        let metrics = std::fs::read_to_string(m.path.join(".leasefs/metrics")).unwrap();
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("leasefs_fuse_requests_total{op=\"rename"))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    let renew = |old: bool| -> u64 {
+        let before = renames();
+        py_ok(
+            &m.path,
+            &format!(
+                r#"
+import os, time
+old = {}
+if old:
+    for i in range(20):
+        open("tmp%d" % i, "w").close()
+    time.sleep(1.2)
+for i in range(20):
+    with open("tmp%d" % i, "w") as f:
+        f.write(str(i))
+    os.stat("tmp%d" % i)
+    os.rename("tmp%d" % i, "lease")
+assert open("lease").read() == "19"
+"#,
+                if old { "True" } else { "False" }
+            ),
+        );
+        renames() - before
+    };
+    assert_eq!(renew(false), 20, "fresh sources are renamed at the first try");
+    assert_eq!(renew(true), 40, "sources whose names may be cached are retried once");
 }
 
 /// Making the moved entry look its name up again touches no other entry:

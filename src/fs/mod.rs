@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 
@@ -207,6 +207,55 @@ const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
 const XATTR_SIZE_MAX: usize = 65_536;
 
+/// How long the kernel may trust a name leading to a file or symlink that
+/// it looked up. The kernel changes its own entries with every create,
+/// link, unlink and rename it sends; the one change the daemon makes
+/// differently (a rename over a live lease keeps the destination's inode
+/// while the kernel moves the source's entry to the name) is handled in
+/// [`Fs::rename`] with the deadlines below. A path walk then costs no
+/// LOOKUP for its last component.
+pub const FILE_ENTRY_TTL: Duration = Duration::from_secs(1);
+
+/// Names of files younger than this are not cached by the kernel: a file
+/// is usually renamed over a lease right after it was created and written
+/// (a renewal), and a source without a cached entry needs no retry (see
+/// [`Fs::rename`]). The age comes from the file's creation time; the
+/// deadlines below do not depend on the clock.
+const YOUNG: Duration = Duration::from_secs(1);
+
+/// Added to every recorded deadline: the kernel starts an entry's timeout
+/// when the looking-up thread runs again after the reply, a little later
+/// than the daemon records it.
+const ENTRY_MARGIN: Duration = Duration::from_secs(1);
+
+/// The latest time until which the kernel may hold a cached entry (with
+/// [`FILE_ENTRY_TTL`]) of each file it looked up; entries that expire at
+/// once (of files younger than [`YOUNG`], and every entry a create, mknod,
+/// symlink or link returns) are not here. Expired deadlines are pruned as the map grows,
+/// so it holds about the files looked up in the last two seconds.
+#[derive(Debug, Default)]
+struct EntryDeadlines {
+    until: HashMap<Ino, Instant>,
+    /// Prune when the map reaches this size.
+    prune_at: usize,
+}
+
+impl EntryDeadlines {
+    /// The kernel was just given an entry of `ino` that it may keep.
+    fn given(&mut self, ino: Ino, now: Instant) {
+        if self.until.len() >= self.prune_at.max(1024) {
+            self.until.retain(|_, d| *d > now);
+            self.prune_at = 2 * self.until.len();
+        }
+        self.until.insert(ino, now + FILE_ENTRY_TTL + ENTRY_MARGIN);
+    }
+
+    /// The kernel may still hold a valid entry of `ino`.
+    fn cached(&self, ino: Ino, now: Instant) -> bool {
+        self.until.get(&ino).is_some_and(|d| *d > now)
+    }
+}
+
 /// Renames over a live lease that were answered `ESTALE` so that the kernel
 /// retries them after looking the source up again, by source (directory,
 /// name): the thread that asked, and whether it has looked the source up
@@ -284,6 +333,8 @@ struct State {
     /// Renames over a live lease waiting for the kernel to look their
     /// source up again (see `Fs::rename`).
     pending_renames: PendingRenames,
+    /// Files of which the kernel may hold a cached entry.
+    entry_deadlines: EntryDeadlines,
     /// The kernel caches names of files (not on a shared namespace).
     names_cached: bool,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
@@ -936,6 +987,7 @@ impl Fs {
                 lease: Box::new(LocalAuthority::new(None)),
                 invalidate: Vec::new(),
                 pending_renames: PendingRenames::default(),
+                entry_deadlines: EntryDeadlines::default(),
                 names_cached: true,
                 tmpfiles: std::collections::HashSet::new(),
                 metrics: Metrics::default(),

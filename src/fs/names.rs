@@ -7,7 +7,8 @@ use super::*;
 impl Fs {
     /// Resolve `name` in `parent` for thread `tid` and take a kernel
     /// reference on it; false when the kernel must not keep the entry (the
-    /// source of a pending rename over a live lease).
+    /// source of a pending rename over a live lease, a file younger than
+    /// [`YOUNG`]). Every entry of a file the kernel may keep is recorded.
     pub fn lookup(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<(Attr, bool)> {
         if let Some(a) = self.control_lookup(parent, name)? {
             return Ok((a, true));
@@ -15,8 +16,15 @@ impl Fs {
         let mut st = self.fresh();
         let ino = st.ns.child(parent, name)?;
         st.ns.add_lookup(ino);
-        let keep = !st.pending_renames.looked_up(parent, name, tid);
-        Ok((st.ns.get(ino)?.attr(), keep))
+        let mut keep = !st.pending_renames.looked_up(parent, name, tid);
+        let a = st.ns.get(ino)?.attr();
+        if keep && st.names_cached && a.kind != Kind::Dir {
+            keep = SystemTime::now().duration_since(a.crtime).is_ok_and(|age| age >= YOUNG);
+            if keep {
+                st.entry_deadlines.given(ino, Instant::now());
+            }
+        }
+        Ok((a, keep))
     }
 
     /// Drop `n` kernel references.
@@ -390,16 +398,23 @@ impl Fs {
                 let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
                 if live && both_files {
                     // The kernel moves the source's entry to the lease's
-                    // name once it has the answer, and may have cached it:
-                    // it must expire first, or the next walk to the name
-                    // would reach the source. The first try is answered
-                    // ESTALE, which makes the kernel retry the rename once
-                    // after looking the source up again (LOOKUP_REVAL);
-                    // that lookup is answered with an entry that expires at
-                    // once, and the retry goes ahead. No lock is needed:
-                    // an entry invalidation notice would wait for the
-                    // directory the rename holds.
-                    if st.names_cached && !st.pending_renames.retried(parent, name, tid) {
+                    // name once it has the answer. If that entry may still
+                    // be valid (the source was looked up less than
+                    // FILE_ENTRY_TTL + margin ago), it must expire first,
+                    // or the next walk to the name would reach the source.
+                    // Then the first try is answered ESTALE, which makes
+                    // the kernel retry the rename once after looking the
+                    // source up again (LOOKUP_REVAL); that lookup is
+                    // answered with an entry that expires at once, and the
+                    // retry goes ahead. No lock is needed: an entry
+                    // invalidation notice would wait for the directory the
+                    // rename holds. A source the kernel only got from its
+                    // create (the usual renewal) has no valid entry and is
+                    // renamed at the first try.
+                    if st.names_cached
+                        && st.entry_deadlines.cached(src, Instant::now())
+                        && !st.pending_renames.retried(parent, name, tid)
+                    {
                         st.pending_renames.ask(parent, name, tid);
                         return Err(Error::Stale);
                     }

@@ -93,12 +93,23 @@ fn rename_over_keeps_identity_only_while_live() {
     let (dst, h) = fs.create(C, r, OsStr::new("dst"), 0o600, 0, libc::O_RDWR | libc::O_EXCL).unwrap();
     fs.setlk(dst.ino, flock(h, Some(Mode::Exclusive)), None).unwrap();
     assert_eq!(fs.epoch(dst.ino), Epoch(2));
-    // Held: the content moves, the inode, epoch and holder stay.
+    fs.state.lock().ns.get_mut(dst.ino).unwrap().crtime -= YOUNG;
+    // Held: the content moves, the inode, epoch and holder stay. A source
+    // the kernel only got from its create has no cached entry: renamed at
+    // the first try.
+    let (fresh, _) = fs.create(C, r, OsStr::new("fresh"), 0o640, 0, libc::O_RDWR).unwrap();
+    assert!(!fs.lookup(r, OsStr::new("fresh"), 7).unwrap().1, "a young file's name is not cached");
+    fs.rename(r, OsStr::new("fresh"), r, OsStr::new("dst"), 0, 7).unwrap();
+    assert_eq!(fs.lookup(r, OsStr::new("dst"), 7).unwrap().0.ino, dst.ino);
+    assert_ne!(fresh.ino, dst.ino);
+    // A source the kernel looked up may have a cached entry. As the kernel
+    // does it: the first try is refused with ESTALE, the kernel looks the
+    // source up again (an entry it must not keep) and retries. A retry
+    // without that lookup, or by another thread, is refused again.
     let (src, _) = fs.create(C, r, OsStr::new("src"), 0o640, 0, libc::O_RDWR).unwrap();
-    // As the kernel does it: the first try is refused with ESTALE, the
-    // kernel looks the source up again (an entry it must not keep) and
-    // retries. A retry without that lookup, or by another thread, is
-    // refused again.
+    assert!(!fs.lookup(r, OsStr::new("src"), 9).unwrap().1, "a young file's name is not cached");
+    fs.state.lock().ns.get_mut(src.ino).unwrap().crtime -= YOUNG;
+    assert!(fs.lookup(r, OsStr::new("src"), 9).unwrap().1, "an older one's is");
     assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 7), Err(Error::Stale));
     assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 7), Err(Error::Stale));
     assert!(!fs.lookup(r, OsStr::new("src"), 8).unwrap().1, "any lookup of a pending source expires at once");
@@ -106,7 +117,7 @@ fn rename_over_keeps_identity_only_while_live() {
     assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 8), Err(Error::Stale));
     assert!(!fs.lookup(r, OsStr::new("src"), 8).unwrap().1);
     fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 8).unwrap();
-    assert!(fs.lookup(r, OsStr::new("dst"), 8).unwrap().1, "nothing pending any more");
+    assert!(fs.lookup(r, OsStr::new("dst"), 8).unwrap().1, "nothing pending any more (and the lease is old)");
     assert_eq!(fs.lookup(r, OsStr::new("dst"), 0).unwrap().0.ino, dst.ino);
     assert_eq!(fs.epoch(dst.ino), Epoch(2));
     assert_ne!(src.ino, dst.ino);
@@ -117,6 +128,22 @@ fn rename_over_keeps_identity_only_while_live() {
     let now = fs.lookup(r, OsStr::new("dst"), 0).unwrap().0;
     assert_eq!((now.ino, now.perm), (src.ino, 0o640));
     assert!(fs.epoch(src.ino) >= Epoch(2), "the path's epoch never goes back");
+}
+
+#[test]
+fn entry_deadlines_expire_and_are_pruned() {
+    let mut d = EntryDeadlines::default();
+    let t0 = Instant::now();
+    d.given(Ino(5), t0);
+    assert!(d.cached(Ino(5), t0 + FILE_ENTRY_TTL), "the margin covers a late start of the kernel's timeout");
+    assert!(!d.cached(Ino(5), t0 + FILE_ENTRY_TTL + ENTRY_MARGIN));
+    assert!(!d.cached(Ino(6), t0));
+    // Lookups of many files: the expired ones go as the map grows.
+    for i in 0..5000 {
+        d.given(Ino(100 + i), t0 + Duration::from_millis(i));
+    }
+    assert!(d.until.len() < 5000, "{}", d.until.len());
+    assert!(d.cached(Ino(100 + 4999), t0 + Duration::from_millis(4999)));
 }
 
 #[test]

@@ -45,16 +45,9 @@ const EARLY_INTERRUPTS: usize = 256;
 /// permissions against fresh attributes.
 const ATTR_TTL: Duration = Duration::ZERO;
 
-/// How long the kernel may trust a name leading to a file or symlink: the
-/// kernel changes its own entries with every create, link, unlink and
-/// rename it sends, and the one change the daemon makes differently (a
-/// rename over a live lease keeps the destination's inode while the kernel
-/// moves the source's entry to the name) first has the kernel look the
-/// source up again and answers that lookup with an entry that expires at
-/// once (see [`crate::fs::Fs::rename`]), so the moved entry is looked up
-/// again at its next use. A path walk costs no LOOKUP for its last
-/// component.
-const FILE_ENTRY_TTL: Duration = Duration::from_secs(1);
+/// How long the kernel may trust a name leading to a file or symlink that
+/// it looked up (see [`crate::fs::FILE_ENTRY_TTL`]).
+const FILE_ENTRY_TTL: Duration = crate::fs::FILE_ENTRY_TTL;
 
 /// How long the kernel may trust a directory's name and attributes. A lease
 /// is never a directory and a directory holding a live lease cannot move, so
@@ -85,7 +78,7 @@ fn attr_ttl(a: &Attr) -> &'static Duration {
     }
 }
 
-/// The entry timeout of a name leading to `a`.
+/// The entry timeout of a name leading to `a`, found by a lookup.
 fn entry_ttl(a: &Attr) -> &'static Duration {
     if !cache_names() || crate::control::is_control(a.ino) {
         &Duration::ZERO
@@ -96,9 +89,27 @@ fn entry_ttl(a: &Attr) -> &'static Duration {
     }
 }
 
-/// Answer a request that made or found a name.
+/// The entry timeout of a name that a create, mknod, symlink or link just
+/// made: a file's expires at once. The daemon does not have to remember
+/// such entries, so the usual renewal (create a file, write it, rename it
+/// over the lease) never needs the retry of a rename over a live lease
+/// (see [`crate::fs::Fs::rename`]); the next use of the name looks it up.
+fn made_entry_ttl(a: &Attr) -> &'static Duration {
+    if a.kind == Kind::Dir {
+        entry_ttl(a)
+    } else {
+        &Duration::ZERO
+    }
+}
+
+/// Answer a lookup.
 fn entry(reply: ReplyEntry, a: &Attr) {
     reply.entry_with_ttls(attr_ttl(a), entry_ttl(a), &attr(a), Generation(0))
+}
+
+/// Answer a request that made a name.
+fn made_entry(reply: ReplyEntry, a: &Attr) {
+    reply.entry_with_ttls(attr_ttl(a), made_entry_ttl(a), &attr(a), Generation(0))
 }
 
 /// How long the kernel may remember that a name does not exist.
@@ -431,8 +442,8 @@ impl fuser::Filesystem for LeaseFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         guarded("lookup", || match self.fs.lookup(Ino(parent.0), name, req.pid()) {
-            // The source of a rename over a live lease: the kernel is about
-            // to move this entry to the lease's name.
+            // A young file, or the source of a rename over a live lease
+            // (the kernel is about to move this entry to the lease's name).
             Ok((a, false)) => reply.entry_with_ttls(attr_ttl(&a), &Duration::ZERO, &attr(&a), Generation(0)),
             Ok((a, true)) => entry(reply, &a),
             // "No such name" may be cached (node id 0): every name of this
@@ -506,14 +517,14 @@ impl fuser::Filesystem for LeaseFs {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         guarded("mknod", || match self.fs.mknod(caller(req), Ino(parent.0), name, mode, umask, rdev) {
-            Ok(a) => entry(reply, &a),
+            Ok(a) => made_entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         guarded("mkdir", || match self.fs.mkdir(caller(req), Ino(parent.0), name, mode, umask) {
-            Ok(a) => entry(reply, &a),
+            Ok(a) => made_entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -534,7 +545,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         guarded("symlink", || match self.fs.symlink(caller(req), Ino(parent.0), link_name, target.as_os_str()) {
-            Ok(a) => entry(reply, &a),
+            Ok(a) => made_entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -559,7 +570,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname) {
-            Ok(a) => entry(reply, &a),
+            Ok(a) => made_entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -788,7 +799,14 @@ impl fuser::Filesystem for LeaseFs {
         guarded("create", || match self.fs.create(caller(req), Ino(parent.0), name, mode, umask, flags) {
             Ok((a, h)) => {
                 let flags = if self.direct_io { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() };
-                reply.created_with_ttls(attr_ttl(&a), entry_ttl(&a), &attr(&a), Generation(0), FileHandle(h.0), flags)
+                reply.created_with_ttls(
+                    attr_ttl(&a),
+                    made_entry_ttl(&a),
+                    &attr(&a),
+                    Generation(0),
+                    FileHandle(h.0),
+                    flags,
+                )
             }
             Err(e) => reply.error(errno(e)),
         });
