@@ -20,7 +20,49 @@ pub struct Data {
     pub(super) size: u64,
     pub(super) pages: PageMap,
     /// Pages changed since the last flush, when the namespace is durable.
-    pub(super) dirty: Option<BTreeSet<u64>>,
+    pub(super) dirty: Option<DirtyPages>,
+}
+
+/// Indices of pages changed since the last flush. The one page of a small
+/// file is kept inline: a namespace of a million leases written since the
+/// last flush allocates (and, once flushed, frees) nothing per file, which
+/// would leave the allocator a million small chunks to sort out on the
+/// request path.
+#[derive(Debug, Default, Clone)]
+pub enum DirtyPages {
+    #[default]
+    Clean,
+    One(u64),
+    Many(BTreeSet<u64>),
+}
+
+impl DirtyPages {
+    pub fn insert(&mut self, idx: u64) {
+        match self {
+            DirtyPages::Clean => *self = DirtyPages::One(idx),
+            DirtyPages::One(i) if *i == idx => {}
+            DirtyPages::One(i) => *self = DirtyPages::Many(BTreeSet::from([*i, idx])),
+            DirtyPages::Many(set) => {
+                set.insert(idx);
+            }
+        }
+    }
+
+    pub fn extend(&mut self, idx: impl IntoIterator<Item = u64>) {
+        for i in idx {
+            self.insert(i);
+        }
+    }
+
+    /// The indices, each once, in ascending order.
+    pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        let (one, many) = match self {
+            DirtyPages::Clean => (None, None),
+            DirtyPages::One(i) => (Some(*i), None),
+            DirtyPages::Many(set) => (None, Some(set.iter().copied())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
+    }
 }
 
 impl Data {
@@ -247,6 +289,6 @@ impl Data {
 
     /// Pages changed since the last flush.
     pub fn dirty_pages(&self) -> impl Iterator<Item = u64> + '_ {
-        self.dirty.iter().flatten().copied()
+        self.dirty.iter().flat_map(DirtyPages::iter)
     }
 }

@@ -150,10 +150,24 @@ pub struct Dir {
     entries: BTreeMap<u64, (OsString, Ino)>,
     by_name: HashMap<OsString, u64>,
     next_cookie: u64,
-    /// Names changed since the last flush, when the namespace is durable,
-    /// with whether each existed at the last flush (a name created and
-    /// removed again in between is no change at all).
-    dirty: Option<HashMap<OsString, bool>>,
+    /// Names changed since the last flush, when the namespace is durable.
+    dirty: Option<DirDirty>,
+}
+
+/// What changed in a directory since the last flush. Cookies are handed out
+/// in order, so every entry from `mark` on is new and needs no record of
+/// its own: a directory that gained a million names copies none of them
+/// (and frees none at the flush). A name created and removed again in
+/// between is no change at all.
+#[derive(Debug, Clone, Default)]
+struct DirDirty {
+    /// The next cookie at the last flush.
+    mark: u64,
+    /// Cookies below the mark whose entry now names another inode.
+    replaced: BTreeSet<u64>,
+    /// Names that existed at the last flush and were removed since (some
+    /// may exist again, under a cookie from the mark on).
+    removed: HashSet<OsString>,
 }
 
 /// First cookie handed to a real entry; 1 and 2 are `.` and `..`.
@@ -186,12 +200,12 @@ impl Dir {
 
     /// Add or replace a name.
     pub fn insert(&mut self, name: OsString, ino: Ino) {
-        if let Some(d) = &mut self.dirty {
-            if !d.contains_key(&name) {
-                d.insert(name.clone(), self.by_name.contains_key(&name));
-            }
-        }
         if let Some(&cookie) = self.by_name.get(&name) {
+            if let Some(d) = &mut self.dirty {
+                if cookie < d.mark {
+                    d.replaced.insert(cookie);
+                }
+            }
             // Replacing keeps the position: the name was already listed.
             self.entries.insert(cookie, (name, ino));
             return;
@@ -204,19 +218,14 @@ impl Dir {
 
     /// Remove a name, returning the inode it pointed at.
     pub fn remove(&mut self, name: &OsStr) -> Option<Ino> {
+        let cookie = self.by_name.remove(name)?;
         if let Some(d) = &mut self.dirty {
-            match d.get(name) {
-                // Created since the last flush: removing it leaves nothing to record.
-                Some(false) => {
-                    d.remove(name);
-                }
-                Some(true) => {}
-                None => {
-                    d.insert(name.to_os_string(), self.by_name.contains_key(name));
-                }
+            // Created since the last flush: removing it leaves nothing to record.
+            if cookie < d.mark {
+                d.replaced.remove(&cookie);
+                d.removed.insert(name.to_os_string());
             }
         }
-        let cookie = self.by_name.remove(name)?;
         self.entries.remove(&cookie).map(|(_, ino)| ino)
     }
 
@@ -227,7 +236,13 @@ impl Dir {
 
     /// Names changed since the last flush.
     pub fn dirty_names(&self) -> impl Iterator<Item = &OsString> {
-        self.dirty.iter().flatten().map(|(n, _)| n)
+        self.dirty.iter().flat_map(move |d| {
+            let new = self.entries.range(d.mark..).map(|(_, (n, _))| n);
+            let replaced = d.replaced.iter().filter_map(|c| self.entries.get(c)).map(|(n, _)| n);
+            // A removed name that exists again is listed with the new ones.
+            let removed = d.removed.iter().filter(|n| self.by_name.get(n.as_os_str()).is_none_or(|&c| c < d.mark));
+            new.chain(replaced).chain(removed)
+        })
     }
 
     /// Entries from `cookie` on, with their cookies (an image encoded a
@@ -281,8 +296,8 @@ impl Inode {
     /// Reset change tracking of the content to "nothing changed".
     fn start_tracking(&mut self) {
         match &mut self.body {
-            Body::File(d) => d.dirty = Some(BTreeSet::new()),
-            Body::Dir(d) => d.dirty = Some(HashMap::new()),
+            Body::File(d) => d.dirty = Some(data::DirtyPages::Clean),
+            Body::Dir(d) => d.dirty = Some(DirDirty { mark: d.next_cookie, ..DirDirty::default() }),
             _ => {}
         }
     }

@@ -110,6 +110,55 @@ fn churn_between_flushes_records_nothing() {
     assert_eq!(ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().count(), 1);
 }
 
+/// Every way a name can change between two flushes is listed exactly once
+/// (the flush records each listed name as it is then), without copying the
+/// names of new entries; pages of a small file are tracked inline.
+#[test]
+fn dirty_names_list_each_changed_name_once() {
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    for n in ["old", "gone", "back", "again", "moved"] {
+        new_file(&mut ns, Ino::ROOT, n);
+    }
+    ns.clear_dirty();
+    let names = |ns: &Namespace| {
+        let mut v: Vec<String> =
+            ns.get(Ino::ROOT).unwrap().dir().unwrap().dirty_names().map(|n| n.to_string_lossy().into_owned()).collect();
+        v.sort();
+        v
+    };
+    assert!(names(&ns).is_empty());
+    new_file(&mut ns, Ino::ROOT, "new");
+    ns.unlink(Ino::ROOT, OsStr::new("gone")).unwrap();
+    // Removed and created again: once (as it is now).
+    ns.unlink(Ino::ROOT, OsStr::new("back")).unwrap();
+    new_file(&mut ns, Ino::ROOT, "back");
+    // Removed, created, removed again: once (gone).
+    ns.unlink(Ino::ROOT, OsStr::new("again")).unwrap();
+    new_file(&mut ns, Ino::ROOT, "again");
+    ns.unlink(Ino::ROOT, OsStr::new("again")).unwrap();
+    // Pointed at another inode in place (a rename over it).
+    let other = new_file(&mut ns, Ino::ROOT, "tmp");
+    ns.unlink(Ino::ROOT, OsStr::new("tmp")).unwrap();
+    ns.get_mut(Ino::ROOT).unwrap().dir_mut().unwrap().insert("moved".into(), other);
+    assert_eq!(names(&ns), ["again", "back", "gone", "moved", "new"]);
+    let root = ns.get(Ino::ROOT).unwrap().dir().unwrap();
+    let now: Vec<_> =
+        ["again", "back", "gone", "moved", "new"].iter().map(|n| root.get(OsStr::new(n)).is_some()).collect();
+    assert_eq!(now, [false, true, false, true, true]);
+    ns.clear_dirty();
+    assert!(names(&ns).is_empty());
+    // Pages: one inline, more in a set, each once, in order.
+    let f = new_file(&mut ns, Ino::ROOT, "pages");
+    let d = ns.get_mut(f).unwrap().data_mut().unwrap();
+    d.write(0, b"a").unwrap();
+    d.write(1, b"b").unwrap();
+    assert_eq!(d.dirty_pages().collect::<Vec<_>>(), vec![0]);
+    d.write(3 * PAGE as u64, b"c").unwrap();
+    d.write(PAGE as u64, b"d").unwrap();
+    assert_eq!(d.dirty_pages().collect::<Vec<_>>(), vec![0, 1, 3]);
+}
+
 #[test]
 fn readdir_cookies_survive_removal_and_insertion() {
     let mut d = Dir::new(Ino::ROOT);
