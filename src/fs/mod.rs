@@ -1033,7 +1033,11 @@ impl Fs {
     /// (`EIO` when it could not be; the change is then undone).
     fn change<T>(&self, op: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
         let mut st = self.state.lock();
-        let Some(mut r) = st.replica.take() else { return op(&mut st) };
+        let Some(mut r) = st.replica.take() else {
+            let out = op(&mut st);
+            self.write_back(&mut st);
+            return out;
+        };
         let begun = r.begin(&mut st.ns);
         let out = match begun {
             Ok(c) => {
@@ -1055,6 +1059,24 @@ impl Fs {
         };
         st.replica = Some(r);
         out
+    }
+
+    /// Changes without a sync are appended to the journal once
+    /// [`WRITEBACK`] inodes have changed (their sync runs on the
+    /// group-commit thread, answering nobody), so no `fsync` has to encode
+    /// and append more than that while it holds the state lock: an `fsync`
+    /// after a million leases created without one would stop every request
+    /// for seconds. A failure here is met again, and reported, by the next
+    /// `fsync`.
+    fn write_back(&self, st: &mut State) {
+        let (dirty, freed) = st.ns.dirty();
+        if st.store.is_none() || dirty.len() + freed.len() < WRITEBACK {
+            return;
+        }
+        if let Ok(sync) = st.append_changes() {
+            let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+            self.group.submit(sync, &failed, Box::new(|_| {}));
+        }
     }
 
     /// On a shared namespace, `check` before taking the right to change it:
@@ -1179,12 +1201,9 @@ impl Fs {
     }
 
     /// Clean unmount: fold everything into a snapshot. Changes never
-    /// synced are flushed to the journal first when they are few, so a
-    /// crash during the snapshot keeps them too; when they are most of the
-    /// namespace (a million leases created without an `fsync`) they go
-    /// straight into the snapshot instead of being written twice (nothing
-    /// unsynced was promised). Nothing is written when nothing changed
-    /// since the last snapshot.
+    /// synced (at most [`WRITEBACK`] inodes) are flushed to the journal
+    /// first, so a crash during the snapshot keeps them too. Nothing is
+    /// written when nothing changed since the last snapshot.
     pub fn shutdown(&self) {
         self.group.stop();
         let mut st = self.state.lock();
@@ -1197,12 +1216,9 @@ impl Fs {
             tracing::info!("nothing changed since the last snapshot");
             return;
         }
-        let direct = pending > 4096 && pending * 2 > st.ns.len();
-        if !direct {
-            if let Err(e) = st.flush() {
-                tracing::error!("final flush failed: {e:?}");
-                return;
-            }
+        if let Err(e) = st.flush() {
+            tracing::error!("final flush failed: {e:?}");
+            return;
         }
         let started = std::time::Instant::now();
         let head = st.store.as_ref().expect("checked above").head();
@@ -1211,12 +1227,6 @@ impl Fs {
         let written = st.store.as_mut().expect("checked above").snapshot(img);
         match written {
             Ok(()) => tracing::info!(bytes, ms = started.elapsed().as_millis() as u64, "snapshot written"),
-            Err(e) if direct => {
-                tracing::warn!("snapshot at unmount failed: {e}; writing the journal instead");
-                if let Err(e) = st.flush() {
-                    tracing::error!("final flush failed: {e:?}");
-                }
-            }
             Err(e) => tracing::error!("snapshot at unmount failed: {e}"),
         }
     }
@@ -1251,6 +1261,11 @@ impl Fs {
 fn extra_of(lease: &dyn LeaseAuthority, ino: Ino) -> crate::store::snapshot::Extra {
     crate::store::snapshot::Extra { ttl_ms: lease.lease(ino).and_then(|l| l.ttl()), guard: lease.guard(ino) }
 }
+
+/// Changed inodes (and dropped ones) that are appended to the journal
+/// without waiting for an `fsync` (about 3 ms of encoding under the state
+/// lock).
+const WRITEBACK: usize = 2048;
 
 /// How long one slice of a snapshot image holds the state lock.
 const SLICE: std::time::Duration = std::time::Duration::from_millis(2);

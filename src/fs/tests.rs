@@ -313,6 +313,29 @@ fn paths(ns: &Namespace) -> Vec<String> {
     out
 }
 
+/// Changes without an fsync are appended to the journal every
+/// WRITEBACK inodes, so an fsync never has more than that to append under
+/// the state lock; what was appended is in the journal for recovery.
+#[test]
+fn changes_without_fsync_are_written_back_in_bounded_batches() {
+    use crate::store::snapshot::Store;
+    use crate::store::storage::DirStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs();
+    let (store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
+    fs.set_store(store, rec);
+    let n = 3 * WRITEBACK + 10;
+    for i in 0..n {
+        fs.mknod(C, Ino::ROOT, OsStr::new(&format!("f{i}")), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        let st = fs.state.lock();
+        assert!(st.ns.dirty().0.len() < WRITEBACK, "{} unsynced at {i}", st.ns.dirty().0.len());
+    }
+    // What the journal holds now, without any fsync: every batch written back.
+    let (_, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
+    let got = paths(&Namespace::restore(rec.inodes, rec.next_ino, Namespace::new(0o755, 0, 0, now())));
+    assert!(got.len() > n - WRITEBACK && got.len() <= n + 1, "{} of {n} files in the journal", got.len());
+}
+
 /// The lease timer encodes a snapshot image a slice at a time while a
 /// directory moves back and forth and files are renamed between the
 /// slices without any fsync: it appends those changes to the journal
