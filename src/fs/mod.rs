@@ -231,8 +231,9 @@ const ENTRY_MARGIN: Duration = Duration::from_secs(1);
 /// The latest time until which the kernel may hold a cached entry (with
 /// [`FILE_ENTRY_TTL`]) of each file it looked up; entries that expire at
 /// once (of files younger than [`YOUNG`], and every entry a create, mknod,
-/// symlink or link returns) are not here. Expired deadlines are pruned as the map grows,
-/// so it holds about the files looked up in the last two seconds.
+/// symlink or link returns) are not here. Expired deadlines are pruned as
+/// the map grows, so it holds about the files looked up in the last two
+/// seconds.
 #[derive(Debug, Default)]
 struct EntryDeadlines {
     until: HashMap<Ino, Instant>,
