@@ -5,6 +5,19 @@
 
 use crate::util::*;
 
+/// FUSE requests of the opcodes `ops` the daemon has received so far (its
+/// counters in `.leasefs/metrics`).
+fn requests(m: &Mount, ops: &[&str]) -> u64 {
+    let metrics = std::fs::read_to_string(m.path.join(".leasefs/metrics")).unwrap();
+    ops.iter()
+        .filter_map(|op| {
+            let label = format!("leasefs_fuse_requests_total{{op=\"{op}\"");
+            metrics.lines().find(|l| l.starts_with(&label))
+        })
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum()
+}
+
 /// Rename over a live lease keeps the lease's inode at the name while the
 /// kernel moves the source's entry there: the renaming process itself and
 /// a reader that loops over the name must never reach the source's inode,
@@ -173,13 +186,7 @@ print(int(os.getxattr("L", "user.leasefs.epoch")) - e0)
 fn names_are_cached_and_requests_are_counted() {
     let m = Mount::new();
     sh_ok(&m.path, "touch f");
-    let count = |op: &str| -> u64 {
-        let metrics = std::fs::read_to_string(m.path.join(".leasefs/metrics")).unwrap();
-        metrics
-            .lines()
-            .find(|l| l.starts_with(&format!("leasefs_fuse_requests_total{{op=\"{op}\"")))
-            .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
-    };
+    let count = |op: &str| requests(&m, &[op]);
     let (lookups, getattrs) = (count("lookup"), count("getattr"));
     // The name of a file younger than a second is not cached.
     py_ok(&m.path, "import os, time\ntime.sleep(1.1)\nfor _ in range(1000): os.stat('f')");
@@ -199,14 +206,7 @@ fn a_renewal_by_rename_of_a_fresh_file_needs_no_retry() {
     let m = Mount::new();
     sh_ok(&m.path, "touch lease");
     let _holder = Bg::ready(&m.path, "exec 9<lease; flock 9; echo ready; exec sleep 60");
-    let renames = || -> u64 {
-        let metrics = std::fs::read_to_string(m.path.join(".leasefs/metrics")).unwrap();
-        metrics
-            .lines()
-            .filter(|l| l.starts_with("leasefs_fuse_requests_total{op=\"rename"))
-            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
-            .sum()
-    };
+    let renames = || requests(&m, &["rename", "rename2"]);
     let renew = |old: bool| -> u64 {
         let before = renames();
         py_ok(
