@@ -5,10 +5,14 @@
  *                               DIRS subdirectories d0..d{DIRS-1} (DIRS=1: all
  *                               in DIR itself). Prints create_ns (per lease).
  *   scale ops DIR N DIRS OPS    time OPS of each operation on existing leases
- *                               picked at random: stat (by path: a lookup
- *                               and a getattr), open+close,
- *                               flock pair on an open descriptor, lease cycle
- *                               (open, LOCK_EX|LOCK_NB, write 14 B, close).
+ *                               picked at random: lookup (stat of a name the
+ *                               kernel holds no valid entry of: distinct
+ *                               names, after every entry expired; a LOOKUP
+ *                               and a GETATTR), and, on a name just looked
+ *                               up (untimed), stat (a GETATTR), open+close,
+ *                               lease cycle (open, LOCK_EX|LOCK_NB, write
+ *                               14 B, close); flock pair on an open
+ *                               descriptor. The same requests at every N.
  *                               Prints "<metric>_ns <median of 5 batches>".
  *   scale churn DIR N           N cycles of create/lock/write/unlock/close/
  *                               unlink of unique names. Prints churn_ns.
@@ -137,26 +141,42 @@ int main(int argc, char **argv) {
         printf("churn_ns %.0f\n", (now_ns() - t0) / n);
     } else if (!strcmp(mode, "ops")) {
         long ops = argc > 5 ? atol(argv[5]) : 2000;
-        const char *metrics[] = { "stat", "open_close", "lock_pair", "lease_cycle" };
-        for (int m = 0; m < 4; m++) {
+        const char *metrics[] = { "lookup", "stat", "open_close", "lock_pair", "lease_cycle" };
+        /* Distinct names for the lookups of one batch: a partial shuffle. */
+        long *perm = malloc(n * sizeof *perm);
+        if (!perm) die("malloc", NULL);
+        for (long i = 0; i < n; i++) perm[i] = i;
+        for (int m = 0; m < 5; m++) {
             double batch[5];
             for (int b = 0; b < 5; b++) {
                 double spent = 0;
-                for (long k = 0; k < ops; k++) {
-                    name(path, sizeof path, dir, pick(n), dirs);
+                long count = m == 0 && ops > n ? n : ops;
+                if (m == 0) {
+                    for (long k = 0; k < count; k++) {
+                        long j = k + pick(n - k), t = perm[k];
+                        perm[k] = perm[j];
+                        perm[j] = t;
+                    }
+                    /* Every entry the kernel was given expires after 1 s. */
+                    usleep(1200000);
+                }
+                for (long k = 0; k < count; k++) {
+                    name(path, sizeof path, dir, m == 0 ? perm[k] : pick(n), dirs);
                     struct stat st;
                     int fd = -1;
-                    if (m == 2 && (fd = open(path, O_RDONLY)) < 0) die("open", path);
+                    if (m == 3 && (fd = open(path, O_RDONLY)) < 0) die("open", path);
+                    if (m != 0 && m != 3 && stat(path, &st)) die("stat", path);
                     double t0 = now_ns();
                     switch (m) {
                     case 0:
+                    case 1:
                         if (stat(path, &st)) die("stat", path);
                         break;
-                    case 1:
+                    case 2:
                         if ((fd = open(path, O_RDONLY)) < 0) die("open", path);
                         close(fd);
                         break;
-                    case 2:
+                    case 3:
                         /* The descriptor is opened outside the timed pair. */
                         if (flock(fd, LOCK_EX) || flock(fd, LOCK_UN)) die("flock", path);
                         break;
@@ -164,13 +184,14 @@ int main(int argc, char **argv) {
                         cycle(path, 0);
                     }
                     spent += now_ns() - t0;
-                    if (m == 2) close(fd);
+                    if (m == 3) close(fd);
                 }
-                batch[b] = spent / ops;
+                batch[b] = spent / count;
             }
             qsort(batch, 5, sizeof batch[0], cmp);
             printf("%s_ns %.0f\n", metrics[m], batch[2]);
         }
+        free(perm);
     } else {
         fprintf(stderr, "scale: unknown mode %s\n", mode);
         return 2;

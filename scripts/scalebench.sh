@@ -5,8 +5,9 @@
 # create time per lease (against the minimal fuser filesystem,
 # scripts/minimalfs.rs, creating the same N in its one directory), RSS (after
 # one fsync, once a compaction it started has finished) and state-directory
-# bytes per lease, the latency of stat, open+close, flock pair and lease
-# cycle on random existing leases, the clean-unmount time (and the minimal
+# bytes per lease, the latency of a lookup, stat, open+close, flock pair and
+# lease cycle on random existing leases (the same requests at every N; each
+# against the smallest N's in a table of its own), the clean-unmount time (and the minimal
 # filesystem's with as many cached inodes) and the restart time after
 # kill -9 and after a clean unmount. While the fsync after the creates runs,
 # and during the compaction it starts, another process times flock pairs on
@@ -187,15 +188,24 @@ for n in sizes:
         print(json.dumps(row), file=sys.stderr)
 
 print(f"# {'pinned to CPU 0' if pin else 'unpinned'}; {ops} random picks per latency, median of 5 batches")
-print("| leases | dirs | create µs | minimal create µs | ratio | RSS B/lease | state B/lease | stat µs | open+close µs | flock pair µs | lease cycle µs | unmount s | minimal unmount s | restart (clean) s | restart (kill -9) s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+print("| leases | dirs | create µs | minimal create µs | ratio | RSS B/lease | state B/lease | lookup µs | stat µs | open+close µs | flock pair µs | lease cycle µs | unmount s | minimal unmount s | restart (clean) s | restart (kill -9) s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     mc = r.get("minimal_create_us")
     mcs, ratio = (f"{mc:.1f}", f"{r['create_us'] / mc:.2f}×") if mc else ("—", "—")
     mu = f"{r['minimal_unmount_s']:.2f}" if "minimal_unmount_s" in r else "—"
     print(f"| {r['n']} | {r['dirs']} | {r['create_us']:.1f} | {mcs} | {ratio} "
-          f"| {r['rss_per']:.0f} | {r['state_per']:.0f} | {r['stat_ns']:.1f} | {r['open_close_ns']:.1f} | {r['lock_pair_ns']:.1f} "
+          f"| {r['rss_per']:.0f} | {r['state_per']:.0f} | {r['lookup_ns']:.1f} | {r['stat_ns']:.1f} | {r['open_close_ns']:.1f} | {r['lock_pair_ns']:.1f} "
           f"| {r['lease_cycle_ns']:.1f} | {r['unmount_s']:.2f} | {mu} | {r['restart_clean_s']:.2f} | {r['restart_kill_s']:.2f} |")
+
+latencies = [("lookup_ns", "lookup"), ("stat_ns", "stat"), ("open_close_ns", "open+close"),
+             ("lock_pair_ns", "flock pair"), ("lease_cycle_ns", "lease cycle")]
+print("\n# latency against the fewest leases in as many directories (same run)")
+print("| leases | dirs | against | " + " | ".join(l for _, l in latencies) + " |")
+print("|---|---|---|" + "---|" * len(latencies))
+for r in rows:
+    base = next(b for b in rows if b["dirs"] == r["dirs"])
+    print(f"| {r['n']} | {r['dirs']} | {base['n']} | " + " | ".join(f"{r[k] / base[k]:.2f}×" for k, _ in latencies) + " |")
 
 print("\n# the fsync after the creates and the compaction it started; slowest flock pair on another lease in each")
 print("| leases | dirs | fsync s | slowest pair during fsync ms | compaction s | slowest pair during compaction ms | slowest pair after ms |")

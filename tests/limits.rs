@@ -191,3 +191,47 @@ fn the_state_directory_stays_within_a_multiple_of_the_live_state() {
     let live = 4 * 65536;
     assert!(on_disk <= 6 * live + (4 << 20), "{on_disk} bytes in the state directory for {live} live");
 }
+
+/// Files of which the kernel holds an inode, by the daemon's count of its
+/// references, once the FORGETs in flight arrived (at most `STEP`).
+fn kernel_files_settled(m: &Mount, at_most: u64) -> u64 {
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let held = status(m)["limits"]["kernel_inodes"]["used"].as_u64().unwrap();
+        if held <= at_most || std::time::Instant::now() > deadline {
+            return held;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+const MAKE_400: &str = r#"
+for i in range(400):
+    with open("f%d" % i, "x") as f:
+        f.write("body %d" % i)
+"#;
+
+#[test]
+fn the_kernel_keeps_about_kernel_inodes_files_cached_and_every_name_still_resolves() {
+    // Without a low bound the kernel keeps every file it was given.
+    let m = Mount::new();
+    py_ok(&m.path, MAKE_400);
+    assert_eq!(status(&m)["limits"]["kernel_inodes"]["used"], 400);
+    drop(m);
+
+    let m = Mount::with_args(&["--kernel-inodes", "64"]);
+    assert_eq!(status(&m)["limits"]["kernel_inodes"]["max"], 64);
+    py_ok(&m.path, MAKE_400);
+    assert!(kernel_files_settled(&m, 64) <= 64, "{}", status(&m)["limits"]);
+    // Every name still leads to its file (looked up again), and reading
+    // all of them keeps the bound too.
+    let out = py_ok(
+        &m.path,
+        r#"
+bad = [i for i in range(400) if open("f%d" % i).read() != "body %d" % i]
+print(bad)
+"#,
+    );
+    assert_eq!(out.trim(), "[]");
+    assert!(kernel_files_settled(&m, 64) <= 64, "{}", status(&m)["limits"]);
+}

@@ -16,12 +16,13 @@ const IGNORED: [&str; 16] = [
 ];
 
 /// Options taking a value, and the `leasefs mount` flag each becomes.
-const VALUED: [(&str, &str); 15] = [
+const VALUED: [(&str, &str); 16] = [
     ("size", "--size"),
     ("max_locks", "--max-locks"),
     ("max_waiters", "--max-waiters"),
     ("nr_inodes", "--max-inodes"),
     ("max_inodes", "--max-inodes"),
+    ("kernel_inodes", "--kernel-inodes"),
     ("metrics_addr", "--metrics-addr"),
     ("state_dir", "--state-dir"),
     ("lease_ttl", "--lease-ttl"),
@@ -116,7 +117,7 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
             args.push((*flag).into());
         } else if !sloppy {
             return Err(format!(
-                "unknown mount option {o:?} (known: state_dir=, lease_ttl=, size=, nr_inodes=, max_locks=, max_waiters=, \
+                "unknown mount option {o:?} (known: state_dir=, lease_ttl=, size=, nr_inodes=, kernel_inodes=, max_locks=, max_waiters=, \
                  log_file=, ready_timeout=, metrics_addr=, etcd=, etcd_prefix=, host_ttl=, lock_delay=, etcd_timeout=, \
                  volatile, private_access, allow_other, nonempty)"
             ));

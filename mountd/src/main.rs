@@ -242,6 +242,12 @@ struct MountArgs {
     /// KiB of --size). Beyond it, creates fail with ENOSPC; root keeps 5 %.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..))]
     max_inodes: Option<u64>,
+    /// Files whose inodes the kernel may keep cached (default 65536; about
+    /// 1 KiB of kernel memory each, all evicted by a clean unmount). Past
+    /// it, the least recently first-used names that are not open are
+    /// dropped from the kernel's cache; using one again costs a lookup.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..))]
+    kernel_inodes: Option<u64>,
     /// Locks (flock and byte ranges) held on the whole mount (default
     /// 1048576; one owner holds at most 16384 ranges per file). Beyond it,
     /// lock requests fail with ENOLCK.
@@ -776,6 +782,9 @@ fn serve(args: &MountArgs) -> ExitCode {
     if let Some(n) = args.max_inodes {
         limits.inodes = n;
     }
+    if let Some(n) = args.kernel_inodes {
+        limits.kernel_inodes = n as usize;
+    }
     let mut locks = leasefs::lease::machine::LockLimits::default();
     if let Some(n) = args.max_locks {
         locks.locks_total = n as usize;
@@ -915,6 +924,9 @@ fn spawn_daemon(args: &MountArgs) -> ExitCode {
     }
     if let Some(n) = args.max_inodes {
         cmd.arg("--max-inodes").arg(n.to_string());
+    }
+    if let Some(n) = args.kernel_inodes {
+        cmd.arg("--kernel-inodes").arg(n.to_string());
     }
     if let Some(n) = args.max_locks {
         cmd.arg("--max-locks").arg(n.to_string());

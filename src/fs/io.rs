@@ -191,6 +191,16 @@ impl Fs {
         std::mem::take(&mut self.state.lock().invalidate)
     }
 
+    /// Entries (directory, name) the kernel should drop to keep its
+    /// references to files near the bound (see `KernelCache`).
+    pub fn take_entry_drops(&self) -> Vec<(Ino, OsString)> {
+        let mut st = self.state.lock();
+        if st.kernel.drop.is_empty() {
+            return Vec::new();
+        }
+        std::mem::take(&mut st.kernel.drop)
+    }
+
     /// `read` by thread `tid` (an observation).
     pub fn read(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
         let mut st = self.fresh();

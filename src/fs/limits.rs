@@ -23,6 +23,10 @@ pub const DEFAULT_SIZE_PERCENT: u64 = 10;
 /// Open handles of control files (`.leasefs/`) allowed beyond `handles`.
 pub const CONTROL_HANDLES: usize = 64;
 
+/// Files whose inodes the kernel may keep cached by default (about 1 KiB
+/// of kernel memory each, and what a clean unmount has to evict).
+pub const DEFAULT_KERNEL_INODES: usize = 65_536;
+
 /// The bounds of one mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -36,6 +40,8 @@ pub struct Limits {
     pub xattr_bytes_per_file: u64,
     /// Open file handles.
     pub handles: usize,
+    /// Files the kernel may keep cached inodes of (see `KernelCache`).
+    pub kernel_inodes: usize,
 }
 
 impl Limits {
@@ -55,6 +61,7 @@ impl Limits {
             xattrs_per_file: 128,
             xattr_bytes_per_file: 256 << 10,
             handles: 1 << 20,
+            kernel_inodes: DEFAULT_KERNEL_INODES,
         }
     }
 

@@ -257,6 +257,68 @@ impl EntryDeadlines {
     }
 }
 
+/// The kernel keeps the inode of every file it was given a reference to
+/// until it sends FORGET, and with FUSE it does so only under memory
+/// pressure or at unmount (an expired entry stays cached too). A million
+/// files looked up once would hold a million kernel inodes (about 1 KiB
+/// each) and make the unmount evict them all. So the daemon keeps the
+/// kernel's references to files near [`limits::Limits::kernel_inodes`]:
+/// files are queued in the order the kernel first took a reference, and
+/// past the bound the oldest that is not open and still has its name is
+/// invalidated by name (the kernel drops the entry and, with it, the
+/// inode: its FORGET follows). Nothing depends on it for correctness: a
+/// dropped entry costs a LOOKUP the next time the name is used.
+#[derive(Debug, Default)]
+struct KernelCache {
+    /// Files in the order the kernel first took a reference to them (each
+    /// may have been forgotten since; checked when it comes up).
+    order: std::collections::VecDeque<Ino>,
+    /// Entries to invalidate, taken by the FUSE layer after the reply.
+    drop: Vec<(Ino, OsString)>,
+}
+
+/// At most this many queued files are looked at per new reference, and
+/// at most half as many entries invalidated (catching up after the bound
+/// was lowered or entries were renamed takes several requests, never one
+/// long one).
+const KERNEL_CACHE_STEP: usize = 4;
+
+impl KernelCache {
+    /// The kernel took its first reference to the file `ino`: queue it,
+    /// and pick entries to drop while the kernel holds more than `bound`
+    /// files.
+    fn took(&mut self, ns: &Namespace, ino: Ino, bound: usize) {
+        self.order.push_back(ino);
+        let mut dropped = 0;
+        for _ in 0..KERNEL_CACHE_STEP {
+            if ns.held() <= bound + self.drop.len() || dropped == KERNEL_CACHE_STEP / 2 {
+                break;
+            }
+            let Some(old) = self.order.pop_front() else { break };
+            let Ok(i) = ns.get(old) else { continue };
+            if i.lookups == 0 {
+                continue;
+            }
+            if i.opens > 0 {
+                // In use: its turn comes again after the others.
+                self.order.push_back(old);
+                continue;
+            }
+            // A file renamed since has no entry under its hint; the kernel
+            // keeps it until memory pressure or the unmount.
+            if let Some((parent, name)) = ns.entry_of(old) {
+                self.drop.push((parent, name.to_os_string()));
+                dropped += 1;
+            }
+        }
+        // Forgotten files leave stale slots behind: rebuild the queue from
+        // what the kernel holds when it has grown far past it.
+        if self.order.len() > 4 * bound.max(ns.held()) + 1024 {
+            self.order.retain(|i| ns.get(*i).is_ok_and(|i| i.lookups > 0));
+        }
+    }
+}
+
 /// Renames over a live lease that were answered `ESTALE` so that the kernel
 /// retries them after looking the source up again, by source (directory,
 /// name): the thread that asked, and whether it has looked the source up
@@ -336,6 +398,8 @@ struct State {
     pending_renames: PendingRenames,
     /// Files of which the kernel may hold a cached entry.
     entry_deadlines: EntryDeadlines,
+    /// Keeps the kernel's references to files bounded.
+    kernel: KernelCache,
     /// The kernel caches names of files (not on a shared namespace).
     names_cached: bool,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
@@ -384,6 +448,15 @@ struct State {
 }
 
 impl State {
+    /// The kernel took a reference to `ino` (a lookup, create, mknod,
+    /// symlink or link reply).
+    fn referenced(&mut self, ino: Ino) {
+        if self.ns.add_lookup(ino) {
+            let bound = self.limits.kernel_inodes;
+            self.kernel.took(&self.ns, ino, bound);
+        }
+    }
+
     /// Publish `ev` about the lease at `ino` to the readers of
     /// `.leasefs/events` (nothing is computed when nobody reads).
     fn emit(&mut self, mut ev: crate::events::Event, ino: Ino) {
@@ -534,6 +607,7 @@ impl State {
             row("ranges_per_owner", None, ll.ranges_per_owner as u64, 0),
             row("waiters", Some(waiters as u64), ll.waiters_total as u64, 0),
             row("waiters_per_lease", None, ll.waiters_per_lease as u64, 0),
+            row("kernel_inodes", Some(self.ns.held() as u64), self.limits.kernel_inodes as u64, 0),
         ]
     }
 
@@ -989,6 +1063,7 @@ impl Fs {
                 invalidate: Vec::new(),
                 pending_renames: PendingRenames::default(),
                 entry_deadlines: EntryDeadlines::default(),
+                kernel: KernelCache::default(),
                 names_cached: true,
                 tmpfiles: std::collections::HashSet::new(),
                 metrics: Metrics::default(),

@@ -15,7 +15,7 @@ impl Fs {
         }
         let mut st = self.fresh();
         let ino = st.ns.child(parent, name)?;
-        st.ns.add_lookup(ino);
+        st.referenced(ino);
         let mut keep = !st.pending_renames.looked_up(parent, name, tid);
         let a = st.ns.get(ino)?.attr();
         if keep && st.names_cached && a.kind != Kind::Dir {
@@ -84,7 +84,7 @@ impl Fs {
                 if st.lease.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
                     let orphan = st.ns.get(ino)?.nlink == 0;
                     st.ns.link(parent, name, ino)?;
-                    st.ns.add_lookup(ino);
+                    st.referenced(ino);
                     if orphan {
                         st.ns.account(ino, |i| i.data_mut()?.truncate(0))?;
                     }
@@ -99,7 +99,7 @@ impl Fs {
         st.room_for_inode(caller.uid)?;
         let ino = st.ns.alloc(NewInode { kind, perm, uid: caller.uid, gid, rdev, symlink }, parent, now);
         st.ns.link(parent, name, ino)?;
-        st.ns.add_lookup(ino);
+        st.referenced(ino);
         st.floor_epoch(path.as_ref(), ino);
         if let Some(old) = path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
             // The name points at something new: whoever looked at the old
@@ -157,7 +157,7 @@ impl Fs {
                 Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
                     // The kernel raced with another creator: open the existing file.
                     let ino = st.ns.child(parent, name)?;
-                    st.ns.add_lookup(ino);
+                    st.referenced(ino);
                     st.ns.get(ino)?.attr()
                 }
                 Err(e) => return Err(e),
@@ -187,7 +187,7 @@ impl Fs {
             parent,
             now(),
         );
-        st.ns.add_lookup(ino);
+        st.referenced(ino);
         st.tmpfiles.insert(ino);
         let h = Self::open_locked(&mut st, ino, flags, caller.pid)?;
         st.observe(caller.pid, ino);
@@ -272,7 +272,7 @@ impl Fs {
             let now = now();
             let path = st.path_of(parent, name);
             st.ns.link(parent, name, ino)?;
-            st.ns.add_lookup(ino);
+            st.referenced(ino);
             st.tmpfiles.remove(&ino);
             st.ns.get_mut(parent)?.touch_content(now);
             // link() creating the name acquires the lease (the dotlock idiom).

@@ -388,3 +388,34 @@ fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed
     let missing: Vec<_> = last.iter().filter(|p| !got.contains(p)).collect();
     assert!(seen.contains(&got), "recovered a namespace that never existed: {extra:?} but not {missing:?}");
 }
+
+#[test]
+fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
+    let fs = fs();
+    let (mut l, locks) = fs.limits();
+    l.kernel_inodes = 4;
+    fs.set_limits(l, locks);
+    let name = |i: usize| OsString::from(format!("f{i}"));
+    // f0 stays open all along; f1 is renamed before its turn comes (the
+    // kernel moved its entry too: it is dropped under its new name).
+    let (f0, _h) = fs.create(C, Ino::ROOT, &name(0), 0o644, 0, libc::O_RDWR).unwrap();
+    let mut dropped = Vec::new();
+    for i in 1..20 {
+        fs.mknod(C, Ino::ROOT, &name(i), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        if i == 2 {
+            fs.rename(Ino::ROOT, &name(1), Ino::ROOT, OsStr::new("moved"), 0, 0).unwrap();
+        }
+        for (parent, n) in fs.take_entry_drops() {
+            // What the kernel does: drop the entry, then FORGET the inode.
+            let ino = fs.state.lock().ns.child(parent, &n).unwrap();
+            fs.forget(ino, 1);
+            dropped.push(n);
+        }
+        let held = fs.state.lock().ns.held();
+        assert!(held <= 4, "{held} held after f{i}");
+    }
+    let mut want = vec![OsString::from("moved")];
+    want.extend((2..17).map(name));
+    assert_eq!(dropped, want, "oldest first, never the open f0");
+    assert!(fs.state.lock().ns.get(f0.ino).unwrap().lookups > 0);
+}

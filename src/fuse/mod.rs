@@ -347,6 +347,20 @@ impl LeaseFs {
         })
     }
 
+    /// Send the entry drops that keep the kernel's references to files
+    /// bounded (after the reply that gave the kernel a new one).
+    fn drop_entries(&self) {
+        let drops = self.fs.take_entry_drops();
+        if drops.is_empty() {
+            return;
+        }
+        if let Some(n) = &self.waits.lock().notices {
+            for (parent, name) in drops {
+                n.drop_entry(parent.0, name);
+            }
+        }
+    }
+
     /// Answer a request that replaced file content only after the kernel
     /// dropped its cached pages of those files.
     fn reply_after_invalidation(&self, reply: ReplyEmpty) {
@@ -459,6 +473,7 @@ impl fuser::Filesystem for LeaseFs {
             }
             Err(e) => reply.error(errno(e)),
         });
+        self.drop_entries();
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -520,6 +535,7 @@ impl fuser::Filesystem for LeaseFs {
             Ok(a) => made_entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
+        self.drop_entries();
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
@@ -548,6 +564,7 @@ impl fuser::Filesystem for LeaseFs {
             Ok(a) => made_entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
+        self.drop_entries();
     }
 
     fn rename(
@@ -573,6 +590,7 @@ impl fuser::Filesystem for LeaseFs {
             Ok(a) => made_entry(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
+        self.drop_entries();
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -810,6 +828,7 @@ impl fuser::Filesystem for LeaseFs {
             }
             Err(e) => reply.error(errno(e)),
         });
+        self.drop_entries();
     }
 
     fn getlk(

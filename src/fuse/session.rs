@@ -68,6 +68,8 @@ const CREATE_IN: usize = 16;
 const FOPEN_DIRECT_IO: u32 = 1;
 /// `FUSE_NOTIFY_INVAL_INODE`.
 const NOTIFY_INVAL_INODE: i32 = 2;
+/// `FUSE_NOTIFY_INVAL_ENTRY`.
+const NOTIFY_INVAL_ENTRY: i32 = 3;
 
 /// What the request hook reports to the filesystem.
 pub trait Intercept: Send + Sync {
@@ -171,10 +173,19 @@ enum Notice {
 /// Sends invalidation notices to the kernel from a thread of its own, never
 /// from inside a request handler (the kernel may wait on pages that a
 /// pending request holds, and only the session thread can answer it).
+///
+/// Entries are dropped by a second thread: the kernel takes the directory's
+/// lock to drop one, and a rename or unlink holding that lock may be
+/// waiting for its answer behind an inode notice.
 #[derive(Clone)]
 pub struct Notices {
     tx: std::sync::mpsc::Sender<Notice>,
+    entries: std::sync::mpsc::SyncSender<(u64, OsString)>,
 }
+
+/// Entry drops queued for the kernel at most; more are skipped (the kernel
+/// then keeps a few more inodes than the bound).
+const ENTRY_DROPS_QUEUED: usize = 4096;
 
 impl std::fmt::Debug for Notices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -184,6 +195,7 @@ impl std::fmt::Debug for Notices {
 
 impl Notices {
     fn start(dev: Arc<OwnedFd>) -> io::Result<Notices> {
+        let drop_dev = dev.clone();
         let (tx, rx) = std::sync::mpsc::channel::<Notice>();
         thread::Builder::new().name("fuse-notify".into()).spawn(move || {
             for notice in rx {
@@ -206,7 +218,35 @@ impl Notices {
                 }
             }
         })?;
-        Ok(Notices { tx })
+        let (entries, rx) = std::sync::mpsc::sync_channel::<(u64, OsString)>(ENTRY_DROPS_QUEUED);
+        thread::Builder::new().name("fuse-drop".into()).spawn(move || {
+            for (parent, name) in rx {
+                let name = name.as_bytes();
+                let len = 16 + 16 + name.len() + 1;
+                let mut msg = Vec::with_capacity(len);
+                msg.extend_from_slice(&(len as u32).to_ne_bytes());
+                msg.extend_from_slice(&NOTIFY_INVAL_ENTRY.to_ne_bytes());
+                msg.extend_from_slice(&0u64.to_ne_bytes());
+                msg.extend_from_slice(&parent.to_ne_bytes());
+                msg.extend_from_slice(&(name.len() as u32).to_ne_bytes());
+                msg.extend_from_slice(&0u32.to_ne_bytes());
+                msg.extend_from_slice(name);
+                msg.push(0);
+                if let Err(e) = write_all(drop_dev.as_raw_fd(), &msg) {
+                    // ENOENT: the kernel has no such entry (any more).
+                    if !matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENODEV)) {
+                        warn!(parent, "entry invalidation failed: {e}");
+                    }
+                }
+            }
+        })?;
+        Ok(Notices { tx, entries })
+    }
+
+    /// Ask the kernel to drop the entry `name` in `parent` (and the inode
+    /// with it when nothing uses it). Skipped when the queue is full.
+    pub fn drop_entry(&self, parent: u64, name: OsString) {
+        let _ = self.entries.try_send((parent, name));
     }
 
     /// Drop the kernel's cached pages and attributes of an inode, then run

@@ -409,6 +409,8 @@ pub struct Namespace {
     /// [`Namespace::account`] and [`Namespace::maybe_drop`] so the size
     /// limit is checked in O(1).
     usage: Usage,
+    /// Non-directories the kernel holds a reference to (lookups > 0).
+    held: usize,
 }
 
 /// Space the namespace occupies.
@@ -475,6 +477,7 @@ impl Namespace {
             freed: InoSet::default(),
             hints: InoMap::default(),
             usage: Usage::default(),
+            held: 0,
         }
     }
 
@@ -567,6 +570,7 @@ impl Namespace {
             freed: InoSet::default(),
             hints,
             usage,
+            held: 0,
         }
     }
 
@@ -580,11 +584,8 @@ impl Namespace {
     /// The path (relative to the root) of a non-directory, when the name it
     /// was last given still leads to it.
     pub fn path_hint(&self, ino: Ino) -> Option<std::path::PathBuf> {
-        let (parent, name) = self.hints.get(&ino)?;
-        if self.get(*parent).ok()?.dir().ok()?.get(name) != Some(ino) {
-            return None;
-        }
-        let mut p: std::path::PathBuf = self.dir_path(*parent)?.into_iter().collect();
+        let (parent, name) = self.entry_of(ino)?;
+        let mut p: std::path::PathBuf = self.dir_path(parent)?.into_iter().collect();
         p.push(name);
         Some(p)
     }
@@ -773,11 +774,27 @@ impl Namespace {
         Ok(ino)
     }
 
-    /// Add kernel lookups.
-    pub fn add_lookup(&mut self, ino: Ino) {
-        if let Some(i) = self.inodes.get_mut(&ino) {
-            i.lookups += 1;
-        }
+    /// Add a kernel lookup; true when it is the kernel's first reference
+    /// to a non-directory.
+    pub fn add_lookup(&mut self, ino: Ino) -> bool {
+        let Some(i) = self.inodes.get_mut(&ino) else {
+            return false;
+        };
+        i.lookups += 1;
+        let first = i.lookups == 1 && i.kind != Kind::Dir;
+        self.held += usize::from(first);
+        first
+    }
+
+    /// Non-directories the kernel holds a reference to.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// The name a non-directory was last given, when it still leads to it.
+    pub fn entry_of(&self, ino: Ino) -> Option<(Ino, &OsStr)> {
+        let (parent, name) = self.hints.get(&ino)?;
+        (self.get(*parent).ok()?.dir().ok()?.get(name) == Some(ino)).then_some((*parent, name.as_os_str()))
     }
 
     /// FORGET: lower the lookup count and drop an unreachable inode.
@@ -786,7 +803,11 @@ impl Namespace {
             return;
         }
         if let Some(i) = self.inodes.get_mut(&ino) {
+            let before = i.lookups;
             i.lookups = i.lookups.saturating_sub(n);
+            if before > 0 && i.lookups == 0 && i.kind != Kind::Dir {
+                self.held -= 1;
+            }
         }
         self.maybe_drop(ino);
     }
