@@ -148,7 +148,9 @@ pub struct Dir {
     /// The parent directory (the root is its own parent).
     pub parent: Ino,
     entries: BTreeMap<u64, (OsString, Ino)>,
-    by_name: HashMap<OsString, u64>,
+    /// Each name's cookie, and the inode (a lookup in a directory of a
+    /// million names then touches one table, not two).
+    by_name: HashMap<OsString, (u64, Ino)>,
     next_cookie: u64,
     /// Names changed since the last flush, when the namespace is durable.
     dirty: Option<DirDirty>,
@@ -185,7 +187,7 @@ impl Dir {
 
     /// The inode a name points at.
     pub fn get(&self, name: &OsStr) -> Option<Ino> {
-        self.by_name.get(name).map(|c| self.entries[c].1)
+        self.by_name.get(name).map(|&(_, ino)| ino)
     }
 
     /// Number of entries (without `.` and `..`).
@@ -200,25 +202,31 @@ impl Dir {
 
     /// Add or replace a name.
     pub fn insert(&mut self, name: OsString, ino: Ino) {
-        if let Some(&cookie) = self.by_name.get(&name) {
-            if let Some(d) = &mut self.dirty {
-                if cookie < d.mark {
-                    d.replaced.insert(cookie);
+        use std::collections::hash_map::Entry;
+        match self.by_name.entry(name) {
+            Entry::Occupied(mut slot) => {
+                let cookie = slot.get().0;
+                slot.get_mut().1 = ino;
+                if let Some(d) = &mut self.dirty {
+                    if cookie < d.mark {
+                        d.replaced.insert(cookie);
+                    }
                 }
+                // Replacing keeps the position: the name was already listed.
+                self.entries.insert(cookie, (slot.key().clone(), ino));
             }
-            // Replacing keeps the position: the name was already listed.
-            self.entries.insert(cookie, (name, ino));
-            return;
+            Entry::Vacant(slot) => {
+                let cookie = self.next_cookie;
+                self.next_cookie += 1;
+                self.entries.insert(cookie, (slot.key().clone(), ino));
+                slot.insert((cookie, ino));
+            }
         }
-        let cookie = self.next_cookie;
-        self.next_cookie += 1;
-        self.by_name.insert(name.clone(), cookie);
-        self.entries.insert(cookie, (name, ino));
     }
 
     /// Remove a name, returning the inode it pointed at.
     pub fn remove(&mut self, name: &OsStr) -> Option<Ino> {
-        let cookie = self.by_name.remove(name)?;
+        let (cookie, _) = self.by_name.remove(name)?;
         if let Some(d) = &mut self.dirty {
             // Created since the last flush: removing it leaves nothing to record.
             if cookie < d.mark {
@@ -240,7 +248,7 @@ impl Dir {
             let new = self.entries.range(d.mark..).map(|(_, (n, _))| n);
             let replaced = d.replaced.iter().filter_map(|c| self.entries.get(c)).map(|(n, _)| n);
             // A removed name that exists again is listed with the new ones.
-            let removed = d.removed.iter().filter(|n| self.by_name.get(n.as_os_str()).is_none_or(|&c| c < d.mark));
+            let removed = d.removed.iter().filter(|n| self.by_name.get(n.as_os_str()).is_none_or(|&(c, _)| c < d.mark));
             new.chain(replaced).chain(removed)
         })
     }
