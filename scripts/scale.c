@@ -16,8 +16,9 @@
  *                               Prints "<metric>_ns <median of 5 batches>".
  *   scale churn DIR N           N cycles of create/lock/write/unlock/close/
  *                               unlink of unique names. Prints churn_ns.
- *   scale probe FILE 0 OUT      flock pairs (LOCK_EX, LOCK_UN) on FILE, one
- *                               after the other, until SIGTERM; then writes
+ *   scale probe FILE GAP OUT    flock pairs (LOCK_EX, LOCK_UN) on FILE, GAP
+ *                               µs apart (0: back to back), until SIGTERM;
+ *                               then writes
  *                               "start_ns duration_ns" per pair to OUT
  *                               (CLOCK_MONOTONIC, as Python's monotonic_ns).
  */
@@ -78,7 +79,7 @@ static long pick(long n) {
 static volatile sig_atomic_t stop;
 static void on_term(int sig) { (void)sig; stop = 1; }
 
-static int probe(const char *file, const char *out) {
+static int probe(const char *file, long gap_us, const char *out) {
     int fd = open(file, O_RDWR | O_CREAT, 0644);
     if (fd < 0) die("open", file);
     signal(SIGTERM, on_term);
@@ -101,6 +102,7 @@ static int probe(const char *file, const char *out) {
         t[2 * n] = t0;
         t[2 * n + 1] = now_ns() - t0;
         n++;
+        if (gap_us) usleep(gap_us);
     }
     FILE *f = fopen(out, "w");
     if (!f) die("fopen", out);
@@ -116,10 +118,13 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *mode = argv[1], *dir = argv[2];
+    /* SCALE_SEED picks other random leases (the default picks the same
+     * ones on every run). */
+    if (getenv("SCALE_SEED")) rng += strtoull(getenv("SCALE_SEED"), NULL, 10) * 0x9E3779B97F4A7C15ULL;
     long n = atol(argv[3]);
     long dirs = argc > 4 ? atol(argv[4]) : 1;
     if (!strcmp(mode, "probe")) {
-        return probe(dir, argc > 4 ? argv[4] : "/dev/null");
+        return probe(dir, n, argc > 4 ? argv[4] : "/dev/null");
     } else if (!strcmp(mode, "create")) {
         for (long d = 0; dirs > 1 && d < dirs; d++) {
             snprintf(path, sizeof path, "%s/d%ld", dir, d);

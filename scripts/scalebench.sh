@@ -7,7 +7,8 @@
 # one fsync, once a compaction it started has finished) and state-directory
 # bytes per lease, the latency of a lookup, stat, open+close, flock pair and
 # lease cycle on random existing leases (the same requests at every N; each
-# against the smallest N's in a table of its own), the clean-unmount time (and the minimal
+# against the smallest N's in a table of its own), again on other leases
+# after a clean restart, the clean-unmount time (and the minimal
 # filesystem's with as many cached inodes) and the restart time after
 # kill -9 and after a clean unmount. While the fsync after the creates runs,
 # and during the compaction it starts, another process times flock pairs on
@@ -43,15 +44,16 @@ cleanup() {
 trap cleanup EXIT
 
 python3 - "$bin" "$work" "${OPS:-2000}" "${CHURN:-100000}" "${PIN:-0}" $sizes <<'PY'
-import json, os, shutil, subprocess, sys, time
+import json, os, shutil, subprocess, sys, threading, time
 bin, work, ops, churn, pin = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5] == "1"
 sizes = [int(n) for n in sys.argv[6:]]
 pinned = ["taskset", "-c", "0"] if pin else []
 mnt, state, scale = f"{work}/mnt", f"{work}/state", f"{work}/scale"
 os.makedirs(mnt, exist_ok=True)
 
-def run(*args):
-    r = subprocess.run(pinned + [scale, *map(str, args)], capture_output=True, text=True)
+def run(*args, env=None):
+    r = subprocess.run(pinned + [scale, *map(str, args)], capture_output=True, text=True,
+                       env=None if env is None else {**os.environ, **env})
     if r.returncode:
         sys.exit(f"{' '.join(map(str, args))}: {r.stderr.strip()}")
     out = r.stdout
@@ -137,6 +139,47 @@ def probed_fsync():
             "compaction_worst_ms": started(t1, t2) if compacted else None,
             "idle_worst_ms": started(t2, t2 + 10**12)}
 
+def probed_create(n, dirs):
+    """The creates, with flock pairs timed on another lease meanwhile and
+    `status` polled every 50 ms for compactions: the compactions that ran,
+    the slowest pair started during one, and the slowest started outside
+    them (what sharing the CPU with the creates costs a pair anyway)."""
+    out = f"{work}/probe-create.txt"
+    # A pair every millisecond: a pause of more than that shows, and the
+    # creates lose little of the CPU to it.
+    pr = subprocess.Popen(pinned + [scale, "probe", f"{mnt}/probe.lock", "1000", out], stdout=subprocess.PIPE, text=True)
+    assert pr.stdout.readline().startswith("ready")
+    windows, stop = [], threading.Event()
+    gen0 = status()["snapshot"]["generation"]
+    def poll():
+        start = None
+        while not stop.is_set():
+            t, busy = time.monotonic_ns(), status()["snapshot"]["compaction"]
+            if busy and start is None:
+                start = t
+            elif not busy and start is not None:
+                windows.append((start, t))
+                start = None
+            time.sleep(0.05)
+        if start is not None:
+            windows.append((start, time.monotonic_ns()))
+    poller = threading.Thread(target=poll)
+    poller.start()
+    try:
+        r = run("create", mnt, n, dirs)
+    finally:
+        stop.set()
+        poller.join()
+        pr.terminate()
+        pr.wait()
+    pairs = [tuple(map(int, l.split())) for l in open(out)]
+    inside = lambda s: any(a - 50_000_000 <= s < b for a, b in windows)
+    worst = lambda pick: max((d for s, d in pairs if pick(s)), default=0) / 1e6
+    return r, {"create_compactions": status()["snapshot"]["generation"] - gen0,
+               "create_compaction_s": sum(b - a for a, b in windows) / 1e9,
+               "create_worst_in_ms": worst(inside) if windows else None,
+               "create_worst_out_ms": worst(lambda s: not inside(s))}
+
 def state_bytes():
     return sum(os.path.getsize(f"{state}/{f}") for f in os.listdir(state))
 
@@ -168,16 +211,20 @@ for n in sizes:
         mount()
         p = pid()
         base = rss(p)
-        r = run("create", mnt, n, dirs)
+        r, during = probed_create(n, dirs)
         probed = probed_fsync()
         # The fsync may have started a compaction: its thread holds an
         # image as large as the state until the snapshot is written.
         grown = settled_rss(p) - base
         row = {"n": n, "dirs": dirs, "create_us": r["create_ns"] / 1000, "rss_per": grown / n,
-               "state_per": state_bytes() / n, **probed}
+               "state_per": state_bytes() / n, **probed, **during}
         row.update({k: v / 1000 for k, v in run("ops", mnt, n, dirs, ops).items()})
         row["unmount_s"] = unmount()
         row["restart_clean_s"] = mount()
+        # The same operations on other random leases after the restart:
+        # the kernel holds no file yet, so none is evicted to make room.
+        after = run("ops", mnt, n, dirs, ops, env={"SCALE_SEED": "1"})
+        row.update({f"restarted_{k}": v / 1000 for k, v in after.items()})
         kill9()
         row["restart_kill_s"] = mount()
         unmount()
@@ -200,20 +247,25 @@ for r in rows:
 
 latencies = [("lookup_ns", "lookup"), ("stat_ns", "stat"), ("open_close_ns", "open+close"),
              ("lock_pair_ns", "flock pair"), ("lease_cycle_ns", "lease cycle")]
-print("\n# latency against the fewest leases in as many directories (same run)")
-print("| leases | dirs | against | " + " | ".join(l for _, l in latencies) + " |")
-print("|---|---|---|" + "---|" * len(latencies))
+print("\n# latency against the fewest leases in as many directories (same run): after the creates (the kernel")
+print("# holds --kernel-inodes files, so each new name evicts one), and after a restart (it holds none yet)")
+print("| leases | dirs | against | " + " | ".join(l for _, l in latencies) + " | after a restart: " + " | ".join(l for _, l in latencies) + " |")
+print("|---|---|---|" + "---|" * (2 * len(latencies)))
 for r in rows:
     base = next(b for b in rows if b["dirs"] == r["dirs"])
-    print(f"| {r['n']} | {r['dirs']} | {base['n']} | " + " | ".join(f"{r[k] / base[k]:.2f}×" for k, _ in latencies) + " |")
+    cells = [f"{r[k] / base[k]:.2f}×" for k, _ in latencies]
+    cells += [f"{r['restarted_' + k]:.1f} µs ({r['restarted_' + k] / base['restarted_' + k]:.2f}×)" for k, _ in latencies]
+    print(f"| {r['n']} | {r['dirs']} | {base['n']} | " + " | ".join(cells) + " |")
 
-print("\n# the fsync after the creates and the compaction it started; slowest flock pair on another lease in each")
-print("| leases | dirs | fsync s | slowest pair during fsync ms | compaction s | slowest pair during compaction ms | slowest pair after ms |")
-print("|---|---|---|---|---|---|---|")
+print("\n# compactions during the creates, the fsync after them and the compaction it started; slowest flock pair on another lease in each")
+print("| leases | dirs | compactions during the creates | their time s | slowest pair in them ms | slowest pair outside them ms | fsync s | slowest pair during fsync ms | compaction after s | slowest pair during it ms | slowest pair after ms |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     cs = f"{r['compaction_s']:.2f}" if r["compaction_s"] is not None else "none"
     cw = f"{r['compaction_worst_ms']:.2f}" if r["compaction_worst_ms"] is not None else "—"
-    print(f"| {r['n']} | {r['dirs']} | {r['fsync_s']:.2f} | {r['fsync_worst_ms']:.2f} | {cs} | {cw} | {r['idle_worst_ms']:.2f} |")
+    ci = f"{r['create_worst_in_ms']:.2f}" if r["create_worst_in_ms"] is not None else "—"
+    print(f"| {r['n']} | {r['dirs']} | {r['create_compactions']} | {r['create_compaction_s']:.2f} | {ci} | {r['create_worst_out_ms']:.2f} "
+          f"| {r['fsync_s']:.2f} | {r['fsync_worst_ms']:.2f} | {cs} | {cw} | {r['idle_worst_ms']:.2f} |")
 
 # Churn of unique names: what is left after it (RSS, state directory).
 shutil.rmtree(state, ignore_errors=True)

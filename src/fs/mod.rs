@@ -264,9 +264,9 @@ impl EntryDeadlines {
 /// each) and make the unmount evict them all. So the daemon keeps the
 /// kernel's references to files near [`limits::Limits::kernel_inodes`]:
 /// files are queued in the order the kernel first took a reference, and
-/// past the bound the oldest that is not open and still has its name is
-/// invalidated by name (the kernel drops the entry and, with it, the
-/// inode: its FORGET follows). Nothing depends on it for correctness: a
+/// once it holds a batch more than the bound, the oldest that are not open
+/// and still have their names are invalidated by name (the kernel drops
+/// each entry and, with it, the inode: their FORGETs follow). Nothing depends on it for correctness: a
 /// dropped entry costs a LOOKUP the next time the name is used.
 #[derive(Debug, Default)]
 struct KernelCache {
@@ -275,25 +275,49 @@ struct KernelCache {
     order: std::collections::VecDeque<Ino>,
     /// Entries to invalidate, taken by the FUSE layer after the reply.
     drop: Vec<(Ino, OsString)>,
+    /// The files of the last batch of drops: until their FORGETs arrive
+    /// they still count as held, and must not start another batch.
+    in_flight: Vec<Ino>,
+    /// New references to let pass before trying again after a batch came
+    /// out short (most queued files open or renamed).
+    backoff: usize,
 }
 
-/// At most this many queued files are looked at per new reference, and
-/// at most half as many entries invalidated (catching up after the bound
-/// was lowered or entries were renamed takes several requests, never one
-/// long one).
-const KERNEL_CACHE_STEP: usize = 4;
+/// Files are dropped in batches of this many (at most; an eighth of the
+/// bound when that is less), once the kernel holds that many more than the
+/// bound: one wake-up of the dropping thread and one BATCH_FORGET for the
+/// lot, not one of each per file.
+const DROP_BATCH: usize = 128;
 
 impl KernelCache {
     /// The kernel took its first reference to the file `ino`: queue it,
-    /// and pick entries to drop while the kernel holds more than `bound`
-    /// files.
+    /// and pick a batch of entries to drop once the kernel holds a batch
+    /// more than `bound` files.
     fn took(&mut self, ns: &Namespace, ino: Ino, bound: usize) {
         self.order.push_back(ino);
-        let mut dropped = 0;
-        for _ in 0..KERNEL_CACHE_STEP {
-            if ns.held() <= bound + self.drop.len() || dropped == KERNEL_CACHE_STEP / 2 {
-                break;
-            }
+        // Forgotten files leave stale slots behind: rebuild the queue from
+        // what the kernel holds when it has grown far past it.
+        if self.order.len() > 4 * bound.max(ns.held()) + 1024 {
+            self.order.retain(|i| ns.get(*i).is_ok_and(|i| i.lookups > 0));
+        }
+        let batch = (bound / 8).clamp(1, DROP_BATCH);
+        if ns.held() <= bound + batch {
+            return;
+        }
+        if self.backoff > 0 {
+            self.backoff -= 1;
+            return;
+        }
+        let pending = self.in_flight.iter().filter(|i| ns.get(**i).is_ok_and(|i| i.lookups > 0)).count();
+        let held = ns.held() - pending.min(ns.held());
+        if held <= bound + batch {
+            return;
+        }
+        let want = held - bound;
+        self.in_flight.clear();
+        let mut looked = 0;
+        while self.in_flight.len() < want && looked < 4 * want {
+            looked += 1;
             let Some(old) = self.order.pop_front() else { break };
             let Ok(i) = ns.get(old) else { continue };
             if i.lookups == 0 {
@@ -304,17 +328,16 @@ impl KernelCache {
                 self.order.push_back(old);
                 continue;
             }
-            // A file renamed since has no entry under its hint; the kernel
-            // keeps it until memory pressure or the unmount.
+            // A file whose name is gone (or moved where the hint does not
+            // lead) cannot be dropped by name; the kernel keeps it until
+            // memory pressure or the unmount.
             if let Some((parent, name)) = ns.entry_of(old) {
                 self.drop.push((parent, name.to_os_string()));
-                dropped += 1;
+                self.in_flight.push(old);
             }
         }
-        // Forgotten files leave stale slots behind: rebuild the queue from
-        // what the kernel holds when it has grown far past it.
-        if self.order.len() > 4 * bound.max(ns.held()) + 1024 {
-            self.order.retain(|i| ns.get(*i).is_ok_and(|i| i.lookups > 0));
+        if self.in_flight.len() < want {
+            self.backoff = batch;
         }
     }
 }

@@ -393,29 +393,34 @@ fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed
 fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
     let fs = fs();
     let (mut l, locks) = fs.limits();
-    l.kernel_inodes = 4;
+    l.kernel_inodes = 16; // batches of 2
     fs.set_limits(l, locks);
     let name = |i: usize| OsString::from(format!("f{i}"));
     // f0 stays open all along; f1 is renamed before its turn comes (the
     // kernel moved its entry too: it is dropped under its new name).
     let (f0, _h) = fs.create(C, Ino::ROOT, &name(0), 0o644, 0, libc::O_RDWR).unwrap();
     let mut dropped = Vec::new();
-    for i in 1..20 {
+    let mut batches = 0;
+    for i in 1..60 {
         fs.mknod(C, Ino::ROOT, &name(i), libc::S_IFREG | 0o644, 0, 0).unwrap();
         if i == 2 {
             fs.rename(Ino::ROOT, &name(1), Ino::ROOT, OsStr::new("moved"), 0, 0).unwrap();
         }
-        for (parent, n) in fs.take_entry_drops() {
+        let drops = fs.take_entry_drops();
+        batches += usize::from(!drops.is_empty());
+        for (parent, n) in drops {
             // What the kernel does: drop the entry, then FORGET the inode.
             let ino = fs.state.lock().ns.child(parent, &n).unwrap();
             fs.forget(ino, 1);
             dropped.push(n);
         }
         let held = fs.state.lock().ns.held();
-        assert!(held <= 4, "{held} held after f{i}");
+        assert!(held <= 16 + 2, "{held} held after f{i}");
     }
     let mut want = vec![OsString::from("moved")];
-    want.extend((2..17).map(name));
+    want.extend((2..dropped.len() + 1).map(name));
     assert_eq!(dropped, want, "oldest first, never the open f0");
+    assert!(dropped.len() >= 60 - 18, "{} dropped", dropped.len());
+    assert!(batches * 2 <= dropped.len() + 1, "{batches} batches for {} drops", dropped.len());
     assert!(fs.state.lock().ns.get(f0.ino).unwrap().lookups > 0);
 }

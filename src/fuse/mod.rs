@@ -355,9 +355,7 @@ impl LeaseFs {
             return;
         }
         if let Some(n) = &self.waits.lock().notices {
-            for (parent, name) in drops {
-                n.drop_entry(parent.0, name);
-            }
+            n.drop_entries(drops.into_iter().map(|(parent, name)| (parent.0, name)).collect());
         }
     }
 

@@ -180,12 +180,12 @@ enum Notice {
 #[derive(Clone)]
 pub struct Notices {
     tx: std::sync::mpsc::Sender<Notice>,
-    entries: std::sync::mpsc::SyncSender<(u64, OsString)>,
+    entries: std::sync::mpsc::SyncSender<Vec<(u64, OsString)>>,
 }
 
-/// Entry drops queued for the kernel at most; more are skipped (the kernel
-/// then keeps a few more inodes than the bound).
-const ENTRY_DROPS_QUEUED: usize = 4096;
+/// Batches of entry drops queued for the kernel at most; more are skipped
+/// (the kernel then keeps more inodes than the bound, until the next).
+const ENTRY_DROPS_QUEUED: usize = 64;
 
 impl std::fmt::Debug for Notices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -218,9 +218,9 @@ impl Notices {
                 }
             }
         })?;
-        let (entries, rx) = std::sync::mpsc::sync_channel::<(u64, OsString)>(ENTRY_DROPS_QUEUED);
+        let (entries, rx) = std::sync::mpsc::sync_channel::<Vec<(u64, OsString)>>(ENTRY_DROPS_QUEUED);
         thread::Builder::new().name("fuse-drop".into()).spawn(move || {
-            for (parent, name) in rx {
+            for (parent, name) in rx.into_iter().flatten() {
                 let name = name.as_bytes();
                 let len = 16 + 16 + name.len() + 1;
                 let mut msg = Vec::with_capacity(len);
@@ -243,10 +243,11 @@ impl Notices {
         Ok(Notices { tx, entries })
     }
 
-    /// Ask the kernel to drop the entry `name` in `parent` (and the inode
-    /// with it when nothing uses it). Skipped when the queue is full.
-    pub fn drop_entry(&self, parent: u64, name: OsString) {
-        let _ = self.entries.try_send((parent, name));
+    /// Ask the kernel to drop the entries (`name` in `parent`), and the
+    /// inodes with them when nothing uses them. Skipped when the queue is
+    /// full.
+    pub fn drop_entries(&self, entries: Vec<(u64, OsString)>) {
+        let _ = self.entries.try_send(entries);
     }
 
     /// Drop the kernel's cached pages and attributes of an inode, then run
