@@ -222,7 +222,9 @@ fn the_kernel_keeps_about_kernel_inodes_files_cached_and_every_name_still_resolv
     let m = Mount::with_args(&["--kernel-inodes", "64"]);
     assert_eq!(status(&m)["limits"]["kernel_inodes"]["max"], 64);
     py_ok(&m.path, MAKE_400);
-    assert!(kernel_files_settled(&m, 64) <= 64, "{}", status(&m)["limits"]);
+    // Files are dropped in batches of an eighth of the bound once the
+    // kernel holds a batch more than it.
+    assert!(kernel_files_settled(&m, 72) <= 72, "{}", status(&m)["limits"]);
     // Every name still leads to its file (looked up again), and reading
     // all of them keeps the bound too.
     let out = py_ok(
@@ -233,5 +235,5 @@ print(bad)
 "#,
     );
     assert_eq!(out.trim(), "[]");
-    assert!(kernel_files_settled(&m, 64) <= 64, "{}", status(&m)["limits"]);
+    assert!(kernel_files_settled(&m, 72) <= 72, "{}", status(&m)["limits"]);
 }

@@ -16,6 +16,7 @@ use std::time::SystemTime;
 use crate::error::{Error, Result};
 
 mod data;
+pub mod inomap;
 mod pages;
 pub mod replica;
 
@@ -54,8 +55,7 @@ impl std::hash::Hasher for InoHasher {
     }
 }
 
-/// A map keyed by inode number.
-pub type InoMap<V> = HashMap<Ino, V, std::hash::BuildHasherDefault<InoHasher>>;
+pub use inomap::InoMap;
 /// A set of inode numbers.
 pub type InoSet = HashSet<Ino, std::hash::BuildHasherDefault<InoHasher>>;
 
@@ -142,6 +142,74 @@ impl Attr {
     }
 }
 
+/// A directory's names: each name's cookie and inode. A hash table grows
+/// by moving every entry at once (a quarter of a second at a million
+/// names, stopping every request), so a large directory splits its names
+/// over [`NAME_SHARDS`] tables that each grow on their own, a few
+/// milliseconds at a time.
+#[derive(Debug, Clone, Default)]
+struct Names {
+    shards: Vec<HashMap<OsString, (u64, Ino)>>,
+    len: usize,
+}
+
+/// Tables of a large directory's names.
+const NAME_SHARDS: usize = 64;
+/// A directory splits its names once it has this many (moving them takes
+/// a few milliseconds, once).
+const SPLIT_NAMES_AT: usize = 1 << 15;
+
+impl Names {
+    /// Which table holds `name` (FNV-1a; the tables hash with their own
+    /// random keys).
+    fn shard(&self, name: &OsStr) -> usize {
+        if self.shards.len() <= 1 {
+            return 0;
+        }
+        use std::os::unix::ffi::OsStrExt;
+        let h = name
+            .as_bytes()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3));
+        (h % self.shards.len() as u64) as usize
+    }
+
+    fn get(&self, name: &OsStr) -> Option<&(u64, Ino)> {
+        self.shards.get(self.shard(name))?.get(name)
+    }
+
+    fn entry(&mut self, name: OsString) -> std::collections::hash_map::Entry<'_, OsString, (u64, Ino)> {
+        if self.shards.is_empty() {
+            self.shards.push(HashMap::new());
+        } else if self.shards.len() == 1 && self.len >= SPLIT_NAMES_AT {
+            let all = std::mem::take(&mut self.shards[0]);
+            self.shards = (0..NAME_SHARDS).map(|_| HashMap::with_capacity(2 * all.len() / NAME_SHARDS)).collect();
+            for (n, v) in all {
+                let i = self.shard(&n);
+                self.shards[i].insert(n, v);
+            }
+        }
+        let i = self.shard(&name);
+        self.shards[i].entry(name)
+    }
+
+    /// Count a name added through [`Names::entry`].
+    fn added(&mut self) {
+        self.len += 1;
+    }
+
+    fn remove(&mut self, name: &OsStr) -> Option<(u64, Ino)> {
+        let i = self.shard(name);
+        let v = self.shards.get_mut(i)?.remove(name)?;
+        self.len -= 1;
+        Some(v)
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+}
+
 /// Entries of a directory with stable readdir cookies.
 #[derive(Debug, Clone)]
 pub struct Dir {
@@ -150,7 +218,7 @@ pub struct Dir {
     entries: BTreeMap<u64, (OsString, Ino)>,
     /// Each name's cookie, and the inode (a lookup in a directory of a
     /// million names then touches one table, not two).
-    by_name: HashMap<OsString, (u64, Ino)>,
+    by_name: Names,
     next_cookie: u64,
     /// Names changed since the last flush, when the namespace is durable.
     dirty: Option<DirDirty>,
@@ -182,7 +250,7 @@ impl Dir {
     }
 
     fn new(parent: Ino) -> Dir {
-        Dir { parent, entries: BTreeMap::new(), by_name: HashMap::new(), next_cookie: FIRST_COOKIE, dirty: None }
+        Dir { parent, entries: BTreeMap::new(), by_name: Names::default(), next_cookie: FIRST_COOKIE, dirty: None }
     }
 
     /// The inode a name points at.
@@ -197,7 +265,7 @@ impl Dir {
 
     /// True when the directory has no entries.
     pub fn is_empty(&self) -> bool {
-        self.by_name.is_empty()
+        self.by_name.len() == 0
     }
 
     /// Add or replace a name.
@@ -220,6 +288,7 @@ impl Dir {
                 self.next_cookie += 1;
                 self.entries.insert(cookie, (slot.key().clone(), ino));
                 slot.insert((cookie, ino));
+                self.by_name.added();
             }
         }
     }
@@ -494,10 +563,10 @@ impl Namespace {
     /// (files that were unlinked while open) are dropped.
     /// `fresh` supplies the root when nothing was recovered.
     pub fn restore(mut inodes: InoMap<Box<Inode>>, next_ino: u64, mut fresh: Namespace) -> Namespace {
-        if let (std::collections::hash_map::Entry::Vacant(e), Some(root)) =
-            (inodes.entry(Ino::ROOT), fresh.inodes.remove(&Ino::ROOT))
-        {
-            e.insert(root);
+        if !inodes.contains_key(&Ino::ROOT) {
+            if let Some(root) = fresh.inodes.remove(&Ino::ROOT) {
+                inodes.insert(Ino::ROOT, root);
+            }
         }
         let n = inodes.len();
         let mut reached = InoSet::with_capacity_and_hasher(n, Default::default());

@@ -180,3 +180,33 @@ fn names_are_checked() {
     assert!(check_name(OsStr::new(&"x".repeat(255))).is_ok());
     assert_eq!(check_name(OsStr::new("a/b")), Err(Error::Invalid));
 }
+
+#[test]
+fn a_large_directory_splits_its_names_and_finds_every_one() {
+    let mut d = Dir::new(Ino::ROOT);
+    let n = SPLIT_NAMES_AT + 5000;
+    for i in 0..n {
+        d.insert(OsString::from(format!("lease-{i}")), Ino(i as u64 + 10));
+    }
+    assert_eq!(d.by_name.shards.len(), NAME_SHARDS);
+    assert_eq!(d.len(), n);
+    // Replace some, remove some: lookups, the count and the listing agree.
+    for i in (0..n).step_by(3) {
+        d.insert(OsString::from(format!("lease-{i}")), Ino(7));
+    }
+    for i in (1..n).step_by(3) {
+        assert_eq!(d.remove(OsStr::new(&format!("lease-{i}"))), Some(Ino(i as u64 + 10)));
+    }
+    assert_eq!(d.remove(OsStr::new("lease-1")), None);
+    for i in 0..n {
+        let want = match i % 3 {
+            0 => Some(Ino(7)),
+            1 => None,
+            _ => Some(Ino(i as u64 + 10)),
+        };
+        assert_eq!(d.get(OsStr::new(&format!("lease-{i}"))), want, "lease-{i}");
+    }
+    assert_eq!(d.len(), (0..n).filter(|i| i % 3 != 1).count());
+    assert_eq!(d.iter().count(), d.len());
+    assert!(d.by_name.shards.iter().all(|s| s.len() < 2 * n / NAME_SHARDS), "names spread over the tables");
+}
