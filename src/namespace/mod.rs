@@ -479,8 +479,8 @@ pub struct Namespace {
     fresh: InoSet,
     /// Inodes dropped since the last flush.
     freed: InoSet,
-    /// Where each non-directory was last given a name: a hint for finding
-    /// a file's path without walking the tree (verified before use).
+    /// Where each inode was last given a name: a hint for finding a path
+    /// without walking the tree (verified before use).
     hints: InoMap<(Ino, OsString)>,
     /// What the contents and extended attributes occupy, kept up to date by
     /// [`Namespace::account`] and [`Namespace::maybe_drop`] so the size
@@ -588,6 +588,7 @@ impl Namespace {
                     Some(Kind::Dir) if !reached.contains(&child) => {
                         subdirs += 1;
                         parents.insert(child, (dir, 0));
+                        hints.insert(child, (dir, name.clone()));
                         stack.push(child);
                     }
                     Some(Kind::Dir) => {}
@@ -651,9 +652,9 @@ impl Namespace {
         }
     }
 
-    /// Note that `name` in `parent` now leads to the non-directory `ino`.
+    /// Note that `name` in `parent` now leads to `ino`.
     pub fn hint(&mut self, ino: Ino, parent: Ino, name: &OsStr) {
-        if self.inodes.get(&ino).is_some_and(|i| i.kind != Kind::Dir) {
+        if self.inodes.contains_key(&ino) {
             self.hints.insert(ino, (parent, name.to_os_string()));
         }
     }
@@ -831,8 +832,8 @@ impl Namespace {
             }
         } else {
             i.nlink += 1;
-            self.hints.insert(ino, (parent, name.to_os_string()));
         }
+        self.hints.insert(ino, (parent, name.to_os_string()));
         Ok(())
     }
 
@@ -868,7 +869,7 @@ impl Namespace {
         self.held
     }
 
-    /// The name a non-directory was last given, when it still leads to it.
+    /// The name an inode was last given, when it still leads to it.
     pub fn entry_of(&self, ino: Ino) -> Option<(Ino, &OsStr)> {
         let (parent, name) = self.hints.get(&ino)?;
         (self.get(*parent).ok()?.dir().ok()?.get(name) == Some(ino)).then_some((*parent, name.as_os_str()))
@@ -939,7 +940,12 @@ impl Namespace {
                 return None;
             }
             let parent = d.dir().ok()?.parent;
-            let name = self.get(parent).ok()?.dir().ok()?.iter().find(|(_, i)| *i == dir)?.0.clone();
+            // The hint, checked; a walk of the parent's entries (a
+            // million in a large directory) only when it is stale.
+            let name = match self.entry_of(dir) {
+                Some((p, name)) if p == parent => name.to_os_string(),
+                _ => self.get(parent).ok()?.dir().ok()?.iter().find(|(_, i)| *i == dir)?.0.clone(),
+            };
             parts.push(name);
             dir = parent;
         }

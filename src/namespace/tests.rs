@@ -39,7 +39,18 @@ fn path_hints_follow_the_last_name_and_are_verified() {
     assert_eq!(ns.path_hint(f), Some(std::path::PathBuf::from("b")), "the last name given wins");
     ns.unlink(Ino::ROOT, OsStr::new("b")).unwrap();
     assert_eq!(ns.path_hint(f), None, "a removed name is not trusted (callers walk the tree)");
-    assert_eq!(ns.path_hint(d), None, "directories have no hint");
+    assert_eq!(ns.path_hint(d), Some(std::path::PathBuf::from("d")), "directories have one too");
+    // A directory's path comes from its hint, checked, and from a walk of
+    // its parent when the hint is stale.
+    let e = ns.alloc(
+        NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None },
+        d,
+        SystemTime::now(),
+    );
+    ns.link(d, OsStr::new("e"), e).unwrap();
+    assert_eq!(ns.dir_path(e), Some(vec![OsString::from("d"), OsString::from("e")]));
+    ns.hint(e, d, OsStr::new("stale"));
+    assert_eq!(ns.dir_path(e), Some(vec![OsString::from("d"), OsString::from("e")]));
 }
 
 #[test]
