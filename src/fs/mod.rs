@@ -266,8 +266,9 @@ impl EntryDeadlines {
 /// files are queued in the order the kernel first took a reference, and
 /// once it holds a batch more than the bound, the oldest that are not open
 /// and still have their names are invalidated by name (the kernel drops
-/// each entry and, with it, the inode: their FORGETs follow). Nothing depends on it for correctness: a
-/// dropped entry costs a LOOKUP the next time the name is used.
+/// each entry and, with it, the inode: their FORGETs follow). Nothing
+/// depends on it for correctness: a dropped entry costs a LOOKUP the next
+/// time the name is used.
 #[derive(Debug, Default)]
 struct KernelCache {
     /// Files in the order the kernel first took a reference to them (each
