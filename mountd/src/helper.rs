@@ -209,6 +209,10 @@ mod tests {
             run("s /d -f -oallow_other").unwrap(),
             ["mount", "/d", "--source", "s", "--foreground", "--allow-other"]
         );
+        assert_eq!(
+            run("s /d -o nr_inodes=5000,kernel_inodes=4096").unwrap(),
+            ["mount", "/d", "--source", "s", "--max-inodes", "5000", "--kernel-inodes", "4096"]
+        );
     }
 
     #[test]

@@ -1085,6 +1085,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kernel_inodes_below_16_are_refused() {
+        let parse = |n: &str| Cli::try_parse_from(["leasefs", "mount", "/d", "--kernel-inodes", n]);
+        assert!(parse("15").is_err());
+        match parse("16").map(|c| c.command) {
+            Ok(Cmd::Mount(a)) => assert_eq!(a.kernel_inodes, Some(16)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
     fn ages_read_like_a_person_would_say_them() {
         let got: Vec<String> = [0, 850, 4_200, 185_000, 7_800_000, 277_200_000].into_iter().map(age).collect();
         assert_eq!(got, ["0ms", "850ms", "4.2s", "3m05s", "2h10m", "3d5h"]);

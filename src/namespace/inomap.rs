@@ -130,21 +130,12 @@ impl<V> InoMap<V> {
         self.shards.iter().flat_map(|t| t.iter())
     }
 
-    pub fn keys(&self) -> impl Iterator<Item = &Ino> {
-        self.iter().map(|(k, _)| k)
-    }
-
     pub fn values(&self) -> impl Iterator<Item = &V> {
         self.iter().map(|(_, v)| v)
     }
 
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut V> {
         self.shards.iter_mut().flat_map(|t| t.values_mut())
-    }
-
-    pub fn clear(&mut self) {
-        self.shards.clear();
-        self.len = 0;
     }
 }
 
