@@ -761,7 +761,7 @@ impl State {
         };
         self.ns.clear_dirty();
         let ns = &self.ns;
-        if !store.compacting() && store.wants_snapshot_for(|| ns.pages() * PAGE as u64 + ns.len() as u64 * 128) {
+        if !store.compacting() && store.wants_snapshot_for(|| ns.usage().pages * PAGE as u64 + ns.len() as u64 * 128) {
             self.start_compaction();
         }
         Ok(Some(sync))

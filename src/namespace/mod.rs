@@ -761,7 +761,10 @@ impl Namespace {
         out
     }
 
-    /// Total stored pages over all files, counted afresh (checks [`Namespace::usage`]).
+    /// Total stored pages over all files, counted afresh (checks
+    /// [`Namespace::usage`]; a walk over every inode, so never on the
+    /// request path).
+    #[cfg(test)]
     pub fn pages(&self) -> u64 {
         self.inodes
             .values()
