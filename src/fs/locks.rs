@@ -37,6 +37,13 @@ impl Fs {
             let poll = if st.encoding() { SLICE_GAP } else { COMPACTION_POLL };
             next = Some(next.map_or(poll, |n| n.min(poll)));
         }
+        // Files the kernel holds past its bound, once new ones stop coming
+        // (sent by the caller with `take_entry_drops`).
+        let bound = st.limits.kernel_inodes;
+        let st = &mut *st;
+        if let Some(again) = st.kernel.trim(&st.ns, bound, std::time::Instant::now()) {
+            next = Some(next.map_or(again, |n| n.min(again)));
+        }
         (effects, next)
     }
 

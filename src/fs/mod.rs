@@ -264,11 +264,15 @@ impl EntryDeadlines {
 /// each) and make the unmount evict them all. So the daemon keeps the
 /// kernel's references to files near [`limits::Limits::kernel_inodes`]:
 /// files are queued in the order the kernel first took a reference, and
-/// once it holds a batch more than the bound, the oldest that are not open
-/// and still have their names are invalidated by name (the kernel drops
-/// each entry and, with it, the inode: their FORGETs follow). Nothing
-/// depends on it for correctness: a dropped entry costs a LOOKUP the next
-/// time the name is used.
+/// the oldest that are not open and still have their names are
+/// invalidated by name (the kernel drops each entry and, with it, the
+/// inode: their FORGETs follow). Nothing depends on it for correctness: a
+/// dropped entry costs a LOOKUP the next time the name is used.
+///
+/// Like the kernel's own reclaim, it has two watermarks: past the bound,
+/// files are dropped by the lease timer once no new file was referenced
+/// for [`TRIM_AFTER`] (a burst of new names does not pay for evicting old
+/// ones); past twice the bound, right away, a batch at a time.
 #[derive(Debug, Default)]
 struct KernelCache {
     /// Files in the order the kernel first took a reference to them (each
@@ -282,39 +286,91 @@ struct KernelCache {
     /// New references to let pass before trying again after a batch came
     /// out short (most queued files open or renamed).
     backoff: usize,
+    /// When the kernel last took a first reference to a file.
+    last_took: Option<Instant>,
+    /// The kernel holds more than the bound and the timer was told to
+    /// bring it back once references stop coming.
+    trim_due: bool,
 }
 
 /// Files are dropped in batches of this many (at most; an eighth of the
-/// bound when that is less), once the kernel holds that many more than the
-/// bound: one wake-up of the dropping thread and one BATCH_FORGET for the
-/// lot, not one of each per file.
+/// bound when that is less): one wake-up of the dropping thread and one
+/// BATCH_FORGET for the lot, not one of each per file.
 const DROP_BATCH: usize = 128;
 
+/// Files past the bound are dropped once no file was newly referenced for
+/// this long.
+pub(crate) const TRIM_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The pause between two batches of such a trim.
+const TRIM_GAP: std::time::Duration = std::time::Duration::from_millis(2);
+
 impl KernelCache {
-    /// The kernel took its first reference to the file `ino`: queue it,
-    /// and pick a batch of entries to drop once the kernel holds a batch
-    /// more than `bound` files.
-    fn took(&mut self, ns: &Namespace, ino: Ino, bound: usize) {
+    fn batch(bound: usize) -> usize {
+        (bound / 8).clamp(1, DROP_BATCH)
+    }
+
+    /// The kernel took its first reference to the file `ino`: queue it;
+    /// past twice `bound`, pick a batch of entries to drop. True when the
+    /// timer must be woken to trim back to the bound later.
+    fn took(&mut self, ns: &Namespace, ino: Ino, bound: usize, now: Instant) -> bool {
         self.order.push_back(ino);
+        self.last_took = Some(now);
         // Forgotten files leave stale slots behind: rebuild the queue from
         // what the kernel holds when it has grown far past it.
         if self.order.len() > 4 * bound.max(ns.held()) + 1024 {
             self.order.retain(|i| ns.get(*i).is_ok_and(|i| i.lookups > 0));
         }
-        let batch = (bound / 8).clamp(1, DROP_BATCH);
+        let batch = Self::batch(bound);
         if ns.held() <= bound + batch {
-            return;
+            return false;
         }
-        if self.backoff > 0 {
-            self.backoff -= 1;
-            return;
+        let ceiling = bound.saturating_mul(2);
+        if ns.held() > ceiling + batch {
+            if self.backoff > 0 {
+                self.backoff -= 1;
+            } else if let Some((picked, wanted)) = self.pick(ns, ceiling + batch, ceiling, usize::MAX) {
+                if picked < wanted {
+                    self.backoff = batch;
+                }
+            }
         }
+        !std::mem::replace(&mut self.trim_due, true)
+    }
+
+    /// Once no file was newly referenced for [`TRIM_AFTER`], pick a batch of
+    /// entries to drop towards `bound`. When to call again (none: at the
+    /// bound, or nothing left that can be dropped).
+    fn trim(&mut self, ns: &Namespace, bound: usize, now: Instant) -> Option<std::time::Duration> {
+        if !self.trim_due {
+            return None;
+        }
+        let quiet = self.last_took.map_or(TRIM_AFTER, |t| now.saturating_duration_since(t));
+        if quiet < TRIM_AFTER {
+            return Some(TRIM_AFTER - quiet);
+        }
+        match self.pick(ns, bound, bound, Self::batch(bound)) {
+            Some((picked, _)) if picked > 0 => Some(TRIM_GAP),
+            // At the bound once the last FORGETs arrive, or the rest is
+            // open or renamed away from its hint.
+            _ => {
+                self.trim_due = false;
+                None
+            }
+        }
+    }
+
+    /// When the kernel holds (less the last batch, whose FORGETs may still
+    /// be on their way) more than `over`, pick up to `most` of the oldest
+    /// droppable files to bring it down to `target`: how many were picked,
+    /// of how many wanted.
+    fn pick(&mut self, ns: &Namespace, over: usize, target: usize, most: usize) -> Option<(usize, usize)> {
         let pending = self.in_flight.iter().filter(|i| ns.get(**i).is_ok_and(|i| i.lookups > 0)).count();
         let held = ns.held() - pending.min(ns.held());
-        if held <= bound + batch {
-            return;
+        if held <= over {
+            return None;
         }
-        let want = held - bound;
+        let want = (held - target).min(most);
         self.in_flight.clear();
         let mut looked = 0;
         while self.in_flight.len() < want && looked < 4 * want {
@@ -337,9 +393,7 @@ impl KernelCache {
                 self.in_flight.push(old);
             }
         }
-        if self.in_flight.len() < want {
-            self.backoff = batch;
-        }
+        Some((self.in_flight.len(), want))
     }
 }
 
@@ -477,7 +531,9 @@ impl State {
     fn referenced(&mut self, ino: Ino) {
         if self.ns.add_lookup(ino) {
             let bound = self.limits.kernel_inodes;
-            self.kernel.took(&self.ns, ino, bound);
+            if self.kernel.took(&self.ns, ino, bound, Instant::now()) {
+                self.wake.wake();
+            }
         }
     }
 

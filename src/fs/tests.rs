@@ -393,9 +393,20 @@ fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed
 fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
     let fs = fs();
     let (mut l, locks) = fs.limits();
-    l.kernel_inodes = 16; // batches of 2
+    l.kernel_inodes = 16; // batches of 2; right away past 32
     fs.set_limits(l, locks);
     let name = |i: usize| OsString::from(format!("f{i}"));
+    // What the kernel does with the drops: drop each entry, then FORGET
+    // the inode.
+    let forget_dropped = |dropped: &mut Vec<OsString>| {
+        let drops = fs.take_entry_drops();
+        for (parent, n) in &drops {
+            let ino = fs.state.lock().ns.child(*parent, n).unwrap();
+            fs.forget(ino, 1);
+            dropped.push(n.clone());
+        }
+        !drops.is_empty()
+    };
     // f0 stays open all along; f1 is renamed before its turn comes (the
     // kernel moved its entry too: it is dropped under its new name).
     let (f0, _h) = fs.create(C, Ino::ROOT, &name(0), 0o644, 0, libc::O_RDWR).unwrap();
@@ -406,21 +417,42 @@ fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
         if i == 2 {
             fs.rename(Ino::ROOT, &name(1), Ino::ROOT, OsStr::new("moved"), 0, 0).unwrap();
         }
-        let drops = fs.take_entry_drops();
-        batches += usize::from(!drops.is_empty());
-        for (parent, n) in drops {
-            // What the kernel does: drop the entry, then FORGET the inode.
-            let ino = fs.state.lock().ns.child(parent, &n).unwrap();
-            fs.forget(ino, 1);
-            dropped.push(n);
-        }
+        batches += usize::from(forget_dropped(&mut dropped));
         let held = fs.state.lock().ns.held();
-        assert!(held <= 16 + 2, "{held} held after f{i}");
+        assert!(held <= 32 + 2, "{held} held after f{i}");
+        if i <= 32 {
+            assert!(dropped.is_empty(), "nothing dropped below twice the bound: {dropped:?}");
+        }
     }
     let mut want = vec![OsString::from("moved")];
     want.extend((2..dropped.len() + 1).map(name));
     assert_eq!(dropped, want, "oldest first, never the open f0");
-    assert!(dropped.len() >= 60 - 18, "{} dropped", dropped.len());
+    assert!(dropped.len() >= 60 - 34, "{} dropped", dropped.len());
     assert!(batches * 2 <= dropped.len() + 1, "{batches} batches for {} drops", dropped.len());
+
+    // Back to the bound once new references stop: not while they come,
+    // then a batch per call of the timer.
+    let trim = |at: Instant| {
+        let mut st = fs.state.lock();
+        let st = &mut *st;
+        st.kernel.trim(&st.ns, 16, at)
+    };
+    let wait = trim(Instant::now()).expect("past the bound");
+    assert!(wait <= TRIM_AFTER && fs.take_entry_drops().is_empty(), "{wait:?}");
+    let later = Instant::now() + TRIM_AFTER;
+    let before = dropped.len();
+    let mut calls = 0;
+    while trim(later).is_some() {
+        calls += 1;
+        assert!(calls < 100, "the trim never ends");
+        assert!(forget_dropped(&mut dropped), "a batch was picked");
+    }
+    assert!(fs.take_entry_drops().is_empty());
+    assert_eq!(fs.state.lock().ns.held(), 16, "trimmed to the bound");
+    assert!(dropped.len() - before >= 16, "{} more dropped", dropped.len() - before);
+    let mut want = vec![OsString::from("moved")];
+    want.extend((2..dropped.len() + 1).map(name));
+    assert_eq!(dropped, want, "still oldest first");
     assert!(fs.state.lock().ns.get(f0.ino).unwrap().lookups > 0);
+    assert_eq!(trim(later), None, "nothing more to do");
 }

@@ -264,6 +264,7 @@ impl Intercept for Interceptor {
             let next = {
                 let mut w = waits.lock();
                 let (effects, next) = fs.tick();
+                send_entry_drops(&fs, &w);
                 w.deliver(effects, &fs);
                 w.deliver_events(&fs);
                 next
@@ -275,6 +276,17 @@ impl Intercept for Interceptor {
         if let Err(e) = spawned {
             error!("cannot start the lease timer: {e}");
         }
+    }
+}
+
+/// Send the entry drops `fs` picked to the kernel.
+fn send_entry_drops(fs: &Fs, waits: &Waits) {
+    let drops = fs.take_entry_drops();
+    if drops.is_empty() {
+        return;
+    }
+    if let Some(n) = &waits.notices {
+        n.drop_entries(drops.into_iter().map(|(parent, name)| (parent.0, name)).collect());
     }
 }
 
@@ -350,13 +362,7 @@ impl LeaseFs {
     /// Send the entry drops that keep the kernel's references to files
     /// bounded (after the reply that gave the kernel a new one).
     fn drop_entries(&self) {
-        let drops = self.fs.take_entry_drops();
-        if drops.is_empty() {
-            return;
-        }
-        if let Some(n) = &self.waits.lock().notices {
-            n.drop_entries(drops.into_iter().map(|(parent, name)| (parent.0, name)).collect());
-        }
+        send_entry_drops(&self.fs, &self.waits.lock());
     }
 
     /// Answer a request that replaced file content only after the kernel
