@@ -6,15 +6,18 @@
 # scripts/minimalfs.rs, creating the same N in its one directory), RSS (after
 # one fsync, once a compaction it started has finished) and state-directory
 # bytes per lease, the latency of a lookup, stat, open+close, flock pair and
-# lease cycle on random existing leases (the same requests at every N; each
-# against the smallest N's in a table of its own), again on other leases
-# after a clean restart, the clean-unmount time (and the minimal
+# lease cycle on random existing leases (the same requests at every N), again
+# on other leases after a clean restart, the clean-unmount time (and the minimal
 # filesystem's with as many cached inodes) and the restart time after
 # kill -9 and after a clean unmount. While the fsync after the creates runs,
 # and during the compaction it starts, another process times flock pairs on
 # a lease of its own: the slowest pair in each window is how long requests
 # were held up. A churn of unique names (create, lock, write, unlock, close,
 # unlink) then shows what it leaves behind.
+# Latency ratios are measured side by side: a reference mount holding the
+# smallest N stays mounted throughout, and each latency is measured on it
+# and on the mount under test alternately, three rounds, medians of each
+# (the smallest N's own row then shows how far two equal mounts differ).
 #   scripts/scalebench.sh [N...]          (default: 1000 10000 100000)
 #   CHURN=N (default 100000) OPS=N (default 2000) PIN=1 (pin to CPU 0)
 # Needs root, gcc, python3.
@@ -30,7 +33,7 @@ work=$(mktemp -d /tmp/leasefs-scalebench.XXXXXX)
 gcc -O2 -o "$work/scale" scripts/scale.c
 minimal_pid=
 cleanup() {
-    for m in "$work"/mnt "$work"/minimal; do
+    for m in "$work"/mnt "$work"/minimal "$work"/ref-*; do
         grep -q " $m " /proc/self/mountinfo || continue
         if [ "$m" = "$work/minimal" ]; then
             umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
@@ -59,11 +62,11 @@ def run(*args, env=None):
     out = r.stdout
     return {k: float(v) for k, v in (l.split() for l in out.splitlines())}
 
-def mount():
+def mount(m=mnt, st=state):
     t = time.monotonic()
     # The size limit counts a page per file, as tmpfs does (a million
     # 14-byte leases are 4 GB of it): give the mount half of memory.
-    subprocess.run(pinned + [bin, "mount", mnt, "--state-dir", state, "--size", "50%"], check=True)
+    subprocess.run(pinned + [bin, "mount", m, "--state-dir", st, "--size", "50%"], check=True)
     return time.monotonic() - t
 
 def pid():
@@ -84,10 +87,39 @@ def settled_rss(p):
             last, since = now, time.monotonic()
     return rss(p)
 
-def unmount():
+def unmount(m=mnt):
     t = time.monotonic()
-    subprocess.run([bin, "unmount", mnt], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([bin, "unmount", m], check=True, stdout=subprocess.DEVNULL)
     return time.monotonic() - t
+
+# The reference mounts, one per directory layout: the smallest N, kept
+# mounted while every N is measured.
+n0 = min(sizes)
+refs = {}
+def reference(dirs):
+    if dirs not in refs:
+        m, st = f"{work}/ref-{dirs}", f"{work}/refstate-{dirs}"
+        os.makedirs(m, exist_ok=True)
+        mount(m, st)
+        run("create", m, n0, dirs)
+        refs[dirs] = (m, st)
+    return refs[dirs]
+
+def ops_side_by_side(n, dirs, restarted):
+    """Each latency on the reference mount and on the mount under test,
+    alternately, three rounds: the medians of each (µs). After a restart,
+    the reference is restarted too (its kernel holds no file either)."""
+    m, st = reference(dirs)
+    if restarted:
+        unmount(m)
+        mount(m, st)
+    env = {"SCALE_SEED": "1"} if restarted else None
+    ref, own = [], []
+    for _ in range(3):
+        ref.append(run("ops", m, n0, dirs, ops, env=env))
+        own.append(run("ops", mnt, n, dirs, ops, env=env))
+    med = lambda rs, k: sorted(r[k] for r in rs)[len(rs) // 2] / 1000
+    return {k: med(own, k) for k in own[0]}, {k: med(ref, k) for k in ref[0]}
 
 def kill9():
     p = pid()
@@ -218,13 +250,16 @@ for n in sizes:
         grown = settled_rss(p) - base
         row = {"n": n, "dirs": dirs, "create_us": r["create_ns"] / 1000, "rss_per": grown / n,
                "state_per": state_bytes() / n, **probed, **during}
-        row.update({k: v / 1000 for k, v in run("ops", mnt, n, dirs, ops).items()})
+        own, ref = ops_side_by_side(n, dirs, False)
+        row.update(own)
+        row.update({f"ref_{k}": v for k, v in ref.items()})
         row["unmount_s"] = unmount()
         row["restart_clean_s"] = mount()
         # The same operations on other random leases after the restart:
         # the kernel holds no file yet, so none is evicted to make room.
-        after = run("ops", mnt, n, dirs, ops, env={"SCALE_SEED": "1"})
-        row.update({f"restarted_{k}": v / 1000 for k, v in after.items()})
+        own, ref = ops_side_by_side(n, dirs, True)
+        row.update({f"restarted_{k}": v for k, v in own.items()})
+        row.update({f"ref_restarted_{k}": v for k, v in ref.items()})
         kill9()
         row["restart_kill_s"] = mount()
         unmount()
@@ -234,7 +269,7 @@ for n in sizes:
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
 
-print(f"# {'pinned to CPU 0' if pin else 'unpinned'}; {ops} random picks per latency, median of 5 batches")
+print(f"# {'pinned to CPU 0' if pin else 'unpinned'}; {ops} random picks per latency, median of 5 batches, median of 3 rounds")
 print("| leases | dirs | create µs | minimal create µs | ratio | RSS B/lease | state B/lease | lookup µs | stat µs | open+close µs | flock pair µs | lease cycle µs | unmount s | minimal unmount s | restart (clean) s | restart (kill -9) s |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
@@ -247,15 +282,15 @@ for r in rows:
 
 latencies = [("lookup_ns", "lookup"), ("stat_ns", "stat"), ("open_close_ns", "open+close"),
              ("lock_pair_ns", "flock pair"), ("lease_cycle_ns", "lease cycle")]
-print("\n# latency against the fewest leases in as many directories (same run): after the creates (the kernel")
-print("# holds --kernel-inodes files, so each new name evicts one), and after a restart (it holds none yet)")
+print(f"\n# latency against a mount of {n0} leases in as many directories, measured side by side (alternate rounds):")
+print("# after the creates (the kernel holds --kernel-inodes files of the mount under test), and after a restart")
+print("# of both (the kernel holds none yet)")
 print("| leases | dirs | against | " + " | ".join(l for _, l in latencies) + " | after a restart: " + " | ".join(l for _, l in latencies) + " |")
 print("|---|---|---|" + "---|" * (2 * len(latencies)))
 for r in rows:
-    base = next(b for b in rows if b["dirs"] == r["dirs"])
-    cells = [f"{r[k] / base[k]:.2f}×" for k, _ in latencies]
-    cells += [f"{r['restarted_' + k]:.1f} µs ({r['restarted_' + k] / base['restarted_' + k]:.2f}×)" for k, _ in latencies]
-    print(f"| {r['n']} | {r['dirs']} | {base['n']} | " + " | ".join(cells) + " |")
+    cells = [f"{r[k] / r['ref_' + k]:.2f}×" for k, _ in latencies]
+    cells += [f"{r['restarted_' + k]:.1f} µs ({r['restarted_' + k] / r['ref_restarted_' + k]:.2f}×)" for k, _ in latencies]
+    print(f"| {r['n']} | {r['dirs']} | {n0} | " + " | ".join(cells) + " |")
 
 print("\n# compactions during the creates, the fsync after them and the compaction it started; slowest flock pair on another lease in each")
 print("| leases | dirs | compactions during the creates | their time s | slowest pair in them ms | slowest pair outside them ms | fsync s | slowest pair during fsync ms | compaction after s | slowest pair during it ms | slowest pair after ms |")
@@ -277,5 +312,7 @@ c = run("churn", mnt, churn)
 fsync_mount()
 r1, s1 = rss(p), state_bytes()
 unmount()
+for m, _ in refs.values():
+    unmount(m)
 print(f"\nchurn of {churn} unique names: {c['churn_ns'] / 1000:.1f} µs per cycle; RSS {(r1 - r0) / 1e6:+.1f} MB, state directory {(s1 - s0) / 1e6:+.2f} MB")
 PY

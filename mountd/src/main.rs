@@ -247,7 +247,8 @@ struct MountArgs {
     /// Files whose inodes the kernel may keep cached (default 65536; about
     /// 1 KiB of kernel memory each, all evicted by a clean unmount). Past
     /// it, the least recently first-used names that are not open are
-    /// dropped from the kernel's cache; using one again costs a lookup.
+    /// dropped from the kernel's cache once new names pause for 50 ms, and
+    /// right away past twice it; using one again costs a lookup.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(16..))]
     kernel_inodes: Option<u64>,
     /// Locks (flock and byte ranges) held on the whole mount (default

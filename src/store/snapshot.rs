@@ -823,18 +823,26 @@ impl Slices {
     /// Encode for about `budget`; true once everything is.
     pub fn step(&mut self, ns: &Namespace, extra: impl Fn(Ino) -> Extra, budget: std::time::Duration) -> bool {
         let started = std::time::Instant::now();
+        // Records encoded since the clock was last read: every inode, page
+        // and entry counts (a slice of small directories is mostly entries).
         let mut work = 0;
         loop {
             if let Some((ino, from)) = self.within.take() {
                 // Gone since its record was encoded: the journal frees it.
-                self.within = ns.get(ino).ok().and_then(|i| self.run_within(i, from));
-                work = 64;
+                if let Ok(i) = ns.get(ino) {
+                    let (within, n) = self.run_within(i, from);
+                    self.within = within;
+                    work += n;
+                }
+                work += 1;
             } else if self.next < self.end {
                 // Freed since the base: the journal frees it too.
                 if let Ok(i) = ns.get(Ino(self.next)) {
                     self.e.inode(i, &extra(i.ino));
                     self.cut();
-                    self.within = self.run_within(i, 0);
+                    let (within, n) = self.run_within(i, 0);
+                    self.within = within;
+                    work += n;
                 }
                 self.next += 1;
                 work += 1;
@@ -850,15 +858,15 @@ impl Slices {
         }
     }
 
-    /// Encode up to [`RUN`] of the entries or pages of `i` from `from` on;
-    /// where to go on, if there are more.
-    fn run_within(&mut self, i: &Inode, from: u64) -> Option<(Ino, u64)> {
+    /// Encode up to [`RUN`] of the entries or pages of `i` from `from` on:
+    /// where to go on, if there are more, and how many were encoded.
+    fn run_within(&mut self, i: &Inode, from: u64) -> (Option<(Ino, u64)>, usize) {
         let mut n = 0;
         match &i.body {
             Body::File(d) => {
                 for (idx, page) in d.pages_from(from) {
                     if n == self.run {
-                        return Some((i.ino, idx));
+                        return (Some((i.ino, idx)), n);
                     }
                     self.e.page(i.ino, idx, Some(page));
                     self.cut();
@@ -868,7 +876,7 @@ impl Slices {
             Body::Dir(d) => {
                 for (cookie, name, child) in d.from_cookie(from) {
                     if n == self.run {
-                        return Some((i.ino, cookie));
+                        return (Some((i.ino, cookie)), n);
                     }
                     self.e.entry(i.ino, name.as_bytes(), Some(child));
                     self.cut();
@@ -877,7 +885,7 @@ impl Slices {
             }
             _ => {}
         }
-        None
+        (None, n)
     }
 
     /// Start a new piece once this one is full.

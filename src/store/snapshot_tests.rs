@@ -528,3 +528,37 @@ fn only_a_store_that_changed_since_its_snapshot_wants_one_at_unmount() {
     assert!(reopened.changed_since_snapshot(), "an older journal was replayed");
     assert_eq!(view(&recover(img)), view(&ns));
 }
+
+/// A slice reads the clock after every few dozen records, entries and
+/// pages included: a run of small directories (each encoded whole right
+/// after its inode) must not make one slice of thousands of records.
+#[test]
+fn a_slice_stops_after_a_bounded_number_of_records_of_any_kind() {
+    let now = SystemTime::now();
+    let mut ns = Namespace::new(0o755, 0, 0, now);
+    let dirs: Vec<Ino> = (0..100)
+        .map(|d| {
+            let new = NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None };
+            let ino = ns.alloc(new, Ino::ROOT, now);
+            ns.link(Ino::ROOT, OsStr::new(&format!("d{d}")), ino).unwrap();
+            ino
+        })
+        .collect();
+    for (d, dir) in dirs.iter().enumerate() {
+        for f in 0..50 {
+            file(&mut ns, *dir, &format!("f{d}-{f}"), b"x");
+        }
+    }
+    // The root and its 100 entries; each directory and its 50 entries;
+    // each file and its page.
+    let records = 1 + 100 + 100 * (1 + 50) + 5000 * 2;
+    let mut slices = Slices::new(Enc::default(), &ns);
+    slices.run = 64;
+    let mut steps = 1;
+    while !slices.step(&ns, |_| Extra::default(), std::time::Duration::ZERO) {
+        steps += 1;
+    }
+    // A slice ends once 64 records went by, after at most one more run.
+    let most = 64 + 64 + 1;
+    assert!(steps * most >= records, "{steps} slices for {records} records");
+}
