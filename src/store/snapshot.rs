@@ -794,13 +794,18 @@ pub struct Slices {
     /// ([`RUN`]).
     piece: usize,
     run: usize,
+    /// Records encoded between two looks at the clock ([`CHECK`]).
+    check: usize,
 }
 
 /// Bytes in one piece of an image encoded in slices: no buffer as large as
 /// the namespace is allocated, grown or copied under the state lock.
 const PIECE: usize = 1 << 20;
-/// Entries or pages of one inode encoded between two looks at the clock.
+/// Entries or pages of one inode encoded at a time.
 const RUN: usize = 1024;
+/// Records (inodes, entries, pages) encoded between two looks at the
+/// clock.
+const CHECK: usize = 64;
 
 impl Slices {
     /// Start an image after `head` (from [`Store::begin_snapshot`]) of the
@@ -817,6 +822,7 @@ impl Slices {
             within: None,
             piece: PIECE,
             run: RUN,
+            check: CHECK,
         }
     }
 
@@ -849,7 +855,7 @@ impl Slices {
             } else {
                 return true;
             }
-            if work >= 64 {
+            if work >= self.check {
                 work = 0;
                 if started.elapsed() >= budget {
                     return false;

@@ -252,6 +252,7 @@ fn every_crash_image_of_a_snapshot_encoded_in_slices_recovers_what_was_acknowled
     // directories and the large file encoded over several slices.
     slices.piece = 2048;
     slices.run = 8;
+    slices.check = 8;
     let mut step = 0usize;
     let change = |ns: &mut Namespace, step: usize| {
         // The moved directory and the files are in both halves of the
@@ -558,7 +559,7 @@ fn a_slice_stops_after_a_bounded_number_of_records_of_any_kind() {
     while !slices.step(&ns, |_| Extra::default(), std::time::Duration::ZERO) {
         steps += 1;
     }
-    // A slice ends once 64 records went by, after at most one more run.
-    let most = 64 + 64 + 1;
+    // A slice ends once CHECK records went by, after at most one more run.
+    let most = CHECK + 64 + 1;
     assert!(steps * most >= records, "{steps} slices for {records} records");
 }
