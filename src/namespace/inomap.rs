@@ -16,9 +16,9 @@ type Table<V> = HashMap<Ino, V, BuildHasherDefault<InoHasher>>;
 
 /// Tables of a large map.
 const SHARDS: usize = 64;
-/// A map splits once it holds this many entries (moving them takes about
-/// a millisecond, once).
-const SPLIT_AT: usize = 1 << 15;
+/// A map splits once it holds this many entries (moving them takes a
+/// fraction of a millisecond, once).
+const SPLIT_AT: usize = 1 << 13;
 
 /// A map keyed by inode number.
 #[derive(Clone)]
