@@ -1419,9 +1419,10 @@ fn extra_of(lease: &dyn LeaseAuthority, ino: Ino) -> crate::store::snapshot::Ext
 }
 
 /// Changed inodes (and dropped ones) that are appended to the journal
-/// without waiting for an `fsync` (about 3 ms of encoding under the state
-/// lock).
-const WRITEBACK: usize = 2048;
+/// without waiting for an `fsync` (a millisecond or two of encoding under
+/// the state lock; 2 048 took up to 17 ms, traced, when each also
+/// re-encoded a directory).
+const WRITEBACK: usize = 1024;
 
 /// How long one slice of a snapshot image holds the state lock.
 const SLICE: std::time::Duration = std::time::Duration::from_millis(2);
