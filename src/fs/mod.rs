@@ -829,12 +829,12 @@ impl State {
     /// journal appends) go on; [`State::finish_compaction`] then starts the
     /// new journal. Backends without a second handle write it in line.
     fn start_compaction(&mut self) {
-        use crate::store::snapshot::{encode_all, Slices};
+        use crate::store::snapshot::{encode_streamed, Slices};
         let Some(store) = self.store.as_mut() else { return };
         if store.fork_storage().is_none() {
-            let img = encode_all(store.head(), &self.ns, |ino| self.extra(ino));
+            let (head, ns, lease) = (store.head(), &self.ns, &*self.lease);
             // Failures are logged by the store; a full disk postpones it.
-            let _ = self.store.as_mut().expect("checked above").snapshot(img);
+            let _ = store.snapshot_streamed(|out| encode_streamed(head, ns, |ino| extra_of(lease, ino), out));
             return;
         }
         let Some(head) = store.begin_snapshot() else { return };
@@ -1377,10 +1377,14 @@ impl Fs {
             return;
         }
         let started = std::time::Instant::now();
-        let head = st.store.as_ref().expect("checked above").head();
-        let img = crate::store::snapshot::encode_all(head, &st.ns, |ino| st.extra(ino));
-        let bytes = img.len();
-        let written = st.store.as_mut().expect("checked above").snapshot(img);
+        // Streamed to the file as it is encoded (see `encode_streamed`).
+        let st = &mut *st;
+        let (store, ns, lease) = (st.store.as_mut().expect("checked above"), &st.ns, &*st.lease);
+        let head = store.head();
+        let written = store.snapshot_streamed(|out| {
+            crate::store::snapshot::encode_streamed(head, ns, |ino| extra_of(lease, ino), out)
+        });
+        let bytes = store.snapshot_bytes();
         match written {
             Ok(()) => tracing::info!(bytes, ms = started.elapsed().as_millis() as u64, "snapshot written"),
             Err(e) => tracing::error!("snapshot at unmount failed: {e}"),

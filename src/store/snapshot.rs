@@ -654,21 +654,38 @@ impl Store {
     /// namespace, ending with a commit) as the snapshot of the next
     /// generation, then start a new journal.
     pub fn snapshot(&mut self, data: Vec<u8>) -> io::Result<()> {
+        self.snapshot_streamed(|out| {
+            out(&data)?;
+            Ok(data.len() as u64)
+        })
+    }
+
+    /// [`Store::snapshot`] of an image `write` hands to its argument a
+    /// piece at a time (from [`encode_streamed`]), returning its size.
+    pub fn snapshot_streamed(
+        &mut self,
+        write: impl FnOnce(&mut dyn FnMut(&[u8]) -> io::Result<()>) -> io::Result<u64>,
+    ) -> io::Result<()> {
         if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
         let generation = self.generation + 1;
-        let r = self
-            .storage
-            .write_new(SNAPSHOT_TMP, &data)
-            .and_then(|()| self.storage.sync(SNAPSHOT_TMP))
+        let storage = &mut *self.storage;
+        let mut bytes = 0;
+        let r = storage
+            .write_new(SNAPSHOT_TMP, &[])
+            .and_then(|()| write(&mut |piece| storage.append(SNAPSHOT_TMP, piece)))
+            .and_then(|n| {
+                bytes = n;
+                storage.sync(SNAPSHOT_TMP)
+            })
             .and_then(|()| {
                 failpoint("snapshot-written");
-                self.storage.rename(SNAPSHOT_TMP, SNAPSHOT)
+                storage.rename(SNAPSHOT_TMP, SNAPSHOT)
             })
             .and_then(|()| {
                 failpoint("snapshot-renamed");
-                self.storage.sync_dir()
+                storage.sync_dir()
             });
         if let Err(e) = r {
             let _ = self.storage.remove(SNAPSHOT_TMP);
@@ -681,7 +698,7 @@ impl Store {
         }
         self.generation = generation;
         self.replayed_older = false;
-        self.snapshot_bytes = data.len() as u64;
+        self.snapshot_bytes = bytes;
         self.last_snapshot = Some(SystemTime::now());
         let journal = other_journal(self.journal);
         match start_journal(&mut *self.storage, journal, generation) {
@@ -732,36 +749,64 @@ pub fn encode_changes(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
 }
 
 /// Encode the whole namespace (for a snapshot) after what `e` holds (the
-/// snapshot's head).
-pub fn encode_all(mut e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
-    // Small files take about 220 bytes each: one allocation, not a dozen
-    // doublings of a buffer as large as the namespace.
-    e.buf.reserve(ns.len() * 224 + 4096);
-    for i in ns.inodes() {
-        encode_inode(&mut e, i, &extra(i.ino));
-    }
-    e.commit(ns.next_ino());
-    e.buf
+/// snapshot's head), as one buffer.
+pub fn encode_all(e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
+    let mut img = Vec::new();
+    encode_streamed(e, ns, extra, &mut |piece| {
+        img.extend_from_slice(piece);
+        Ok(())
+    })
+    .expect("a Vec takes every piece");
+    img
 }
 
-/// One inode's records in a snapshot image: the inode, then its pages or,
-/// for a directory, its entries (recovery adds them to it; the inodes they
-/// name may come later).
-fn encode_inode(e: &mut Enc, i: &Inode, extra: &Extra) {
-    e.inode(i, extra);
-    match &i.body {
-        Body::File(d) => {
-            for idx in d.page_indices() {
-                e.page(i.ino, idx, d.page(idx));
-            }
+/// Encode the whole namespace after `e` (the snapshot's head), handing the
+/// image to `out` a piece of about [`PIECE`] bytes at a time through one
+/// reused buffer, so no buffer as large as the namespace is allocated (at a
+/// million leases the image is over 200 MB, and touching that much fresh
+/// memory costs more than encoding it). The lock is held throughout: the
+/// image is exact, not fuzzy. Its size.
+pub fn encode_streamed(
+    mut e: Enc,
+    ns: &Namespace,
+    extra: impl Fn(Ino) -> Extra,
+    out: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> io::Result<u64> {
+    e.buf.reserve(PIECE + PIECE / 4);
+    let mut bytes = 0;
+    // After each record: hand over a full piece, keep the buffer.
+    let mut cut = |e: &mut Enc, most: usize| -> io::Result<()> {
+        if e.buf.len() >= most {
+            out(&e.buf)?;
+            bytes += e.buf.len() as u64;
+            e.buf.clear();
         }
-        Body::Dir(d) => {
-            for (n, c) in d.iter() {
-                e.entry(i.ino, n.as_bytes(), Some(c));
+        Ok(())
+    };
+    // In the maps' order (looking a million numbers up one by one would
+    // cost more than encoding them).
+    for i in ns.inodes() {
+        e.inode(i, &extra(i.ino));
+        cut(&mut e, PIECE)?;
+        match &i.body {
+            Body::File(d) => {
+                for idx in d.page_indices() {
+                    e.page(i.ino, idx, d.page(idx));
+                    cut(&mut e, PIECE)?;
+                }
             }
+            Body::Dir(d) => {
+                for (n, c) in d.iter() {
+                    e.entry(i.ino, n.as_bytes(), Some(c));
+                    cut(&mut e, PIECE)?;
+                }
+            }
+            _ => {}
         }
-        _ => {}
     }
+    e.commit(ns.next_ino());
+    cut(&mut e, 0)?;
+    Ok(bytes)
 }
 
 /// A snapshot image encoded a slice at a time, the state lock released

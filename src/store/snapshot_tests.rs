@@ -563,3 +563,75 @@ fn a_slice_stops_after_a_bounded_number_of_records_of_any_kind() {
     let most = CHECK + 64 + 1;
     assert!(steps * most >= records, "{steps} slices for {records} records");
 }
+
+/// A clean unmount streams its image to the file a piece at a time: the
+/// pieces hold whole records and stay near [`PIECE`] bytes however large the
+/// namespace (a directory of thousands of entries spans several), the
+/// snapshot recovers the namespace, and a piece that cannot be written
+/// leaves the previous snapshot and journal as they were, with no
+/// temporary file.
+#[test]
+fn an_image_is_streamed_in_pieces_and_a_failed_piece_keeps_the_old_snapshot() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let mkdir = |ns: &mut Namespace, parent: Ino, name: &str| {
+        let new = NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None };
+        let ino = ns.alloc(new, parent, SystemTime::now());
+        ns.link(parent, OsStr::new(name), ino).unwrap();
+        ino
+    };
+    let big = mkdir(&mut ns, Ino::ROOT, "big");
+    for i in 0..9000 {
+        file(&mut ns, big, &format!("lease-{i:06}.json"), format!("{{\"holder\":{i}}}\n").as_bytes());
+    }
+    for d in 0..20 {
+        let dir = mkdir(&mut ns, Ino::ROOT, &format!("d{d}"));
+        for i in 0..150 {
+            file(&mut ns, dir, &format!("f{i}"), &vec![b'a' + (i % 26) as u8; 100 + i * 40]);
+        }
+    }
+    flush(&mut ns, &mut store);
+    store.snapshot(encode_all(store.head(), &ns, |_| Extra::default())).unwrap();
+    let before = view(&ns);
+    file(&mut ns, big, "after-the-snapshot", b"journal");
+    flush(&mut ns, &mut store);
+    let with_journal = view(&ns);
+
+    // The third piece fails: nothing of the new image is installed.
+    let head = store.head();
+    let mut n = 0;
+    let r = store.snapshot_streamed(|out| {
+        encode_streamed(head, &ns, |_| Extra::default(), &mut |piece| {
+            n += 1;
+            if n == 3 {
+                return Err(io::Error::from_raw_os_error(libc::ENOSPC));
+            }
+            out(piece)
+        })
+    });
+    assert_eq!(r.unwrap_err().raw_os_error(), Some(libc::ENOSPC));
+    assert!(!store.failed(), "a full disk postpones the snapshot");
+    assert!(recording_mut(&mut store).read(SNAPSHOT_TMP).unwrap().is_none(), "the temporary file is removed");
+    assert_eq!(view(&recover(recording_mut(&mut store).clone())), with_journal);
+    assert_ne!(before, with_journal);
+
+    // Streamed whole: several pieces, each of whole records near PIECE.
+    let head = store.head();
+    let mut pieces = Vec::new();
+    store
+        .snapshot_streamed(|out| {
+            encode_streamed(head, &ns, |_| Extra::default(), &mut |piece| {
+                pieces.push(piece.len());
+                assert!(scan_each(piece, |_| ()).is_ok(), "a piece of whole records");
+                out(piece)
+            })
+        })
+        .unwrap();
+    assert!(pieces.len() >= 3, "pieces {pieces:?}");
+    assert!(pieces.iter().all(|&p| p <= PIECE + 2 * crate::namespace::PAGE), "pieces {pieces:?}");
+    assert!(pieces[..pieces.len() - 1].iter().all(|&p| p >= PIECE), "pieces {pieces:?}");
+    assert_eq!(store.snapshot_bytes(), pieces.iter().sum::<usize>() as u64);
+    assert!(!store.changed_since_snapshot());
+    assert_eq!(view(&recover(recording_mut(&mut store).clone())), with_journal);
+}
