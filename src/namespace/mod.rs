@@ -194,6 +194,19 @@ impl Names {
         self.shards[i].entry(name)
     }
 
+    /// Room for `n` names in all (split over the tables when that many
+    /// would split them).
+    fn reserve(&mut self, n: usize) {
+        if self.len > 0 || n == 0 {
+            return;
+        }
+        self.shards = if n >= SPLIT_NAMES_AT {
+            (0..NAME_SHARDS).map(|_| HashMap::with_capacity(n / NAME_SHARDS + n / NAME_SHARDS / 8)).collect()
+        } else {
+            vec![HashMap::with_capacity(n)]
+        };
+    }
+
     /// Count a name added through [`Names::entry`].
     fn added(&mut self) {
         self.len += 1;
@@ -252,6 +265,12 @@ impl Dir {
 
     fn new(parent: Ino) -> Dir {
         Dir { parent, entries: BTreeMap::new(), by_name: Names::default(), next_cookie: FIRST_COOKIE, dirty: None }
+    }
+
+    /// Room for `n` names, for an empty directory about to get them
+    /// (recovery): its tables are allocated once.
+    pub fn reserve(&mut self, n: usize) {
+        self.by_name.reserve(n);
     }
 
     /// The inode a name points at.
@@ -570,23 +589,24 @@ impl Namespace {
             }
         }
         let n = inodes.len();
-        let mut reached = InoSet::with_capacity_and_hasher(n, Default::default());
         let mut stack = vec![Ino::ROOT];
         // Link counts of files named more than once (most have one name).
         let mut links: InoMap<u32> = InoMap::default();
         let mut parents: InoMap<(Ino, u32)> = InoMap::default();
-        let mut hints = InoMap::with_capacity_and_hasher(n, Default::default());
+        // Every inode reached from the root but the root has a hint: the
+        // walk needs no set of its own (at a million inodes each pass over
+        // a table of them is a cache miss per inode).
+        let mut hints: InoMap<(Ino, OsString)> = InoMap::with_capacity_and_hasher(n, Default::default());
+        // Entries naming an inode that is not there.
+        let mut dead = Vec::new();
         while let Some(dir) = stack.pop() {
-            if !reached.insert(dir) {
-                continue;
-            }
             let Some(Body::Dir(d)) = inodes.get(&dir).map(|i| &i.body) else {
                 continue;
             };
             let mut subdirs = 0;
             for (name, child) in d.iter() {
                 match inodes.get(&child).map(|i| i.kind) {
-                    Some(Kind::Dir) if !reached.contains(&child) => {
+                    Some(Kind::Dir) if child != Ino::ROOT && !hints.contains_key(&child) => {
                         subdirs += 1;
                         parents.insert(child, (dir, 0));
                         hints.insert(child, (dir, name.clone()));
@@ -594,29 +614,19 @@ impl Namespace {
                     }
                     Some(Kind::Dir) => {}
                     Some(_) => {
-                        if !reached.insert(child) {
+                        if hints.insert(child, (dir, name.clone())).is_some() {
                             *links.entry(child).or_insert(1) += 1;
                         }
-                        hints.insert(child, (dir, name.clone()));
                     }
-                    None => {}
+                    None => dead.push((dir, name.clone())),
                 }
             }
             parents.entry(dir).or_insert((dir, 0)).1 = subdirs;
         }
-        inodes.retain(|ino, _| reached.contains(ino));
-        drop(reached);
-        // Entries naming inodes that did not survive go too.
-        let dead: Vec<(Ino, OsString)> = inodes
-            .values()
-            .filter_map(|i| match &i.body {
-                Body::Dir(d) => {
-                    Some(d.iter().filter(|(_, c)| !inodes.contains_key(c)).map(|(n, _)| (i.ino, n.clone())))
-                }
-                _ => None,
-            })
-            .flatten()
-            .collect();
+        // Inodes no name leads to (only hinted ones were reached).
+        if hints.len() + 1 < inodes.len() {
+            inodes.retain(|ino, _| *ino == Ino::ROOT || hints.contains_key(ino));
+        }
         for (dir, name) in dead {
             if let Some(Body::Dir(d)) = inodes.get_mut(&dir).map(|i| &mut i.body) {
                 d.remove(&name);

@@ -221,3 +221,45 @@ fn a_large_directory_splits_its_names_and_finds_every_one() {
     assert_eq!(d.iter().count(), d.len());
     assert!(d.by_name.shards.iter().all(|s| s.len() < 2 * n / NAME_SHARDS), "names spread over the tables");
 }
+
+/// Recovery rebuilds what is not stored: link counts (a file under two
+/// names, a directory's subdirectories), each directory's parent, path
+/// hints; it drops inodes no name leads to (with what only they name) and
+/// entries naming an inode that is gone.
+#[test]
+fn restore_counts_links_and_drops_what_no_name_reaches() {
+    let now = SystemTime::now();
+    let dir = NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None };
+    let mut ns = Namespace::new(0o755, 0, 0, now);
+    let twice = new_file(&mut ns, Ino::ROOT, "a");
+    ns.link(Ino::ROOT, OsStr::new("b"), twice).unwrap();
+    let d = ns.alloc(dir.clone(), Ino::ROOT, now);
+    ns.link(Ino::ROOT, OsStr::new("d"), d).unwrap();
+    let x = new_file(&mut ns, d, "x");
+    ns.link(d, OsStr::new("also-a"), twice).unwrap();
+    let gone = new_file(&mut ns, d, "ghost");
+    // Not named anywhere: a file, and a directory with a file of its own.
+    let lost = ns.alloc(NewInode { kind: Kind::File, perm: 0o644, uid: 0, gid: 0, rdev: 0, symlink: None }, d, now);
+    let lost_dir = ns.alloc(dir, Ino::ROOT, now);
+    let in_lost = new_file(&mut ns, lost_dir, "f");
+    let next = ns.next_ino();
+    let mut inodes = std::mem::take(&mut ns.inodes);
+    inodes.remove(&gone);
+    for i in inodes.values_mut() {
+        i.nlink = 0;
+    }
+    let ns = Namespace::restore(inodes, next, Namespace::new(0o755, 0, 0, now));
+    for ino in [gone, lost, lost_dir, in_lost] {
+        assert!(ns.get(ino).is_err(), "{ino:?} is not reachable");
+    }
+    assert_eq!(ns.len(), 4, "the root, a/b/also-a, d and x");
+    assert_eq!(ns.get(twice).unwrap().nlink, 3);
+    assert_eq!(ns.get(x).unwrap().nlink, 1);
+    assert_eq!(ns.get(d).unwrap().nlink, 2);
+    assert_eq!(ns.get(Ino::ROOT).unwrap().nlink, 3);
+    assert_eq!(ns.get(d).unwrap().dir().unwrap().parent, Ino::ROOT);
+    assert_eq!(ns.child(d, OsStr::new("ghost")), Err(Error::NotFound));
+    assert_eq!(ns.get(d).unwrap().dir().unwrap().len(), 2);
+    assert_eq!(ns.path_hint(x), Some(std::path::PathBuf::from("d/x")));
+    assert_eq!(ns.next_ino(), next, "numbers of dropped inodes are not handed out again");
+}

@@ -109,8 +109,11 @@ impl Enc {
             self.time(t);
         }
         self.u64(i.version);
+        // A directory's size is its number of entries: recovery sizes its
+        // name tables once instead of growing them a name at a time.
         let (size, target): (u64, &[u8]) = match &i.body {
             Body::File(d) => (d.size(), b""),
+            Body::Dir(d) => (d.len() as u64, b""),
             Body::Symlink(t) => (0, t.as_bytes()),
             _ => (0, b""),
         };

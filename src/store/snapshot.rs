@@ -118,7 +118,13 @@ impl Recovered {
                         (Inode { body: Body::Dir(d), .. }, Body::Dir(n)) => *n = d,
                         _ => {}
                     },
-                    _ => {}
+                    // A directory first seen: room for the entries it had
+                    // (capped: it is a hint, and entries may follow or not).
+                    _ => {
+                        if let Body::Dir(d) = &mut new.body {
+                            d.reserve(size.min(1 << 24) as usize);
+                        }
+                    }
                 }
                 if let Body::File(d) = &mut new.body {
                     d.restore_size(size);
