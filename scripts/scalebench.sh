@@ -12,7 +12,8 @@
 # kill -9 and after a clean unmount. While the fsync after the creates runs,
 # and during the compaction it starts, another process times flock pairs on
 # a lease of its own: the slowest pair in each window is how long requests
-# were held up. A churn of unique names (create, lock, write, unlock, close,
+# were held up, and how much CPU time the host took from the guest (steal)
+# meanwhile and around the slowest pairs. A churn of unique names (create, lock, write, unlock, close,
 # unlink) then shows what it leaves behind.
 # Latency ratios are measured side by side: a reference mount holding the
 # smallest N stays mounted throughout, and each latency is measured on it
@@ -195,22 +196,50 @@ def probed_create(n, dirs):
             time.sleep(0.05)
         if start is not None:
             windows.append((start, time.monotonic_ns()))
+    # CPU time the host took from the guest (steal, in clock ticks),
+    # sampled every 5 ms: a pair held up while the vCPU did not run is the
+    # host's doing, not the daemon's.
+    stolen = []
+    def sample_steal():
+        while not stop.is_set():
+            stolen.append((time.monotonic_ns(), steal_ticks()))
+            time.sleep(0.005)
     poller = threading.Thread(target=poll)
+    stealer = threading.Thread(target=sample_steal)
     poller.start()
+    stealer.start()
     try:
         r = run("create", mnt, n, dirs)
     finally:
         stop.set()
         poller.join()
+        stealer.join()
         pr.terminate()
         pr.wait()
     pairs = [tuple(map(int, l.split())) for l in open(out)]
     inside = lambda s: any(a - 50_000_000 <= s < b for a, b in windows)
-    worst = lambda pick: max((d for s, d in pairs if pick(s)), default=0) / 1e6
+    slowest = lambda pick: max(((d, s) for s, d in pairs if pick(s)), default=(0, 0))
+    def steal_ms(a, b):
+        """Steal between the samples just before a and just after b."""
+        before = [v for t, v in stolen if t <= a] or [stolen[0][1]]
+        after = [v for t, v in stolen if t >= b] or [stolen[-1][1]]
+        return (after[0] - before[-1]) * 1000 / os.sysconf("SC_CLK_TCK")
+    (din, sin), (dout, sout) = slowest(inside), slowest(lambda s: not inside(s))
     return r, {"create_compactions": status()["snapshot"]["generation"] - gen0,
                "create_compaction_s": sum(b - a for a, b in windows) / 1e9,
-               "create_worst_in_ms": worst(inside) if windows else None,
-               "create_worst_out_ms": worst(lambda s: not inside(s))}
+               "create_worst_in_ms": din / 1e6 if windows else None,
+               "create_worst_out_ms": dout / 1e6,
+               "create_stolen_ms": steal_ms(stolen[0][0], stolen[-1][0]),
+               "create_worst_in_stolen_ms": steal_ms(sin, sin + din) if windows else None,
+               "create_worst_out_stolen_ms": steal_ms(sout, sout + dout)}
+
+def steal_ticks():
+    """Steal time of CPU 0 when pinned there, else of all CPUs."""
+    want = "cpu0" if pin else "cpu"
+    for line in open("/proc/stat"):
+        f = line.split()
+        if f[0] == want:
+            return int(f[8])
 
 def state_bytes():
     return sum(os.path.getsize(f"{state}/{f}") for f in os.listdir(state))
@@ -292,14 +321,17 @@ for r in rows:
     cells += [f"{r['restarted_' + k]:.1f} µs ({r['restarted_' + k] / r['ref_restarted_' + k]:.2f}×)" for k, _ in latencies]
     print(f"| {r['n']} | {r['dirs']} | {n0} | " + " | ".join(cells) + " |")
 
-print("\n# compactions during the creates, the fsync after them and the compaction it started; slowest flock pair on another lease in each")
-print("| leases | dirs | compactions during the creates | their time s | slowest pair in them ms | slowest pair outside them ms | fsync s | slowest pair during fsync ms | compaction after s | slowest pair during it ms | slowest pair after ms |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("\n# compactions during the creates, the fsync after them and the compaction it started; slowest flock pair on another lease in each;")
+print(f"# CPU time the host took from the guest ({'CPU 0' if pin else 'all CPUs'}, steal, 10 ms ticks) during the creates and around each slowest pair")
+print("| leases | dirs | compactions during the creates | their time s | slowest pair in them ms | slowest pair outside them ms | stolen during the creates ms | around the slowest pairs ms (in / out) | fsync s | slowest pair during fsync ms | compaction after s | slowest pair during it ms | slowest pair after ms |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for r in rows:
     cs = f"{r['compaction_s']:.2f}" if r["compaction_s"] is not None else "none"
     cw = f"{r['compaction_worst_ms']:.2f}" if r["compaction_worst_ms"] is not None else "—"
     ci = f"{r['create_worst_in_ms']:.2f}" if r["create_worst_in_ms"] is not None else "—"
+    si = f"{r['create_worst_in_stolen_ms']:.0f}" if r["create_worst_in_stolen_ms"] is not None else "—"
     print(f"| {r['n']} | {r['dirs']} | {r['create_compactions']} | {r['create_compaction_s']:.2f} | {ci} | {r['create_worst_out_ms']:.2f} "
+          f"| {r['create_stolen_ms']:.0f} | {si} / {r['create_worst_out_stolen_ms']:.0f} "
           f"| {r['fsync_s']:.2f} | {r['fsync_worst_ms']:.2f} | {cs} | {cw} | {r['idle_worst_ms']:.2f} |")
 
 # Churn of unique names: what is left after it (RSS, state directory).
