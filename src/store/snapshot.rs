@@ -51,7 +51,7 @@ use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::time::SystemTime;
 
-use crate::namespace::{Body, Ino, InoMap, Inode, Namespace};
+use crate::namespace::{Body, Ino, InoMap, InoSet, Inode, Kind, Namespace};
 use crate::store::storage::{Storage, Syncer};
 
 pub use super::records::{crc32, Enc, Extra};
@@ -82,6 +82,8 @@ pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub inodes: InoMap<Box<Inode>>,
+    /// Which of them are directories (see [`Namespace::restore_with`]).
+    pub dirs: InoSet,
     pub extras: InoMap<Extra>,
     pub next_ino: u64,
     /// Bytes cut off the journal's tail.
@@ -129,6 +131,9 @@ impl Recovered {
                 if let Body::File(d) = &mut new.body {
                     d.restore_size(size);
                 }
+                if new.kind == Kind::Dir {
+                    self.dirs.insert(ino);
+                }
                 if extra == Extra::default() {
                     self.extras.remove(&ino);
                 } else {
@@ -153,6 +158,7 @@ impl Recovered {
             }
             Rec::Free(ino) => {
                 self.inodes.remove(&ino);
+                self.dirs.remove(&ino);
                 self.extras.remove(&ino);
             }
         }

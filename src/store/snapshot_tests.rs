@@ -61,7 +61,7 @@ fn view(ns: &Namespace) -> Vec<(String, String)> {
 
 fn recover(storage: MemStorage) -> Namespace {
     let (_, rec) = Store::open(Box::new(storage)).unwrap();
-    Namespace::restore(rec.inodes, rec.next_ino, Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH))
+    Namespace::restore_with(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH))
 }
 
 fn flush(ns: &mut Namespace, store: &mut Store) {
@@ -341,7 +341,12 @@ fn corruption_before_the_tail_refuses_and_a_torn_tail_is_cut() {
     torn.append(JOURNAL, &j[..j.len() - 3]).unwrap();
     let (_, rec) = Store::open(Box::new(torn)).unwrap();
     assert!(rec.cut > 0);
-    let ns2 = Namespace::restore(rec.inodes, rec.next_ino, Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH));
+    let ns2 = Namespace::restore_with(
+        rec.inodes,
+        &rec.dirs,
+        rec.next_ino,
+        Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH),
+    );
     assert!(ns2.child(Ino::ROOT, OsStr::new("a")).is_ok());
     assert!(ns2.child(Ino::ROOT, OsStr::new("b")).is_err());
     // Zeros at the end (a crash after the size grew): also a tail.
