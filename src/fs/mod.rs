@@ -1297,7 +1297,7 @@ impl Fs {
         let mut st = self.state.lock();
         let root = st.ns.get(Ino::ROOT).map(|r| (r.perm, r.uid, r.gid)).unwrap_or((0o755, 0, 0));
         let fresh = std::mem::replace(&mut st.ns, Namespace::new(root.0, root.1, root.2, now()));
-        st.ns = Namespace::restore_with(rec.inodes, &rec.dirs, rec.next_ino, fresh);
+        st.ns = Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, fresh);
         for (ino, x) in rec.extras {
             if st.ns.get(ino).is_err() {
                 continue;

@@ -332,7 +332,7 @@ fn changes_without_fsync_are_written_back_in_bounded_batches() {
     }
     // What the journal holds now, without any fsync: every batch written back.
     let (_, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
-    let got = paths(&Namespace::restore_with(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now())));
+    let got = paths(&Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now())));
     assert!(got.len() > n - WRITEBACK && got.len() <= n + 1, "{} of {n} files in the journal", got.len());
 }
 
@@ -382,7 +382,7 @@ fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed
     assert_eq!(fs.state.lock().store.as_ref().unwrap().generation(), 1, "the snapshot was installed");
     // What a crash now leaves: the files as they are.
     let (_, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
-    let got = paths(&Namespace::restore_with(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now())));
+    let got = paths(&Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now())));
     let last = seen.last().unwrap();
     let extra: Vec<_> = got.iter().filter(|p| !last.contains(p)).collect();
     let missing: Vec<_> = last.iter().filter(|p| !got.contains(p)).collect();

@@ -580,23 +580,12 @@ impl Namespace {
 
     /// A namespace rebuilt from recovered inodes: link counts and directory
     /// parents are recomputed from the entries, and inodes no name reaches
-    /// (files that were unlinked while open) are dropped.
+    /// (files that were unlinked while open) are dropped. `dirs` says which
+    /// inodes are directories (recovery notes them as it decodes), so the
+    /// walk reads no inode it does not change: reading each entry's inode
+    /// would be a cache miss apiece at a million.
     /// `fresh` supplies the root when nothing was recovered.
-    pub fn restore(inodes: InoMap<Box<Inode>>, next_ino: u64, fresh: Namespace) -> Namespace {
-        let dirs = inodes.values().filter(|i| i.kind == Kind::Dir).map(|i| i.ino).collect();
-        Namespace::restore_with(inodes, &dirs, next_ino, fresh)
-    }
-
-    /// [`Namespace::restore`] told which inodes are directories (recovery
-    /// notes them as it decodes): the walk then reads no inode it does not
-    /// change, where reading each entry's inode is a cache miss apiece at a
-    /// million.
-    pub fn restore_with(
-        mut inodes: InoMap<Box<Inode>>,
-        dirs: &InoSet,
-        next_ino: u64,
-        mut fresh: Namespace,
-    ) -> Namespace {
+    pub fn restore(mut inodes: InoMap<Box<Inode>>, dirs: &InoSet, next_ino: u64, mut fresh: Namespace) -> Namespace {
         if !inodes.contains_key(&Ino::ROOT) {
             if let Some(root) = fresh.inodes.remove(&Ino::ROOT) {
                 inodes.insert(Ino::ROOT, root);

@@ -248,7 +248,8 @@ fn restore_counts_links_and_drops_what_no_name_reaches() {
     for i in inodes.values_mut() {
         i.nlink = 0;
     }
-    let ns = Namespace::restore(inodes, next, Namespace::new(0o755, 0, 0, now));
+    let dirs = [Ino::ROOT, d, lost_dir].into_iter().collect();
+    let ns = Namespace::restore(inodes, &dirs, next, Namespace::new(0o755, 0, 0, now));
     for ino in [gone, lost, lost_dir, in_lost] {
         assert!(ns.get(ino).is_err(), "{ino:?} is not reachable");
     }
@@ -262,4 +263,31 @@ fn restore_counts_links_and_drops_what_no_name_reaches() {
     assert_eq!(ns.get(d).unwrap().dir().unwrap().len(), 2);
     assert_eq!(ns.path_hint(x), Some(std::path::PathBuf::from("d/x")));
     assert_eq!(ns.next_ino(), next, "numbers of dropped inodes are not handed out again");
+}
+
+/// A directory told how many names it will get (recovery reads the count
+/// from its record) allocates its tables once, split already when that many
+/// would split them, and every name lands and is found.
+#[test]
+fn a_directory_reserved_for_its_names_allocates_its_tables_once() {
+    let n = 3 * SPLIT_NAMES_AT;
+    let mut d = Dir::new(Ino::ROOT);
+    d.reserve(n);
+    assert_eq!(d.by_name.shards.len(), NAME_SHARDS, "split from the start");
+    let room: usize = d.by_name.shards.iter().map(|s| s.capacity()).sum();
+    assert!(room >= n, "room for {room} names");
+    for i in 0..n {
+        d.insert(format!("lease-{i}").into(), Ino(i as u64 + 2));
+    }
+    let after: usize = d.by_name.shards.iter().map(|s| s.capacity()).sum();
+    assert_eq!(after, room, "no table grew");
+    assert_eq!(d.len(), n);
+    assert!((0..n).all(|i| d.get(OsStr::new(&format!("lease-{i}"))) == Some(Ino(i as u64 + 2))));
+    // A small directory keeps one table; a reserve after names came is ignored.
+    let mut small = Dir::new(Ino::ROOT);
+    small.reserve(10);
+    assert_eq!(small.by_name.shards.len(), 1);
+    small.insert("a".into(), Ino(5));
+    small.reserve(n);
+    assert_eq!((small.by_name.shards.len(), small.get(OsStr::new("a"))), (1, Some(Ino(5))));
 }

@@ -82,7 +82,7 @@ pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub inodes: InoMap<Box<Inode>>,
-    /// Which of them are directories (see [`Namespace::restore_with`]).
+    /// Which of them are directories (see [`Namespace::restore`]).
     pub dirs: InoSet,
     pub extras: InoMap<Extra>,
     pub next_ino: u64,
@@ -564,9 +564,8 @@ impl Store {
 
     /// Start a snapshot written off the request path: returns the start of
     /// its image (the head of [`Store::head`] and where in the journal
-    /// recovery continues from it); encode the namespace after it, with
-    /// [`encode_all`] or a slice at a time with [`Slices`], while batches go
-    /// on being appended, then hand it to [`Store::snapshot_job`] and
+    /// recovery continues from it); encode the namespace after it a slice
+    /// at a time with [`Slices`], while batches go on being appended, then hand it to [`Store::snapshot_job`] and
     /// [`write_snapshot`], then [`Store::finish_snapshot`]. None while one
     /// is in progress or after a failure.
     pub fn begin_snapshot(&mut self) -> Option<Enc> {
@@ -645,7 +644,7 @@ impl Store {
     }
 
     /// The start of a snapshot image: the header of the next generation;
-    /// encode the namespace after it ([`encode_all`]).
+    /// encode the namespace after it ([`encode_streamed`]).
     pub fn head(&self) -> Enc {
         let mut e = Enc::default();
         e.header(self.generation + 1);
@@ -662,9 +661,8 @@ impl Store {
         self.replayed_older || self.journal_bytes != empty.buf.len() as u64 || self.journal_gen != self.generation
     }
 
-    /// Write `data` (begun with [`Store::head`], then every record of the
-    /// namespace, ending with a commit) as the snapshot of the next
-    /// generation, then start a new journal.
+    /// [`Store::snapshot_streamed`] of an image in one buffer (tests).
+    #[cfg(test)]
     pub fn snapshot(&mut self, data: Vec<u8>) -> io::Result<()> {
         self.snapshot_streamed(|out| {
             out(&data)?;
@@ -672,8 +670,10 @@ impl Store {
         })
     }
 
-    /// [`Store::snapshot`] of an image `write` hands to its argument a
-    /// piece at a time (from [`encode_streamed`]), returning its size.
+    /// Write an image (begun with [`Store::head`], then every record of the
+    /// namespace, ending with a commit) as the snapshot of the next
+    /// generation, then start a new journal. `write` hands the image to its
+    /// argument a piece at a time ([`encode_streamed`]) and returns its size.
     pub fn snapshot_streamed(
         &mut self,
         write: impl FnOnce(&mut dyn FnMut(&[u8]) -> io::Result<()>) -> io::Result<u64>,
@@ -760,8 +760,8 @@ pub fn encode_changes(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
     e.buf
 }
 
-/// Encode the whole namespace (for a snapshot) after what `e` holds (the
-/// snapshot's head), as one buffer.
+/// [`encode_streamed`] into one buffer (tests).
+#[cfg(test)]
 pub fn encode_all(e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
     let mut img = Vec::new();
     encode_streamed(e, ns, extra, &mut |piece| {

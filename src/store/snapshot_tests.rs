@@ -61,7 +61,7 @@ fn view(ns: &Namespace) -> Vec<(String, String)> {
 
 fn recover(storage: MemStorage) -> Namespace {
     let (_, rec) = Store::open(Box::new(storage)).unwrap();
-    Namespace::restore_with(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH))
+    Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH))
 }
 
 fn flush(ns: &mut Namespace, store: &mut Store) {
@@ -341,12 +341,8 @@ fn corruption_before_the_tail_refuses_and_a_torn_tail_is_cut() {
     torn.append(JOURNAL, &j[..j.len() - 3]).unwrap();
     let (_, rec) = Store::open(Box::new(torn)).unwrap();
     assert!(rec.cut > 0);
-    let ns2 = Namespace::restore_with(
-        rec.inodes,
-        &rec.dirs,
-        rec.next_ino,
-        Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH),
-    );
+    let ns2 =
+        Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH));
     assert!(ns2.child(Ino::ROOT, OsStr::new("a")).is_ok());
     assert!(ns2.child(Ino::ROOT, OsStr::new("b")).is_err());
     // Zeros at the end (a crash after the size grew): also a tail.
@@ -639,4 +635,41 @@ fn an_image_is_streamed_in_pieces_and_a_failed_piece_keeps_the_old_snapshot() {
     assert_eq!(store.snapshot_bytes(), pieces.iter().sum::<usize>() as u64);
     assert!(!store.changed_since_snapshot());
     assert_eq!(view(&recover(recording_mut(&mut store).clone())), with_journal);
+}
+
+/// A directory's record carries its number of entries (recovery sizes its
+/// name tables from it), and the directory recovers with every name.
+#[test]
+fn a_directory_record_carries_its_number_of_entries() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    let mkdir = |ns: &mut Namespace, name: &str| {
+        let new = NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None };
+        let ino = ns.alloc(new, Ino::ROOT, SystemTime::now());
+        ns.link(Ino::ROOT, OsStr::new(name), ino).unwrap();
+        ino
+    };
+    let (big, empty) = (mkdir(&mut ns, "big"), mkdir(&mut ns, "empty"));
+    for i in 0..5000 {
+        file(&mut ns, big, &format!("f{i}"), b"x");
+    }
+    let img = encode_all(Enc::default(), &ns, |_| Extra::default());
+    let mut sizes = std::collections::HashMap::new();
+    assert!(scan_each(&img, |r| {
+        if let Rec::Inode(i, size, _) = r {
+            if i.kind == Kind::Dir {
+                sizes.insert(i.ino, size);
+            }
+        }
+    })
+    .is_ok());
+    assert_eq!((sizes[&big], sizes[&empty], sizes[&Ino::ROOT]), (5000, 0, 2));
+    // Through the journal and through a snapshot.
+    flush(&mut ns, &mut store);
+    assert_eq!(view(&recover(recording_mut(&mut store).clone())), view(&ns));
+    store.snapshot(encode_all(store.head(), &ns, |_| Extra::default())).unwrap();
+    let back = recover(recording_mut(&mut store).clone());
+    assert_eq!(back.get(big).unwrap().dir().unwrap().len(), 5000);
+    assert_eq!(view(&back), view(&ns));
 }
