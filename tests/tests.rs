@@ -21,6 +21,7 @@ mod examples;
 mod fencing;
 mod hosts;
 mod limits;
+mod lock_tree;
 mod locks;
 mod operate;
 mod posix;

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use leasefs::fuse::session;
 
+use crate::tree::{self, Tree};
+
 /// Exit status when the lease was lost while the command ran (broken,
 /// taken over, fenced); the command was terminated.
 pub const LOST: u8 = 75;
@@ -153,6 +155,12 @@ pub struct LockSpec {
     pub conflict_exit: u8,
     pub ttl: Option<String>,
     pub grace: Duration,
+    /// Leave the command's other processes running after it exits normally.
+    pub keep_children: bool,
+    /// Contain the tree without a cgroup (process group and subreaper only).
+    pub no_cgroup: bool,
+    /// Say how the tree is contained.
+    pub verbose: bool,
     pub command: Vec<OsString>,
 }
 
@@ -228,11 +236,16 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
     }
     let epoch = epoch_of(&file).unwrap_or(0);
     let me = std::process::id();
+    // Descendants that leave the command (double fork, setsid) come back to
+    // us instead of init, so none of them escapes the walk of our tree.
+    if let Err(e) = tree::become_subreaper() {
+        return fail(format!("PR_SET_CHILD_SUBREAPER: {e}"));
+    }
     let mut cmd = std::process::Command::new(&spec.command[0]);
     cmd.args(&spec.command[1..]).env("LEASEFS_EPOCH", epoch.to_string()).env("LEASEFS_PATH", &file);
-    // SAFETY: prctl and sigprocmask are async-signal-safe. The command dies
-    // with us (it must never run without the lease), and starts with the
-    // default signal handling.
+    // SAFETY: prctl and signal are async-signal-safe. The command dies with
+    // us (it must never run without the lease), and starts with the default
+    // signal handling.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
@@ -242,10 +255,13 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
             Ok(())
         });
     }
-    let mut child = match cmd.spawn() {
-        Ok(c) => c,
+    let mut tree = match Tree::spawn(&mut cmd, !spec.no_cgroup) {
+        Ok(t) => t,
         Err(e) => return fail(format!("{}: {e}", spec.command[0].to_string_lossy())),
     };
+    if spec.verbose {
+        eprintln!("leasefs: {rel}: epoch {epoch}; command {} contained by {}", tree.pid(), tree.containment);
+    }
     let renew_every = spec
         .ttl
         .as_deref()
@@ -255,19 +271,26 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
     let mut lines = Lines::default();
     let mut lost: Option<String> = None;
     loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            if lost.is_some() {
-                return ExitCode::from(LOST);
-            }
-            return match status.code() {
-                Some(c) => ExitCode::from(c as u8),
-                None => ExitCode::from(128 + std::os::unix::process::ExitStatusExt::signal(&status).unwrap_or(0) as u8),
-            };
-        }
+        tree.reap();
         if let Some(why) = &lost {
-            eprintln!("leasefs: {}: lease lost ({why}); terminating the command", rel);
-            terminate(&mut child, spec.grace);
-            continue;
+            eprintln!("leasefs: {rel}: lease lost ({why}); terminating the command and everything it started");
+            tree.terminate(spec.grace);
+            return ExitCode::from(LOST);
+        }
+        if let Some(status) = tree.status() {
+            // The command ended: what it left running would go on without
+            // the lease once we exit, so it ends too (unless asked not to),
+            // while the lease is still held.
+            if spec.keep_children {
+                tree.finish(true);
+            } else {
+                tree.terminate(spec.grace);
+            }
+            return if libc::WIFEXITED(status) {
+                ExitCode::from(libc::WEXITSTATUS(status) as u8)
+            } else {
+                ExitCode::from(128 + libc::WTERMSIG(status) as u8)
+            };
         }
         let timeout = next_renew.map(|t| t.saturating_duration_since(Instant::now()));
         let ready = wait_readable(&[events.as_raw_fd(), sigs], timeout);
@@ -275,9 +298,8 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
             drain(sigs);
             let sig = LAST_SIGNAL.swap(0, Ordering::Relaxed);
             if sig != 0 {
-                // Pass Ctrl-C and friends on to the command.
-                // SAFETY: signalling our own child.
-                unsafe { libc::kill(child.id() as i32, sig) };
+                // Ctrl-C, SIGTERM and SIGHUP reach the whole tree.
+                tree.signal(sig);
             }
         }
         if ready[0] {
@@ -304,7 +326,7 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
             if Instant::now() >= t {
                 // Renew only while the command runs: a stopped (frozen) command
                 // lets its lease expire, so a contender can break it.
-                if !stopped(child.id()) {
+                if !stopped(tree.pid()) {
                     // A holder's touch renews its lease.
                     // SAFETY: futimens on our own descriptor with "now" for both times.
                     unsafe { libc::futimens(f.as_raw_fd(), std::ptr::null()) };
@@ -319,24 +341,6 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
 fn stopped(pid: u32) -> bool {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     stat.rsplit_once(')').is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('T' | 't')))
-}
-
-/// SIGTERM now, SIGKILL after `grace` if it is still running.
-fn terminate(child: &mut std::process::Child, grace: Duration) {
-    // SAFETY: signalling our own child; SIGCONT lets a stopped one act on SIGTERM.
-    unsafe {
-        libc::kill(child.id() as i32, libc::SIGTERM);
-        libc::kill(child.id() as i32, libc::SIGCONT);
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// Block until the lease at `path` is free (or held), at most `wait`.

@@ -7,6 +7,7 @@ mod helper;
 mod lock;
 mod metrics_http;
 mod notify;
+mod tree;
 mod watch;
 
 use std::io::{Read, Write};
@@ -73,13 +74,32 @@ enum Cmd {
     /// directories. Lines show the time, event, path, epoch, holder pid/comm,
     /// mode, lock API and reason; --json prints the daemon's JSON lines.
     Watch(WatchArgs),
-    /// Hold a lease while a command runs, and never let the command outlive it.
+    /// Hold a lease while a command runs, and never let the command or anything it
+    /// started outlive it.
     ///
     /// Takes PATH's lease like flock(1) (created if missing), runs COMMAND with
-    /// LEASEFS_EPOCH (the fencing token) and LEASEFS_PATH set, renews a --ttl lease
-    /// while it runs, and when the lease is broken, taken over or fenced sends the
-    /// command SIGTERM, then SIGKILL after --grace, and exits 75. Otherwise exits
-    /// with the command's status, or 1 (-E) when the lease was not taken (-n, -w).
+    /// LEASEFS_EPOCH (the fencing token) and LEASEFS_PATH set, and renews a --ttl lease
+    /// while it runs. When the lease is broken, taken over or fenced, or its host is cut
+    /// off, the command's whole process tree is ended (SIGTERM and SIGCONT, then SIGKILL
+    /// after --grace), every process of it is reaped, and leasefs lock exits 75.
+    /// Otherwise it exits with the command's status (128+N when killed by signal N), or
+    /// 1 (-E) when the lease was not taken (-n, -w).
+    ///
+    /// The tree is every process the command starts, also those that leave its process
+    /// group or session (setsid, double fork) and those that ignore SIGTERM:
+    /// the command runs in a process group of its own; leasefs lock is a child
+    /// subreaper, so orphaned descendants are re-parented to it and stay in the tree;
+    /// and where a cgroup v2 directory can be made under its own cgroup (root, or a
+    /// subtree delegated by systemd) the command runs in a cgroup of its own that
+    /// cgroup.kill ends at once, so not even a process that re-parents itself elsewhere
+    /// escapes. -v says which of these was used.
+    ///
+    /// When the command exits, whatever it left running is ended the same way before
+    /// leasefs lock returns (the lease is held until then), unless --keep-children.
+    /// SIGINT, SIGTERM and SIGHUP sent to leasefs lock are passed on to the whole tree.
+    /// With a terminal, the command's group gets the terminal (Ctrl-C reaches it).
+    /// If leasefs lock itself is killed with SIGKILL, the command gets SIGKILL
+    /// (PR_SET_PDEATHSIG); its descendants are then left to the lease's TTL and fencing.
     #[command(override_usage = "leasefs lock [OPTIONS] <PATH> -- <COMMAND> [ARGS]...")]
     Lock(LockArgs),
     /// Block until a lease is free (default) or held; exits 1 at the -w timeout.
@@ -117,6 +137,17 @@ struct LockArgs {
     /// Time between SIGTERM and SIGKILL when the lease is lost.
     #[arg(long, value_name = "DUR", default_value = "5s", value_parser = parse_ttl_arg)]
     grace: TtlArg,
+    /// When the command exits normally, leave what it started running (it no longer
+    /// holds the lease). Processes are still ended if the lease is lost first.
+    #[arg(long)]
+    keep_children: bool,
+    /// Do not use a cgroup: contain the tree by process group and subreaper only.
+    #[arg(long)]
+    no_cgroup: bool,
+    /// Print the epoch, the command's pid and how its tree is contained
+    /// (cgroup or process group and subreaper) to stderr.
+    #[arg(short = 'v', long)]
+    verbose: bool,
     /// The command and its arguments (after --).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<std::ffi::OsString>,
@@ -352,6 +383,9 @@ fn main() -> ExitCode {
             conflict_exit: args.conflict_exit_code,
             ttl: args.ttl,
             grace: Duration::from_millis(args.grace.0.unwrap_or(0)),
+            keep_children: args.keep_children,
+            no_cgroup: args.no_cgroup,
+            verbose: args.verbose,
             command: args.command,
         }),
         Cmd::Wait(args) => match control_file(&args.mountpoint, "events") {
