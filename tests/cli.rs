@@ -152,6 +152,11 @@ fn man_pages_and_completions_are_generated_from_the_command_line() {
         assert!(man(&format!("leasefs-{sub}.1")).contains(&format!(".TH leasefs-{sub} 1")));
     }
     assert!(man("leasefs-mount.1").contains("private"));
+    // leasefs-lock(1) states the process-tree guarantee.
+    let lock = man("leasefs-lock.1").replace("\\-", "-");
+    for words in ["whole process tree", "setsid", "subreaper", "cgroup.kill", "--keep-children", "exits 75"] {
+        assert!(lock.contains(words), "leasefs-lock(1) lacks {words:?}: {lock}");
+    }
     assert!(!out.path().join("man/leasefs-generate-docs.1").exists(), "hidden commands get no page");
     let bash = out.path().join("completions/leasefs.bash");
     assert!(std::fs::read_to_string(&bash).unwrap().contains("--private"));
@@ -160,4 +165,63 @@ fn man_pages_and_completions_are_generated_from_the_command_line() {
     for f in ["_leasefs", "leasefs.fish"] {
         assert!(out.path().join("completions").join(f).exists(), "{f}");
     }
+}
+
+#[test]
+fn epoch_prints_the_fencing_token_and_explains_what_has_none() {
+    let m = Mount::new();
+    let epoch = |p: &std::path::Path| run_timeout(Command::new(leasefs_bin()).arg("epoch").arg(p), STEP);
+    sh_ok(&m.path, "touch job");
+    let o = epoch(&m.p("job"));
+    assert_eq!((o.status.code(), String::from_utf8_lossy(&o.stdout).as_ref()), (Some(0), "0\n"), "{o:?}");
+    sh_ok(&m.path, "flock job true; flock job true");
+    assert_eq!(String::from_utf8_lossy(&epoch(&m.p("job")).stdout), "2\n", "two new holders");
+    assert_eq!(sh_ok(&m.path, "getfattr --only-values -n user.leasefs.epoch job"), "2", "the xattr agrees");
+    let o = epoch(&m.p("missing"));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(1) && err.contains("No such file"), "{o:?}");
+    let elsewhere = tempfile::NamedTempFile::new_in("/tmp").unwrap();
+    let o = epoch(elsewhere.path());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.code() == Some(1) && err.contains("not a file on a leasefs mount"), "{o:?}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// A `PATH` of links to every program on ours but the `attr` package's.
+fn path_without_attr(dir: &std::path::Path) -> String {
+    for d in std::env::var("PATH").unwrap_or_default().split(':') {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            if ["getfattr", "setfattr", "attr"].iter().any(|n| name == *n) {
+                continue;
+            }
+            // The first on PATH wins, as it would.
+            let _ = std::os::unix::fs::symlink(e.path(), dir.join(&name));
+        }
+    }
+    dir.display().to_string()
+}
+
+#[test]
+fn the_demo_shows_the_epoch_without_getfattr_and_leaves_no_mount() {
+    let bin = tempfile::tempdir().unwrap();
+    let path = path_without_attr(bin.path());
+    let o = run_timeout(Command::new("sh").args(["-c", "command -v getfattr"]).env("PATH", &path), STEP);
+    assert!(!o.status.success(), "getfattr is hidden from the demo");
+    let demo = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/demo.sh");
+    let o = run_timeout(Command::new(&demo).env("PATH", &path).env("LEASEFS_BIN", leasefs_bin()), STEP);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{o:?}");
+    assert!(!err.contains("not found"), "the demo needs nothing missing: {err}");
+    let lines: Vec<&str> = out.lines().collect();
+    let mnt = lines[0].split(' ').nth(2).expect("the mount line");
+    assert!(lines[0].starts_with("mounted: leasefs ") && lines[0].contains("fuse.leasefs"), "{out}");
+    assert_eq!(lines[1], "holding db.lease, epoch 1; a second flock -n says:", "{out}");
+    assert_eq!(lines[2], "  busy (exit 1)", "{out}");
+    assert!(
+        lines[3].starts_with("PATH ") && lines[4].starts_with("/db.lease ") && lines[4].contains("/flock"),
+        "{out}"
+    );
+    assert_eq!(lines.last(), Some(&"after the next holder: epoch 2"), "{out}");
+    assert!(!is_mounted(std::path::Path::new(mnt)) && !std::path::Path::new(mnt).exists(), "{mnt} was cleaned up");
 }

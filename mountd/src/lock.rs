@@ -126,11 +126,36 @@ impl Lines {
 }
 
 fn epoch_of(file: &Path) -> Option<u64> {
-    let c = CString::new(file.as_os_str().as_bytes()).ok()?;
+    read_epoch(file).ok()
+}
+
+/// The epoch (fencing token) of the lease at `file`, from `user.leasefs.epoch`.
+fn read_epoch(file: &Path) -> Result<u64, String> {
+    let show = file.display();
+    let c = CString::new(file.as_os_str().as_bytes()).map_err(|_| format!("{show}: a path cannot hold NUL"))?;
     let mut buf = [0u8; 32];
     // SAFETY: valid C strings and a buffer of the given size.
     let n = unsafe { libc::getxattr(c.as_ptr(), c"user.leasefs.epoch".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-    (n > 0).then(|| String::from_utf8_lossy(&buf[..n as usize]).trim().parse().ok()).flatten()
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            Some(libc::ENODATA | libc::EOPNOTSUPP) => format!("{show}: not a file on a leasefs mount"),
+            _ => format!("{show}: {e}"),
+        });
+    }
+    let text = String::from_utf8_lossy(&buf[..n as usize]);
+    text.trim().parse().map_err(|_| format!("{show}: unexpected epoch {text:?}"))
+}
+
+/// `leasefs epoch PATH`: print the lease's epoch, the fencing token.
+pub fn epoch(file: &Path) -> ExitCode {
+    match read_epoch(file) {
+        Ok(e) => {
+            println!("{e}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(e),
+    }
 }
 
 /// The holders of the lease at `file`, from `user.leasefs.holder`.

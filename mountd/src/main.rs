@@ -104,6 +104,14 @@ enum Cmd {
     Lock(LockArgs),
     /// Block until a lease is free (default) or held; exits 1 at the -w timeout.
     Wait(WaitArgs),
+    /// Print a lease's epoch, its fencing token (what `getfattr -n user.leasefs.epoch` shows).
+    ///
+    /// The epoch rises by one with every new exclusive holder and never goes back.
+    /// Exits 1 with a one-line reason when PATH is missing or not on a leasefs mount.
+    Epoch {
+        /// A file on a leasefs mount.
+        path: PathBuf,
+    },
     /// Write man pages and shell completions into DIR (for packaging).
     #[command(hide = true)]
     GenerateDocs {
@@ -388,6 +396,7 @@ fn main() -> ExitCode {
             verbose: args.verbose,
             command: args.command,
         }),
+        Cmd::Epoch { path } => lock::epoch(&path),
         Cmd::Wait(args) => match control_file(&args.mountpoint, "events") {
             Ok(events) => {
                 let mount = events.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf();
