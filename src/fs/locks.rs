@@ -30,6 +30,10 @@ impl Fs {
         let (effects, next) = st.lease.tick();
         st.account(&effects);
         let mut next = next.map(std::time::Duration::from_millis);
+        if st.outgrown() {
+            // Without an fsync nothing else would shrink the directory.
+            self.tidy(&mut st);
+        }
         if st.compaction.is_some() {
             // The next slice of the image; or, while it is written: the
             // snapshot thread wakes the timer as it ends, and this covers
@@ -45,6 +49,30 @@ impl Fs {
             next = Some(next.map_or(again, |n| n.min(again)));
         }
         (effects, next)
+    }
+
+    /// Compact a state directory that outgrew the live state: what changed
+    /// since the last flush is appended (its sync runs on the group-commit
+    /// thread, answering nobody: no disk sync on the request path), then a
+    /// snapshot is encoded a slice at a time and written off the request
+    /// path as any other compaction.
+    fn tidy(&self, st: &mut State) {
+        tracing::debug!("the state directory outgrew the live state: compacting");
+        let (dirty, freed) = st.ns.dirty();
+        if !dirty.is_empty() || !freed.is_empty() {
+            match st.append_changes() {
+                Ok(sync) => {
+                    let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+                    self.group.submit(sync, &failed, Box::new(|_| {}));
+                }
+                // A full state disk or a failed store: nothing to compact now.
+                Err(_) => return,
+            }
+        }
+        // Unless appending started one already.
+        if st.outgrown() {
+            st.start_compaction();
+        }
     }
 
     /// One slice of the snapshot image being encoded. Changes not yet in

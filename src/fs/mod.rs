@@ -816,11 +816,47 @@ impl State {
             Err(e) => return Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
         };
         self.ns.clear_dirty();
-        let ns = &self.ns;
-        if !store.compacting() && store.wants_snapshot_for(|| ns.usage().pages * PAGE as u64 + ns.len() as u64 * 128) {
+        let live = self.live_bytes();
+        let store = self.store.as_ref().expect("checked above");
+        if !store.compacting() && store.wants_snapshot_for(|| live) {
             self.start_compaction();
         }
         Ok(Some(sync))
+    }
+
+    /// An estimate of the bytes a snapshot of the namespace would take now
+    /// (the threshold the flush applies to a snapshot much larger than it).
+    fn live_bytes(&self) -> u64 {
+        self.ns.usage().pages * PAGE as u64 + self.ns.len() as u64 * 128
+    }
+
+    /// The live state the state directory is bounded by: contents (in
+    /// pages), extended attributes, and 256 bytes for each inode (its
+    /// record and its name; a snapshot takes ~220 bytes for a small file
+    /// with a short name, at most about three times that with the longest
+    /// names).
+    pub(crate) fn live_state(&self) -> u64 {
+        self.ns.usage().bytes() + self.ns.len() as u64 * 256
+    }
+
+    /// True when the state directory holds far more than the live state:
+    /// large files were removed, or churn left a journal of what no longer
+    /// exists, and nothing appended since made a flush look at it (an
+    /// `fsync`, a write-back). Past 4 x the live state + 2 MiB it is
+    /// compacted, to about one snapshot (at most ~3 x the live state, so a
+    /// compaction never retriggers itself) and a short journal: within 6 x
+    /// live + 4 MiB a few seconds after the last change (SPEC 9).
+    fn outgrown(&self) -> bool {
+        let Some(store) = self.store.as_ref() else { return false };
+        if self.compaction.is_some() || store.compacting() || store.failed() {
+            return false;
+        }
+        let (dirty, freed) = self.ns.dirty();
+        if dirty.is_empty() && freed.is_empty() && !store.changed_since_snapshot() {
+            return false;
+        }
+        let disk = store.snapshot_bytes() + store.journal_bytes();
+        disk > self.live_state().saturating_mul(4).saturating_add(2 * store.snapshot_min)
     }
 
     /// Fold the journal into a snapshot: the image is encoded a slice at a

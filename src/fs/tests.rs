@@ -389,6 +389,76 @@ fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed
     assert!(seen.contains(&got), "recovered a namespace that never existed: {extra:?} but not {missing:?}");
 }
 
+/// Let the lease timer run `ticks` times, each time until any compaction
+/// it started is written; returns the snapshot generation then.
+fn run_timer(fs: &Fs, ticks: usize) -> u64 {
+    for _ in 0..ticks {
+        fs.tick();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while fs.state.lock().compaction.is_some() {
+            assert!(std::time::Instant::now() < deadline, "the snapshot was not written in 30 s");
+            fs.tick();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    fs.state.lock().store.as_ref().unwrap().generation()
+}
+
+/// The timer compacts a state directory that outgrew the live state
+/// (files removed without an fsync), and neither a compaction nor a small
+/// change after it starts another, even where a snapshot holds more than
+/// the live state counts (the longest names).
+#[test]
+fn the_timer_compacts_once_what_was_removed_without_fsync_and_then_rests() {
+    use crate::store::snapshot::Store;
+    use crate::store::storage::DirStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs();
+    let (mut store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
+    store.snapshot_min = 4096;
+    fs.set_store(store, rec);
+    fs.state.lock().slice = std::time::Duration::ZERO;
+    let mut inos = Vec::new();
+    for i in 0..400 {
+        let name = format!("{i:0>255}");
+        let a = fs.mknod(C, Ino::ROOT, OsStr::new(&name), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        inos.push(a.ino);
+    }
+    fs.sync().unwrap();
+    let settled = run_timer(&fs, 3);
+    let disk = |fs: &Fs| {
+        let st = fs.state.lock();
+        let store = st.store.as_ref().unwrap();
+        (store.snapshot_bytes() + store.journal_bytes(), st.live_state())
+    };
+    let (before, live) = disk(&fs);
+    assert!(before > live, "the snapshot holds more than the live state counts: {before} on disk, {live} live");
+    assert_eq!(run_timer(&fs, 20), settled, "nothing changed: no compaction");
+    // Small changes do not compact either (the journal is far below the
+    // snapshot), however low the estimate.
+    for i in 0..20 {
+        fs.setxattr(inos[399], OsStr::new("user.small"), format!("{i}").as_bytes(), 0, C).unwrap();
+        assert_eq!(run_timer(&fs, 1), settled, "a small change {i} compacted");
+    }
+    for (i, ino) in inos.iter().enumerate().take(390) {
+        fs.unlink(Ino::ROOT, OsStr::new(&format!("{i:0>255}")), 0).unwrap();
+        // The kernel lets go of the inode.
+        fs.forget(*ino, 1);
+    }
+    assert_eq!(run_timer(&fs, 1), settled + 1, "the removals were compacted without an fsync");
+    let (after, live) = disk(&fs);
+    assert!(after * 10 < before && after <= 6 * live + (4 << 20), "{after} bytes after, {before} before, {live} live");
+    assert_eq!(run_timer(&fs, 20), settled + 1, "and then it rests");
+    for i in 0..20 {
+        fs.setxattr(inos[399], OsStr::new("user.small"), format!("{i}").as_bytes(), 0, C).unwrap();
+        assert_eq!(run_timer(&fs, 1), settled + 1, "a small change {i} compacted");
+    }
+    // The compaction kept what was not synced: a crash now recovers it.
+    let (_, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
+    let got = paths(&Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now())));
+    assert_eq!(got.len(), 10, "{got:?}");
+}
+
 #[test]
 fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
     let fs = fs();
