@@ -35,7 +35,7 @@ install -D -m 0644 "$stage/docs/completions/_leasefs" "$root/usr/share/zsh/vendo
 install -D -m 0644 "$stage/docs/completions/leasefs.fish" "$root/usr/share/fish/vendor_completions.d/leasefs.fish"
 doc=$root/usr/share/doc/leasefs
 install -D -m 0644 README.md "$doc/README.md"
-install -m 0644 dist/fstab.example dist/client-dropin.conf "$doc/"
+install -m 0644 dist/fstab.example dist/client-dropin.conf dist/grafana-leasefs.json "$doc/"
 install -D -m 0755 examples/cron-singleton.sh examples/fenced_sqlite.py examples/leader.py -t "$doc/examples"
 install -m 0644 examples/leased-service.service "$doc/examples/"
 mkdir -p "$root/DEBIAN"

@@ -157,6 +157,22 @@ pub fn opcode_name(op: usize) -> Option<&'static str> {
 /// Wait-time histogram bucket bounds in seconds.
 pub const WAIT_BUCKETS: [f64; 10] = [0.0001, 0.001, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
 
+/// Gauges read from the state when `metrics` is rendered.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Gauges {
+    /// Leases with a holder or a waiter.
+    pub live: usize,
+    pub held: usize,
+    pub awaited: usize,
+    pub with_ttl: usize,
+    /// Epoch reservations made durable.
+    pub journal_commits: u64,
+    /// Bytes in the state directory's files (none when not kept there).
+    pub epoch_journal_bytes: Option<u64>,
+    pub namespace_journal_bytes: Option<u64>,
+    pub snapshot_bytes: Option<u64>,
+}
+
 /// Counters behind `metrics`.
 #[derive(Debug, Default, Clone)]
 pub struct Metrics {
@@ -200,7 +216,7 @@ impl Metrics {
 
     /// Prometheus text exposition; every sample carries the `mount` label
     /// (the mount point), so one scrape config can collect many mounts.
-    pub fn render(&self, live_leases: usize, journal_commits: u64, mount: &str) -> String {
+    pub fn render(&self, g: &Gauges, mount: &str) -> String {
         let m = format!("mount=\"{}\"", label_value(mount));
         let mut out = format!(
             "# HELP leasefs_build_info The running leasefs build.\n# TYPE leasefs_build_info gauge\n\
@@ -223,7 +239,7 @@ impl Metrics {
             "Renames and unlinks refused by compare-and-swap.",
             self.cas_rejections,
         );
-        counter("leasefs_journal_commits_total", "Epoch reservations made durable in the journal.", journal_commits);
+        counter("leasefs_journal_commits_total", "Epoch reservations made durable in the journal.", g.journal_commits);
         out.push_str("# HELP leasefs_wait_seconds Time lock requests waited before being granted.\n");
         out.push_str("# TYPE leasefs_wait_seconds histogram\n");
         let mut cumulative = 0;
@@ -247,8 +263,26 @@ impl Metrics {
             }
         }
         out.push_str(&format!(
-            "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases{{{m}}} {live_leases}\n"
+            "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases{{{m}}} {}\n",
+            g.live
         ));
+        out.push_str("# HELP leasefs_leases Leases held, awaited, and with a TTL.\n# TYPE leasefs_leases gauge\n");
+        for (state, n) in [("held", g.held), ("awaited", g.awaited), ("with_ttl", g.with_ttl)] {
+            out.push_str(&format!("leasefs_leases{{state=\"{state}\",{m}}} {n}\n"));
+        }
+        let files = [
+            ("epoch_journal", g.epoch_journal_bytes),
+            ("namespace_journal", g.namespace_journal_bytes),
+            ("snapshot", g.snapshot_bytes),
+        ];
+        if files.iter().any(|(_, b)| b.is_some()) {
+            out.push_str(
+                "# HELP leasefs_state_bytes Bytes in the state directory's files.\n# TYPE leasefs_state_bytes gauge\n",
+            );
+            for (file, b) in files.iter().filter_map(|(f, b)| b.map(|b| (f, b))) {
+                out.push_str(&format!("leasefs_state_bytes{{file=\"{file}\",{m}}} {b}\n"));
+            }
+        }
         if !self.limits.is_empty() {
             out.push_str(
                 "# HELP leasefs_limit The bound of each limit (bytes for size).\n# TYPE leasefs_limit gauge\n",
@@ -300,12 +334,16 @@ mod tests {
         count_request(1);
         m.waited(0.02);
         m.waited(7.0);
-        let text = m.render(1, 0, "/run/a \"b\"");
+        let g = Gauges { live: 1, held: 1, snapshot_bytes: Some(9), ..Gauges::default() };
+        let text = m.render(&g, "/run/a \"b\"");
         let l = "mount=\"/run/a \\\"b\\\"\"";
         assert!(text.contains(&format!("leasefs_acquisitions_total{{{l}}} 3\n")), "{text}");
         assert!(text.contains(&format!("leasefs_wait_seconds_bucket{{le=\"0.05\",{l}}} 1\n")));
         assert!(text.contains(&format!("leasefs_wait_seconds_bucket{{le=\"+Inf\",{l}}} 2\n")));
         assert!(text.contains(&format!("leasefs_wait_seconds_count{{{l}}} 2\n")));
+        assert!(text.contains(&format!("leasefs_leases{{state=\"held\",{l}}} 1\n")), "{text}");
+        assert!(text.contains(&format!("leasefs_state_bytes{{file=\"snapshot\",{l}}} 9\n")), "{text}");
+        assert!(!text.contains("namespace_journal"), "files not kept are not shown: {text}");
         assert!(text.contains(&format!("leasefs_fuse_requests_total{{op=\"lookup\",{l}}} ")), "{text}");
         assert_eq!(opcode_name(35), Some("create"));
         assert_eq!(opcode_name(52), Some("statx"));

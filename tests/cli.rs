@@ -148,7 +148,7 @@ fn man_pages_and_completions_are_generated_from_the_command_line() {
     let man = |name: &str| std::fs::read_to_string(out.path().join("man").join(name)).unwrap();
     let top = man("leasefs.1");
     assert!(top.contains(".TH leasefs 1") && top.contains("mount.fuse.leasefs"), "{top}");
-    for sub in ["mount", "unmount", "status", "leases", "break"] {
+    for sub in ["mount", "unmount", "status", "leases", "break", "lock", "top", "epoch"] {
         assert!(man(&format!("leasefs-{sub}.1")).contains(&format!(".TH leasefs-{sub} 1")));
     }
     assert!(man("leasefs-mount.1").contains("private"));

@@ -361,6 +361,7 @@ fn the_debian_package_installs_mounts_from_fstab_and_removes_cleanly() {
         "./usr/share/zsh/vendor-completions/_leasefs",
         "./usr/share/fish/vendor_completions.d/leasefs.fish",
         "./usr/share/doc/leasefs/fstab.example",
+        "./usr/share/doc/leasefs/grafana-leasefs.json",
         "./usr/share/doc/leasefs/examples/cron-singleton.sh",
     ] {
         assert!(listing.contains(f), "the package lacks {f}:\n{listing}");

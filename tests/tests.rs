@@ -25,3 +25,4 @@ mod lock_tree;
 mod locks;
 mod operate;
 mod posix;
+mod top;

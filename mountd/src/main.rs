@@ -7,6 +7,7 @@ mod helper;
 mod lock;
 mod metrics_http;
 mod notify;
+mod top;
 mod tree;
 mod watch;
 
@@ -104,6 +105,17 @@ enum Cmd {
     Lock(LockArgs),
     /// Block until a lease is free (default) or held; exits 1 at the -w timeout.
     Wait(WaitArgs),
+    /// A live, full-screen view of the leases (like top).
+    ///
+    /// One row per lease that is held, awaited or has a TTL: PATH, HOLDER (pid/comm of
+    /// the first holder, +N for more), MODE, EPOCH, HELD (how long), WAITERS and TTL
+    /// (time left), most waiters first, then the longest held. The header shows the
+    /// leases held and awaited and the rate of grants, breaks and fences per second.
+    /// It refreshes every -d SECS and at once when an event happens. Keys: q quits, /
+    /// filters by path (Enter applies, Esc cancels, an empty filter shows all).
+    /// When stdout is not a terminal it prints each refresh as plain text (a header
+    /// line, the column names, the rows, a blank line), like top -b.
+    Top(TopArgs),
     /// Print a lease's epoch, its fencing token (what `getfattr -n user.leasefs.epoch` shows).
     ///
     /// The epoch rises by one with every new exclusive holder and never goes back.
@@ -159,6 +171,21 @@ struct LockArgs {
     /// The command and its arguments (after --).
     #[arg(last = true, required = true, value_name = "COMMAND")]
     command: Vec<std::ffi::OsString>,
+}
+
+#[derive(Args, Debug)]
+struct TopArgs {
+    /// Mount point of a leasefs mount.
+    mountpoint: PathBuf,
+    /// Seconds between refreshes (fractions allowed).
+    #[arg(short = 'd', long, value_name = "SECS", default_value_t = 1.0)]
+    delay: f64,
+    /// Stop after N refreshes.
+    #[arg(short = 'n', long, value_name = "N")]
+    iterations: Option<u64>,
+    /// Start with this path filter (only leases whose path contains it).
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    filter: String,
 }
 
 #[derive(Args, Debug)]
@@ -397,6 +424,21 @@ fn main() -> ExitCode {
             command: args.command,
         }),
         Cmd::Epoch { path } => lock::epoch(&path),
+        Cmd::Top(args) => match control_file(&args.mountpoint, "leases") {
+            Ok(leases) => {
+                let mount = leases.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf();
+                top::top(&top::TopSpec {
+                    mount: &mount,
+                    delay: Duration::from_secs_f64(args.delay.clamp(0.05, 3600.0)),
+                    iterations: args.iterations,
+                    filter: args.filter,
+                })
+            }
+            Err(e) => {
+                eprintln!("leasefs: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Cmd::Wait(args) => match control_file(&args.mountpoint, "events") {
             Ok(events) => {
                 let mount = events.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf();

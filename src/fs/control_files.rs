@@ -251,14 +251,20 @@ impl Fs {
                 )
             }
             ControlFile::Metrics => {
-                let live = leases.iter().filter(|(_, l)| l.is_live()).count();
+                let journal = st.lease.floors_ref().journal();
+                let g = crate::control::Gauges {
+                    live: leases.iter().filter(|(_, l)| l.is_live()).count(),
+                    held: leases.iter().filter(|(_, l)| !l.locks().is_empty()).count(),
+                    awaited: st.lease.waited().len(),
+                    with_ttl: leases.iter().filter(|(i, _)| st.lease.effective_ttl(*i).is_some()).count(),
+                    journal_commits: journal.map_or(0, |j| j.commits()),
+                    epoch_journal_bytes: journal.map(|j| j.size()),
+                    namespace_journal_bytes: st.store.as_ref().map(|s| s.journal_bytes()),
+                    snapshot_bytes: st.store.as_ref().map(|s| s.snapshot_bytes()),
+                };
                 drop(leases);
                 st.metrics.limits = st.limit_rows();
-                st.metrics.render(
-                    live,
-                    st.lease.floors_ref().journal().map_or(0, |j| j.commits()),
-                    &st.mount_point.to_string_lossy(),
-                )
+                st.metrics.render(&g, &st.mount_point.to_string_lossy())
             }
             // Read through state of their own handles (`Listing`, events).
             ControlFile::Leases | ControlFile::Break | ControlFile::Events => String::new(),
