@@ -23,6 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// How long SIGKILL may take to end the tree before what is left is
+/// reported instead of waited for.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
 /// How the tree is contained, for `leasefs lock -v`.
 pub enum Containment {
     /// A cgroup v2 directory of the command's own, ended with `cgroup.kill`
@@ -357,11 +361,21 @@ impl Tree {
             std::thread::sleep(Duration::from_millis(10));
         }
         // A SIGKILLed process forks no more; children forked before it are
-        // found by the next walk.
+        // found by the next walk. Only a process stuck in the kernel
+        // (uninterruptible sleep) outlasts SIGKILL: it is reported, not
+        // waited for forever.
+        let stuck = Instant::now() + KILL_WAIT;
         loop {
             self.reap();
             if self.is_empty() {
                 break;
+            }
+            if Instant::now() > stuck {
+                let left: Vec<i32> = self.members().into_iter().collect();
+                eprintln!(
+                    "leasefs: processes {left:?} did not end within {KILL_WAIT:?} of SIGKILL (stuck in the kernel)"
+                );
+                return;
             }
             if let Some(cg) = &self.cgroup {
                 cg.kill();
