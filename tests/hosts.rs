@@ -1120,3 +1120,81 @@ fn a_host_whose_changes_were_compacted_away_rereads_the_namespace() {
     assert_eq!(sh_ok(&b.path, "cat n more"), "3\nx\n");
     assert_eq!(status(&b)["etcd"]["namespace"]["reloads"].as_u64().unwrap(), before + 1);
 }
+
+/// Every host shows an epoch no lower than any grant that completed
+/// anywhere before the read began (SPEC 10): right after another host's
+/// grant, in `.leasefs/leases`, and while the other host is granted 200
+/// times in a row.
+#[test]
+fn an_epoch_read_on_one_host_is_never_older_than_a_grant_completed_on_another() {
+    let cluster = Cluster::start();
+    let p = prefix("fresh-epoch");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x");
+    // A knows the lease (it has a copy of its own that could go stale).
+    let e0 = epoch(&a.path, "x");
+    sh_ok(&a.path, "flock x true");
+    assert_eq!(epoch(&a.path, "x"), e0 + 1);
+    let e1: u64 = sh_ok(&b.path, "flock x getfattr --only-values -n user.leasefs.epoch x").trim().parse().unwrap();
+    assert_eq!(e1, e0 + 2);
+    assert_eq!(epoch(&a.path, "x"), e1, "A right after B's grant");
+    let holder = Bg::ready(&b.path, "exec flock x sh -c 'echo ready; exec sleep 60'");
+    let listed = std::fs::read_to_string(a.p(".leasefs/leases")).unwrap();
+    let row: serde_json::Value = listed
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["path"] == "/x")
+        .unwrap();
+    assert_eq!(row["epoch"], e1 + 1, "A's listing while B holds it: {listed}");
+    drop(holder);
+
+    // Under load: A reads while B is granted 200 times; each read must be
+    // at least the epoch of every grant that returned before it started.
+    let done = a.dir.path().join("b-done");
+    let reader = py_ready(
+        &a,
+        &format!(
+            r#"
+import os, time
+print("ready", flush=True)
+while not os.path.exists({done:?}):
+    s = time.monotonic()
+    print(repr(s), int(os.getxattr("x", "user.leasefs.epoch")), flush=True)
+"#,
+            done = done.display().to_string()
+        ),
+    );
+    let grants = py_ok(
+        &b.path,
+        r#"
+import fcntl, os, time
+for i in range(200):
+    fd = os.open("x", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    t = time.monotonic()
+    print(repr(t), int(os.getxattr(fd, "user.leasefs.epoch")))
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+"#,
+    );
+    std::fs::write(&done, "").unwrap();
+    let mut reader = reader;
+    assert!(reader.wait(STEP).success());
+    let parse = |text: &str| -> Vec<(f64, u64)> {
+        text.lines()
+            .map(|l| {
+                let (t, e) = l.split_once(' ').unwrap();
+                (t.parse().unwrap(), e.parse().unwrap())
+            })
+            .collect()
+    };
+    let grants = parse(&grants);
+    let reads = parse(&reader.output().join("\n"));
+    assert_eq!(grants.len(), 200);
+    assert_eq!(grants.last().unwrap().1, e1 + 201, "one epoch per grant");
+    assert!(reads.len() >= 20, "A read {} times meanwhile", reads.len());
+    for (start, seen) in &reads {
+        let before = grants.iter().filter(|(t, _)| t < start).map(|(_, e)| *e).max().unwrap_or(0);
+        assert!(*seen >= before, "A read epoch {seen} at {start}, after B was granted {before}");
+    }
+}

@@ -60,6 +60,9 @@ impl Fs {
         };
         let mut st = self.state.lock();
         let listing = (ControlFile::by_ino(ino) == Some(ControlFile::Leases)).then(|| Box::new(Listing::of(&st, "/")));
+        if let Some(l) = &listing {
+            refresh_listed(&mut st, l)?;
+        }
         st.room_for_handle(true)?;
         let h = Handle(st.next_handle);
         st.next_handle += 1;
@@ -150,6 +153,7 @@ impl Fs {
         let p = control::path_prefix(text)?;
         let mut st = self.state.lock();
         let mut fresh = Listing::of(&st, p);
+        refresh_listed(&mut st, &fresh)?;
         fresh.base = offset + data.len() as u64;
         fresh.at = fresh.base;
         let f = st.handles.get_mut(&h).filter(|f| f.listing.is_some()).ok_or(Error::BadHandle)?;
@@ -270,6 +274,20 @@ impl Fs {
             ControlFile::Leases | ControlFile::Break | ControlFile::Events => String::new(),
         }
     }
+}
+
+/// The epochs of the leases `l` lists, brought up to what the whole
+/// namespace knows (one quorum read across hosts; see
+/// [`crate::lease::LeaseAuthority::refresh_epochs`]).
+fn refresh_listed(st: &mut State, l: &Listing) -> Result<()> {
+    if !st.lease.wants_paths() || l.rows.is_empty() {
+        return Ok(());
+    }
+    for (path, ino) in &l.rows {
+        st.lease.bind_path(*ino, path);
+    }
+    let inos: Vec<Ino> = l.rows.iter().map(|(_, i)| *i).collect();
+    st.lease.refresh_epochs(&inos)
 }
 
 /// Whether `.leasefs/leases` lists a lease: held, awaited, or with a TTL.

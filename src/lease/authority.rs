@@ -97,8 +97,18 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
 
     // Epochs and their durability (SPEC 5).
 
-    /// The lease's current epoch.
+    /// The lease's current epoch as this host knows it.
     fn epoch(&self, ino: Ino) -> Epoch;
+    /// Bring the epochs of `inos` up to what the whole namespace knows now:
+    /// afterwards [`LeaseAuthority::epoch`] of each is no lower than any
+    /// grant that completed anywhere before the call (SPEC 10). What users
+    /// read as an epoch (the xattr, `.leasefs/leases`) goes through here.
+    /// On one host its epochs are already that; across hosts it costs one
+    /// quorum read, and fails (`EIO`) rather than show an epoch it could
+    /// not check.
+    fn refresh_epochs(&mut self, _inos: &[Ino]) -> Result<()> {
+        Ok(())
+    }
     /// Make the next epoch of `ino` durable before anything may hand it out.
     fn reserve(&mut self, ino: Ino) -> Result<()>;
     /// `open(O_CREAT|O_EXCL)` created the file: a new holder, epoch + 1.

@@ -313,6 +313,27 @@ impl Arbiter {
             .collect())
     }
 
+    /// The epochs of `names` as etcd has them now (linearizable reads, one
+    /// transaction per 64 names): no lower than any grant that completed
+    /// anywhere before the call.
+    pub fn epochs(&self, names: &[&str]) -> Result<Vec<u64>> {
+        let mut out = Vec::with_capacity(names.len());
+        for chunk in names.chunks(64) {
+            if let [one] = chunk {
+                out.push(self.epoch(one)?);
+                continue;
+            }
+            let gets: Vec<Op> = chunk.iter().map(|n| Op::get(self.epoch_key(n))).collect();
+            for r in self.client.txn(&[], &gets, &[])?.responses {
+                out.push(match r {
+                    super::client::OpResult::Range(kvs) => epoch_of(kvs.first()).0,
+                    _ => 0,
+                });
+            }
+        }
+        Ok(out)
+    }
+
     /// The epoch of `name` (0 if never held exclusively).
     pub fn epoch(&self, name: &str) -> Result<u64> {
         Ok(epoch_of(self.client.get(&self.epoch_key(name))?.0.as_ref()).0)

@@ -826,6 +826,23 @@ impl LeaseAuthority for EtcdAuthority {
         self.local.epoch(ino)
     }
 
+    fn refresh_epochs(&mut self, inos: &[Ino]) -> Result<()> {
+        let named: Vec<(Ino, String)> =
+            inos.iter().filter_map(|i| self.names.get(i).map(|n| (*i, n.clone()))).collect();
+        if named.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();
+        let epochs = self.arbiter.epochs(&names).map_err(|e| {
+            tracing::warn!("cannot read the current epochs from etcd: {e}");
+            Error::Io
+        })?;
+        for ((ino, _), e) in named.iter().zip(epochs) {
+            self.local.raise_epoch(*ino, Epoch(e));
+        }
+        Ok(())
+    }
+
     fn reserve(&mut self, ino: Ino) -> Result<()> {
         self.local.reserve(ino)
     }
