@@ -1198,3 +1198,41 @@ for i in range(200):
         assert!(*seen >= before, "A read epoch {seen} at {start}, after B was granted {before}");
     }
 }
+
+/// An `O_EXCL` create or a `link()` acquires the lease with the next epoch
+/// from etcd; when etcd does not hand it out (a failpoint here), the call
+/// fails with `EIO` and leaves no name, instead of going on with an epoch
+/// made up locally that another host may also have handed out.
+#[test]
+fn an_acquisition_by_create_or_link_that_etcd_cannot_number_fails_with_eio_and_leaves_no_name() {
+    let cluster = Cluster::start();
+    let p = prefix("bump-eio");
+    let eps = cluster.endpoints().join(",");
+    let args = ["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", &p];
+    let a = Mount::with_args_env(&args, &[("LEASEFS_FAILPOINT", "etcd-bump")]);
+    let b = host(&cluster, &p, &[]);
+    let out = py_ok(
+        &a.path,
+        r#"
+import errno, os
+def attempt(f):
+    try:
+        f()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+open("tmp", "w").close()
+print(attempt(lambda: os.open("lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)))
+print(attempt(lambda: os.link("tmp", "dot")))
+print(sorted(os.listdir(".")))
+"#,
+    );
+    assert_eq!(out, "EIO\nEIO\n['tmp']\n", "refused, and no name left on A");
+    assert_eq!(sh_ok(&b.path, "ls"), "tmp\n", "nor on B");
+    // Where etcd numbers it, the same acquisition works, with etcd's epoch.
+    let e = py_ok(
+        &b.path,
+        "import os\nfd = os.open('lock', os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))",
+    );
+    assert_eq!(e.trim(), "1");
+}

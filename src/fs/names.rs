@@ -148,9 +148,18 @@ impl Fs {
                     // O_CREAT|O_EXCL that creates the file acquires the lease (the
                     // lockfile idiom). A re-attached live lease keeps its holder.
                     if flags & libc::O_EXCL != 0 && !st.lease.is_live(a.ino) {
-                        st.reserve(a.ino)?;
-                        st.name_lease(a.ino);
-                        st.lease.acquire_by_create(a.ino);
+                        let acquired = st.reserve(a.ino).and_then(|()| {
+                            st.name_lease(a.ino);
+                            st.lease.acquire_by_create(a.ino)
+                        });
+                        if let Err(e) = acquired {
+                            // No file without its epoch: the name goes, and
+                            // the inode with it (the kernel never saw it).
+                            let _ = st.ns.unlink(parent, name);
+                            st.ns.forget(a.ino, 1);
+                            st.collect(a.ino);
+                            return Err(e);
+                        }
                     }
                     a
                 }
@@ -284,7 +293,11 @@ impl Fs {
                 return Err(e);
             }
             st.name_lease(ino);
-            st.lease.acquire_by_link(ino, floor);
+            if let Err(e) = st.lease.acquire_by_link(ino, floor) {
+                // The name without its epoch is not kept.
+                let _ = st.ns.unlink(parent, name);
+                return Err(e);
+            }
             // The name now leads to `ino`: whoever looked at what it named
             // before holds a stale view (the dotlock-breaking race).
             if let Some(old) = path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {

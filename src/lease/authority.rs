@@ -112,9 +112,13 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// Make the next epoch of `ino` durable before anything may hand it out.
     fn reserve(&mut self, ino: Ino) -> Result<()>;
     /// `open(O_CREAT|O_EXCL)` created the file: a new holder, epoch + 1.
-    fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect>;
-    /// `link()` created the name (the dotlock idiom): epoch + 1, above `floor`.
-    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect>;
+    /// Fails (`EIO`) when the epoch cannot come from where epochs are
+    /// decided (etcd): an acquisition never goes on with an epoch made up
+    /// locally, which another host may have handed out too.
+    fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>>;
+    /// `link()` created the name (the dotlock idiom): epoch + 1, above
+    /// `floor`; fails as [`LeaseAuthority::acquire_by_create`] does.
+    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>>;
     /// Never let `ino` carry an epoch below `floor`.
     fn raise_epoch(&mut self, ino: Ino, floor: Epoch);
     /// Never let any lease carry an epoch below `floor` (restored files

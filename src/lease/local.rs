@@ -113,12 +113,12 @@ impl LeaseAuthority for LocalAuthority {
         self.floors.reserve(need)
     }
 
-    fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
-        self.locks.acquire_by_create(ino)
+    fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
+        Ok(self.locks.acquire_by_create(ino))
     }
 
-    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect> {
-        self.locks.acquire_by_link(ino, floor)
+    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>> {
+        Ok(self.locks.acquire_by_link(ino, floor))
     }
 
     fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {

@@ -195,7 +195,7 @@ pub fn pausepoint(name: &str) {
 }
 
 /// An injected I/O error for a named failpoint (debug builds only).
-fn injected(name: &str) -> io::Result<()> {
+pub(crate) fn injected(name: &str) -> io::Result<()> {
     #[cfg(debug_assertions)]
     if std::env::var("LEASEFS_FAILPOINT").is_ok_and(|v| v == name) {
         return Err(io::Error::from_raw_os_error(libc::EIO));

@@ -487,6 +487,9 @@ impl Arbiter {
     /// `O_EXCL`, a name made by `link`): epoch + 1 on the counter, by a
     /// transaction compared on the counter it read. The new epoch.
     pub fn bump(&self, name: &str) -> Result<u64> {
+        if crate::store::snapshot::injected("etcd-bump").is_err() {
+            return Err(EtcdError::Unavailable("failpoint etcd-bump".into()));
+        }
         let ek = self.epoch_key(name);
         for _ in 0..16 {
             let (kv, _) = self.client.get(&ek)?;

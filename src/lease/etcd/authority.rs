@@ -652,6 +652,28 @@ impl EtcdAuthority {
     }
 }
 
+impl EtcdAuthority {
+    /// Take the next epoch of `ino` from etcd's counter for an
+    /// acquisition by `how` (O_EXCL, link), so the local acquisition
+    /// (+1) lands on it. `EIO` when etcd did not hand it out.
+    fn bumped(&mut self, ino: Ino, how: &str) -> Result<()> {
+        let Some(name) = self.names.get(&ino) else {
+            tracing::warn!(ino = ino.0, "{how} acquisition of a lease without a name: refused");
+            return Err(Error::Io);
+        };
+        match self.arbiter.bump(name) {
+            Ok(epoch) => {
+                self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(lease = %name, "{how} acquisition refused: etcd did not hand out its epoch: {e}");
+                Err(Error::Io)
+            }
+        }
+    }
+}
+
 impl LeaseAuthority for EtcdAuthority {
     fn now(&mut self) -> u64 {
         self.local.now()
@@ -847,23 +869,13 @@ impl LeaseAuthority for EtcdAuthority {
         self.local.reserve(ino)
     }
 
-    fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {
-        if let Some(name) = self.names.get(&ino) {
-            match self.arbiter.bump(name) {
-                Ok(epoch) => self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1))),
-                Err(e) => tracing::warn!(lease = %name, "O_EXCL acquisition without etcd's epoch: {e}"),
-            }
-        }
+    fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
+        self.bumped(ino, "O_EXCL")?;
         self.local.acquire_by_create(ino)
     }
 
-    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Vec<Effect> {
-        if let Some(name) = self.names.get(&ino) {
-            match self.arbiter.bump(name) {
-                Ok(epoch) => self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1))),
-                Err(e) => tracing::warn!(lease = %name, "link acquisition without etcd's epoch: {e}"),
-            }
-        }
+    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>> {
+        self.bumped(ino, "link")?;
         self.local.acquire_by_link(ino, floor)
     }
 
