@@ -39,6 +39,7 @@ use serde_json::{json, Value};
 
 use super::client::{prefix_end, Client, Compare, EtcdError, Kv, Op, Result, WatchMsg};
 use super::session::HostSession;
+use crate::lease::{LockKind, Owner};
 
 /// Shared or exclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +67,7 @@ impl Mode {
 pub struct Asker {
     pub pid: u32,
     pub comm: String,
-    /// The lock owner on its host (`flock:…`, `posix:…`).
+    /// The lock owner on its host ([`owner_key`]: `flock:…`, `posix:…`).
     pub owner: String,
     /// The lease's TTL when it has one: other hosts may break this holder
     /// once they saw its entry unrenewed that long.
@@ -171,6 +172,27 @@ pub enum Decision {
     Behind { predecessor: Vec<u8>, revision: i64, breakable: Option<(u64, i64)> },
     /// The entry is gone (cancelled, or its session expired).
     Gone,
+}
+
+/// How a lock owner is written into its queue entry (`flock:1f`,
+/// `posix:2a`): spelled out here, not derived from the Rust names, so
+/// what other hosts read never changes with a rename.
+pub fn owner_key(kind: LockKind, owner: Owner) -> String {
+    let kind = match kind {
+        LockKind::Flock => "flock",
+        LockKind::Posix => "posix",
+    };
+    format!("{kind}:{:x}", owner.0)
+}
+
+/// The kind of lock an entry's owner took, from [`owner_key`]'s text (and
+/// from the `Flock:`/`Posix:` of hosts that wrote the Rust names).
+pub fn owner_kind(owner: &str) -> LockKind {
+    if owner.starts_with("flock:") || owner.starts_with("Flock:") {
+        LockKind::Flock
+    } else {
+        LockKind::Posix
+    }
 }
 
 /// `%` and `/` escaped, so one lease's key range never contains another's.
@@ -545,5 +567,22 @@ impl Arbiter {
             self.client.delete(&t.key, &[])?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owners_are_written_in_words_of_their_own_and_read_back() {
+        assert_eq!(owner_key(LockKind::Flock, Owner(0x1f)), "flock:1f");
+        assert_eq!(owner_key(LockKind::Posix, Owner(0x2a)), "posix:2a");
+        for kind in [LockKind::Flock, LockKind::Posix] {
+            assert_eq!(owner_kind(&owner_key(kind, Owner(7))), kind);
+        }
+        // What hosts that wrote the Rust names put in etcd.
+        assert_eq!(owner_kind("Flock:1f"), LockKind::Flock);
+        assert_eq!(owner_kind("Posix:1f"), LockKind::Posix);
     }
 }

@@ -727,7 +727,7 @@ impl LeaseAuthority for EtcdAuthority {
         let asker = Asker {
             pid: req.pid,
             comm: comm(req.pid),
-            owner: format!("{:?}:{:x}", req.kind, req.owner.0),
+            owner: super::arbiter::owner_key(req.kind, req.owner),
             ttl_ms: self.local.effective_ttl(ino),
         };
         let mut ticket =
@@ -809,7 +809,7 @@ impl LeaseAuthority for EtcdAuthority {
         };
         Some(Lock {
             owner: Owner(0),
-            kind: if other.asker.owner.starts_with("Flock") { LockKind::Flock } else { LockKind::Posix },
+            kind: super::arbiter::owner_kind(&other.asker.owner),
             mode: if other.mode == QMode::Shared { Mode::Shared } else { Mode::Exclusive },
             range,
             pid: 0,
@@ -1194,7 +1194,10 @@ impl LeaseAuthority for EtcdAuthority {
                         json!({
                             "pid": e.asker.pid,
                             "comm": e.asker.comm,
-                            "kind": if e.asker.owner.starts_with("Flock") { "flock" } else { "posix" },
+                            "kind": match super::arbiter::owner_kind(&e.asker.owner) {
+                                LockKind::Flock => "flock",
+                                LockKind::Posix => "posix",
+                            },
                             "mode": if e.mode == QMode::Shared { "shared" } else { "exclusive" },
                             "host": e.host,
                         })
