@@ -97,6 +97,23 @@ impl Run {
     }
 }
 
+impl Drop for Run {
+    /// A failed test must not leave its tree behind: every member still
+    /// running the helper is killed, and the reaper with it.
+    fn drop(&mut self) {
+        let names = std::iter::once("top").chain(self.members.iter().copied());
+        for name in names {
+            let Ok(pid) = std::fs::read_to_string(self.dir.path().join(format!("{name}.pid"))) else { continue };
+            let Ok(pid) = pid.trim().parse::<i32>() else { continue };
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if cmdline.windows(7).any(|w| w == b"tree.py") {
+                // SAFETY: killing a helper process this test started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
 fn state(pid: i32) -> Option<char> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     s.rsplit_once(')')?.1.trim_start().chars().next()
