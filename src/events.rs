@@ -74,11 +74,13 @@ pub struct Event {
     pub mode: Option<&'static str>,
     /// Why (`ttl`, `admin` for breaks; the operation for fences and CAS).
     pub reason: Option<String>,
+    /// The host of a holder on another host of a shared namespace.
+    pub host: Option<String>,
 }
 
 impl Event {
     pub fn new(kind: Kind, path: String, epoch: u64) -> Event {
-        Event { kind, path, epoch, pid: None, owner: None, mode: None, reason: None }
+        Event { kind, path, epoch, pid: None, owner: None, mode: None, reason: None, host: None }
     }
 
     /// The JSON line (stable field names; absent fields are left out).
@@ -98,6 +100,9 @@ impl Event {
         }
         if let Some(r) = &self.reason {
             v["reason"] = json!(r);
+        }
+        if let Some(h) = &self.host {
+            v["host"] = json!(h);
         }
         let mut s = v.to_string();
         s.push('\n');

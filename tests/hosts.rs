@@ -1236,3 +1236,62 @@ print(sorted(os.listdir(".")))
     );
     assert_eq!(e.trim(), "1");
 }
+
+/// `.leasefs/events` on one host shows the grants and releases of holders
+/// on another, with their host, pid and command, in epoch order.
+#[test]
+fn events_on_one_host_show_the_grants_and_releases_of_holders_on_another() {
+    let cluster = Cluster::start();
+    let p = prefix("remote-events");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&b.path, "touch x y");
+    let mut reader = py_ready(
+        &a,
+        r#"
+import os, select
+fd = os.open(".leasefs/events", os.O_RDONLY)
+print("ready", flush=True)
+p = select.poll()
+p.register(fd, select.POLLIN)
+rest = b""
+while p.poll(20000):
+    lines = (rest + os.read(fd, 65536)).split(b"\n")
+    rest = lines.pop()
+    for l in lines:
+        print(l.decode(), flush=True)
+"#,
+    );
+    sh_ok(&b.path, "flock x true; flock x true; flock x true");
+    let holder = Bg::ready(&b.path, "exec flock y sh -c 'echo ready; exec sleep 60'");
+    let events = |bg: &Bg| -> Vec<serde_json::Value> {
+        bg.output().iter().filter_map(|l| serde_json::from_str(l).ok()).collect()
+    };
+    let deadline = Instant::now() + STEP;
+    while !events(&reader).iter().any(|e| e["path"] == "/y" && e["event"] == "grant") {
+        assert!(Instant::now() < deadline, "A never saw B's grant of /y: {:?}", reader.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let evs = events(&reader);
+    let on_x: Vec<(String, u64)> = evs
+        .iter()
+        .filter(|e| e["path"] == "/x")
+        .map(|e| (e["event"].as_str().unwrap().to_string(), e["epoch"].as_u64().unwrap()))
+        .collect();
+    let e = on_x.first().map_or(0, |(_, e)| *e);
+    let want: Vec<(String, u64)> =
+        (0..3).flat_map(|i| [("grant".to_string(), e + i), ("release".to_string(), e + i)]).collect();
+    assert_eq!(on_x, want, "three holders on B, in epoch order: {evs:?}");
+    let host = format!(":{}", b.path.display());
+    for ev in &evs {
+        assert!(ev["host"].as_str().is_some_and(|h| h.ends_with(&host)), "B's host on every event: {ev}");
+        assert_eq!(
+            (ev["comm"].as_str(), ev["owner"].as_str(), ev["mode"].as_str()),
+            (Some("flock"), Some("flock"), Some("exclusive")),
+            "{ev}"
+        );
+    }
+    let y = evs.iter().find(|e| e["path"] == "/y").unwrap();
+    assert_eq!(y["pid"], holder.pid(), "the holder's pid on B: {y}");
+    drop(holder);
+    reader.kill_all();
+}

@@ -63,6 +63,10 @@ pub fn human(v: &serde_json::Value) -> String {
             Some(c) => line += &format!("  {pid}/{c}"),
             None => line += &format!("  {pid}"),
         }
+        // A holder on another host of an etcd namespace.
+        if let Some(h) = v["host"].as_str() {
+            line += &format!("@{h}");
+        }
     }
     for k in ["mode", "owner", "reason"] {
         if let Some(x) = v[k].as_str() {
@@ -154,6 +158,9 @@ mod tests {
     fn events_read_as_one_line_each() {
         let v = serde_json::json!({"event":"grant","ts_ms":3_723_004u64,"path":"/a","epoch":3,"pid":7,"comm":"flock","mode":"exclusive","owner":"flock"});
         assert_eq!(human(&v), "01:02:03.004  grant       /a  epoch 3  7/flock  exclusive  flock");
+        let mut remote = v.clone();
+        remote["host"] = serde_json::json!("b:/run/leases");
+        assert_eq!(human(&remote), "01:02:03.004  grant       /a  epoch 3  7/flock@b:/run/leases  exclusive  flock");
         let lost = serde_json::json!({"event":"lost","count":5,"ts_ms":0});
         assert!(human(&lost).contains("lost        5 events"));
     }

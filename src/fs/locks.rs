@@ -29,6 +29,10 @@ impl Fs {
         }
         let (effects, next) = st.lease.tick();
         st.account(&effects);
+        let remote = st.lease.remote_events();
+        if !remote.is_empty() {
+            st.emit_remote(remote);
+        }
         let mut next = next.map(std::time::Duration::from_millis);
         if st.outgrown() {
             // Without an fsync nothing else would shrink the directory.

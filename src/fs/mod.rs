@@ -551,6 +551,22 @@ impl State {
         }
     }
 
+    /// Publish events of holders on other hosts (their path, pid and
+    /// command name come with them).
+    fn emit_remote(&mut self, events: Vec<(crate::events::Event, Option<String>)>) {
+        if !self.events.listening() {
+            return;
+        }
+        let ts = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let mut woke = false;
+        for (ev, comm) in events {
+            woke |= self.events.publish(crate::events::Item::new(ev, ts, comm));
+        }
+        if woke {
+            self.wake.wake();
+        }
+    }
+
     /// A process's command name, cached by its identity (pid and start
     /// time, so a reused pid is not given an old name).
     fn comm(&mut self, pid: u32) -> Option<String> {

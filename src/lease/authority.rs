@@ -232,6 +232,12 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     }
     /// `ino` is the lease at the mount-relative `path` (`/a/b`).
     fn bind_path(&mut self, _ino: Ino, _path: &str) {}
+    /// Grants and releases of holders on other hosts since the last call,
+    /// in the order they happened (so in epoch order per lease), for
+    /// `.leasefs/events`, each with the holder's command name.
+    fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)> {
+        Vec::new()
+    }
     /// The backend's name and, for a remote one, what `status` shows of it.
     fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
         ("local", None)

@@ -111,7 +111,7 @@ impl Entry {
     }
 }
 
-fn entry(kv: &Kv) -> Option<Entry> {
+pub(super) fn entry(kv: &Kv) -> Option<Entry> {
     let v: Value = serde_json::from_slice(&kv.value).ok()?;
     Some(Entry {
         key: kv.key.clone(),

@@ -1,8 +1,8 @@
 //! The multi-host lease authority (SPEC 10): every lease-level lock is
 //! arbitrated cluster-wide by the [`Arbiter`] in etcd, and everything a
 //! host decides on its own (per-process views and compare-and-swap,
-//! fences, guards, byte ranges, detached leases) stays with the
-//! single-host [`LocalAuthority`] it wraps.
+//! fences, guards, detached leases) stays with the single-host
+//! [`LocalAuthority`] it wraps.
 //!
 //! A request for a `flock`, a whole-file POSIX lock or an OFD lock joins
 //! the lease's queue in etcd (one entry per lock owner, on this host's
@@ -26,12 +26,14 @@
 //!   so a daemon resumed from SIGSTOP refuses its holders' writes before
 //!   its timer has even run; the next tick fences them for good.
 //!
-//! Not (yet) arbitrated across hosts: byte-range POSIX locks (they
-//! conflict only with locks of their own host), TTL breaking (contenders
-//! wait in etcd, where the holder's TTL is not known, so a TTL never
-//! breaks a lease in this backend), and files that never had a name
-//! (`O_TMPFILE` before `linkat`). The namespace itself (names, contents,
-//! xattrs) is still each host's own.
+//! Byte-range POSIX locks join the same queue with their ranges and
+//! conflict across hosts only where they overlap; a holder's entry carries
+//! its lease's TTL and is rewritten on each renewal, so a contender on any
+//! host breaks a holder it saw unrenewed for a whole TTL on its own clock;
+//! the namespace itself (names, contents, xattrs) is shared through etcd
+//! by [`super::namespace`]. Only a file that never had a name (`O_TMPFILE`
+//! before `linkat`) is arbitrated on this host alone: no other host can
+//! reach it.
 //!
 //! [`fenced_handle`]: LeaseAuthority::fenced_handle
 //! [`held_by`]: LeaseAuthority::held_by
@@ -680,7 +682,12 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn set_wake(&mut self, wake: Wake) {
-        self.watcher = Some(QueueWatcher::start(self.arbiter.client().clone(), &self.config.prefix, wake.clone()));
+        self.watcher = Some(QueueWatcher::start(
+            self.arbiter.client().clone(),
+            &self.config.prefix,
+            self.arbiter.host(),
+            wake.clone(),
+        ));
         let w = wake.clone();
         self.session.on_lost(Box::new(move |_| w.wake()));
         self.local.set_wake(wake.clone());
@@ -1119,6 +1126,10 @@ impl LeaseAuthority for EtcdAuthority {
 
     fn wants_paths(&self) -> bool {
         true
+    }
+
+    fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)> {
+        self.watcher.as_ref().map(QueueWatcher::take_remote).unwrap_or_default()
     }
 
     fn bind_path(&mut self, ino: Ino, path: &str) {

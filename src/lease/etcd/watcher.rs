@@ -1,5 +1,8 @@
 //! One watch per host over every lease queue of the namespace, waking the
-//! waiters queued right behind an entry when etcd deletes it.
+//! waiters queued right behind an entry when etcd deletes it, and turning
+//! other hosts' grants (an entry becoming held) and releases (a held entry
+//! deleted) into events for `.leasefs/events`, in revision order, so in
+//! epoch order per lease.
 //!
 //! Why one watch and not one per waiter: etcd serves a watch opened from a
 //! revision it has already passed ("unsynced") from a loop that runs every
@@ -21,11 +24,63 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::client::{prefix_end, Client, EtcdError, WatchMsg};
+use super::arbiter::{entry, owner_kind, unescape, Mode};
+use super::client::{prefix_end, Client, EtcdError, Kv, WatchMsg};
+use crate::events::{Event, Kind};
 use crate::lease::authority::Wake;
+use crate::lease::LockKind;
 
 /// Deletions remembered for waiters that register after them.
 const RECENT: usize = 4096;
+/// Other hosts' events kept until the lease timer takes them (the oldest
+/// go first when nobody takes them).
+const REMOTE: usize = 4096;
+
+/// A lock held on another host, as its queue entry says.
+#[derive(Debug, Clone)]
+struct Theirs {
+    path: String,
+    epoch: u64,
+    pid: u32,
+    comm: String,
+    owner: &'static str,
+    mode: &'static str,
+    host: String,
+}
+
+impl Theirs {
+    fn event(&self, kind: Kind) -> (Event, Option<String>) {
+        let mut ev = Event::new(kind, self.path.clone(), self.epoch);
+        ev.pid = Some(self.pid);
+        ev.owner = Some(self.owner);
+        ev.mode = Some(self.mode);
+        ev.host = Some(self.host.clone());
+        (ev, (!self.comm.is_empty()).then(|| self.comm.clone()))
+    }
+}
+
+/// The held entry `kv` of a queue under `q` when another host than `me`
+/// holds it.
+fn theirs(q: &[u8], kv: &Kv, me: &str) -> Option<Theirs> {
+    let e = entry(kv)?;
+    if !e.held || e.host == me {
+        return None;
+    }
+    let rest = String::from_utf8_lossy(kv.key.get(q.len()..)?).into_owned();
+    let (name, _) = rest.split_once('/')?;
+    Some(Theirs {
+        path: format!("/{}", unescape(name)),
+        epoch: e.epoch,
+        pid: e.asker.pid,
+        comm: e.asker.comm,
+        owner: match owner_kind(&e.asker.owner) {
+            LockKind::Flock => "flock",
+            LockKind::Posix => "posix",
+        },
+        mode: if e.mode == Mode::Shared { "shared" } else { "exclusive" },
+        host: e.host,
+    })
+}
 
 #[derive(Debug, Default)]
 struct Dispatch {
@@ -39,6 +94,12 @@ struct Dispatch {
     /// The watch covers every change after this revision.
     covers_after: i64,
     stop: bool,
+    /// This host's name: its own entries are its own events already.
+    me: String,
+    /// Entries other hosts hold, by key.
+    theirs: HashMap<Vec<u8>, Theirs>,
+    /// Their grants and releases not taken yet.
+    remote: VecDeque<(Event, Option<String>)>,
 }
 
 impl Dispatch {
@@ -61,6 +122,32 @@ impl Dispatch {
         woke.is_some()
     }
 
+    /// An entry was written: another host's first write of it as held is
+    /// a grant (later ones renew it).
+    fn put(&mut self, q: &[u8], kv: &Kv) -> bool {
+        let Some(t) = theirs(q, kv, &self.me) else { return false };
+        if self.theirs.contains_key(&kv.key) {
+            return false;
+        }
+        self.note(t.event(Kind::Grant));
+        self.theirs.insert(kv.key.clone(), t);
+        true
+    }
+
+    /// An entry was deleted: another host's held one is a release.
+    fn gone(&mut self, key: &[u8]) -> bool {
+        let Some(t) = self.theirs.remove(key) else { return false };
+        self.note(t.event(Kind::Release));
+        true
+    }
+
+    fn note(&mut self, ev: (Event, Option<String>)) {
+        if self.remote.len() >= REMOTE {
+            self.remote.pop_front();
+        }
+        self.remote.push_back(ev);
+    }
+
     /// The watch restarts: whoever waits decides again.
     fn wake_all(&mut self) {
         for (_, flags) in self.waiting.drain() {
@@ -79,8 +166,9 @@ pub struct QueueWatcher {
 
 impl QueueWatcher {
     /// Watch every queue under `prefix`, waking `wake` when a waiter is ready.
-    pub fn start(client: Arc<Client>, prefix: &str, wake: Wake) -> QueueWatcher {
-        let dispatch = Arc::new(Mutex::new(Dispatch { covers_after: i64::MAX, ..Dispatch::default() }));
+    pub fn start(client: Arc<Client>, prefix: &str, me: &str, wake: Wake) -> QueueWatcher {
+        let dispatch =
+            Arc::new(Mutex::new(Dispatch { covers_after: i64::MAX, me: me.to_string(), ..Dispatch::default() }));
         let d = dispatch.clone();
         let q = format!("{}/q/", prefix.trim_end_matches('/')).into_bytes();
         let _ = std::thread::Builder::new().name("etcd-watch".into()).spawn(move || run(&client, &q, &d, &wake));
@@ -101,6 +189,11 @@ impl QueueWatcher {
         }
         d.waiting.entry(key.to_vec()).or_default().push(ready.clone());
         false
+    }
+
+    /// Other hosts' grants and releases since the last call, oldest first.
+    pub fn take_remote(&self) -> Vec<(Event, Option<String>)> {
+        self.dispatch.lock().remote.drain(..).collect()
     }
 
     /// The wait for `key` ended otherwise (granted, interrupted, failed).
@@ -127,9 +220,15 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
     let mut through = 0i64;
     while !d.lock().stop {
         if through == 0 {
-            // (Re)start from now: learn the revision, watch after it.
-            match client.range(q, &prefix_end(q)).map(|(_, rev)| rev) {
-                Ok(rev) => through = rev,
+            // (Re)start from now: learn the revision and what other hosts
+            // hold then (their grants before it are not news), watch after it.
+            match client.range(q, &prefix_end(q)) {
+                Ok((kvs, rev)) => {
+                    through = rev;
+                    let mut dd = d.lock();
+                    let me = dd.me.clone();
+                    dd.theirs = kvs.iter().filter_map(|kv| theirs(q, kv, &me).map(|t| (kv.key.clone(), t))).collect();
+                }
                 Err(_) => {
                     std::thread::sleep(Duration::from_millis(200));
                     continue;
@@ -168,8 +267,13 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
                 Ok(Some(WatchMsg::Events { revision, events })) => {
                     let mut dd = d.lock();
                     let mut woke = false;
-                    for e in events.into_iter().filter(|e| e.deleted) {
-                        woke |= dd.deleted(e.kv.key, e.kv.mod_revision.max(revision));
+                    for e in events {
+                        if e.deleted {
+                            woke |= dd.gone(&e.kv.key);
+                            woke |= dd.deleted(e.kv.key, e.kv.mod_revision.max(revision));
+                        } else {
+                            woke |= dd.put(q, &e.kv);
+                        }
                     }
                     through = through.max(revision);
                     drop(dd);
