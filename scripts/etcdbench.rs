@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasefs::lease::etcd::arbiter::{Arbiter, Asker, Mode};
-use leasefs::lease::etcd::client::{Client, Compare, Op};
-use leasefs::lease::etcd::session::HostSession;
+use leasefs::cluster::arbiter::{Arbiter, Asker, Mode};
+use leasefs::cluster::client::{Client, Compare, Op};
+use leasefs::cluster::session::HostSession;
 
 fn median_us(mut v: Vec<Duration>) -> f64 {
     v.sort();

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use leasefs::lease::etcd::client::{Client, CmpOp, Compare, EtcdError, Op, OpResult, Target, WatchMsg};
+use leasefs::cluster::client::{Client, CmpOp, Compare, EtcdError, Op, OpResult, Target, WatchMsg};
 
 use crate::util::STEP;
 
@@ -181,7 +181,7 @@ impl Cluster {
 fn status(endpoint: &str) -> Option<(String, String)> {
     let host = endpoint.trim_start_matches("http://");
     let deadline = Instant::now() + Duration::from_secs(1);
-    let mut conn = leasefs::lease::etcd::http::Conn::connect(host, deadline).ok()?;
+    let mut conn = leasefs::cluster::http::Conn::connect(host, deadline).ok()?;
     let r = conn.post("/v3/maintenance/status", b"{}", deadline).ok()?;
     let v: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
     Some((v["header"]["member_id"].as_str()?.to_string(), v["leader"].as_str()?.to_string()))
@@ -222,7 +222,7 @@ fn a_transaction_applies_only_when_the_revisions_it_compares_are_unchanged() {
     assert_eq!(b.get(b"t/k").unwrap().0.unwrap().value, b"a2");
     let greater = Compare::new(&b"t/k"[..], CmpOp::Greater, Target::Version(1));
     assert!(b.txn(&[greater], &[], &[]).unwrap().succeeded);
-    assert_eq!(a.delete(b"t/", &leasefs::lease::etcd::client::prefix_end(b"t/")).unwrap(), 1);
+    assert_eq!(a.delete(b"t/", &leasefs::cluster::client::prefix_end(b"t/")).unwrap(), 1);
     assert_eq!(b.get(b"t/k").unwrap().0, None);
 }
 
@@ -254,7 +254,7 @@ fn a_watch_reports_every_change_in_order_from_another_member() {
     let cluster = Cluster::start();
     let writer = Client::new(&[cluster.endpoint(1)], Duration::from_secs(2));
     let watcher = Client::new(&[cluster.endpoint(0)], Duration::from_secs(2));
-    let mut w = watcher.watch(b"w/", &leasefs::lease::etcd::client::prefix_end(b"w/"), 0).unwrap();
+    let mut w = watcher.watch(b"w/", &leasefs::cluster::client::prefix_end(b"w/"), 0).unwrap();
     let r1 = writer.put(b"w/a", b"1", 0).unwrap();
     writer.put(b"x/outside", b"", 0).unwrap();
     writer.put(b"w/a", b"2", 0).unwrap();
@@ -337,9 +337,9 @@ mod arbitration {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use leasefs::lease::etcd::arbiter::{Arbiter, Asker, Decision, Mode};
-    use leasefs::lease::etcd::client::Client;
-    use leasefs::lease::etcd::session::HostSession;
+    use leasefs::cluster::arbiter::{Arbiter, Asker, Decision, Mode};
+    use leasefs::cluster::client::Client;
+    use leasefs::cluster::session::HostSession;
 
     use super::Cluster;
     use crate::util::STEP;
@@ -355,7 +355,7 @@ mod arbitration {
     }
 
     /// Wait for `t` to be granted (its predecessors to go); the epoch.
-    fn await_grant(a: &Arbiter, t: &leasefs::lease::etcd::arbiter::Ticket) -> (u64, bool) {
+    fn await_grant(a: &Arbiter, t: &leasefs::cluster::arbiter::Ticket) -> (u64, bool) {
         let deadline = Instant::now() + STEP;
         loop {
             match a.decide(t).unwrap() {
@@ -368,7 +368,7 @@ mod arbitration {
         }
     }
 
-    fn behind(a: &Arbiter, t: &leasefs::lease::etcd::arbiter::Ticket) -> bool {
+    fn behind(a: &Arbiter, t: &leasefs::cluster::arbiter::Ticket) -> bool {
         matches!(a.decide(t).unwrap(), Decision::Behind { .. })
     }
 

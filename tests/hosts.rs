@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use leasefs::lease::etcd::client::{prefix_end, Client};
+use leasefs::cluster::client::{prefix_end, Client};
 
 use crate::etcd::Cluster;
 use crate::util::*;

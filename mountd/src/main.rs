@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Args, Parser, Subcommand};
+use leasefs::cluster::authority::{EtcdAuthority, EtcdConfig};
 use leasefs::fs::Fs;
 use leasefs::fuse::session::{self, MountOptions, Served};
 use leasefs::fuse::LeaseFs;
-use leasefs::lease::etcd::authority::{EtcdAuthority, EtcdConfig};
 use leasefs::lease::local::LocalAuthority;
 use tracing::{error, info};
 

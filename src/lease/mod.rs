@@ -11,7 +11,6 @@
 //!   question through; [`local`]: its single-host implementation.
 
 pub mod authority;
-pub mod etcd;
 pub mod floors;
 pub mod local;
 pub mod machine;

@@ -1,0 +1,17 @@
+//! Several hosts through etcd (SPEC 10): a synchronous client of etcd's v3
+//! JSON gateway ([`client`]) over a minimal HTTP/1.1 transport ([`http`]),
+//! the host session with its jeopardy deadline ([`session`]), cluster-wide
+//! arbitration with epochs ([`arbiter`]), the host's one watch over every
+//! lease queue ([`watcher`]), the shared namespace ([`namespace`]), and the
+//! lease authority a mount with `--etcd` asks ([`authority`]). It plugs
+//! into `lease/` through [`crate::lease::authority::LeaseAuthority`] and
+//! into `namespace/` through its replica seam.
+
+pub mod arbiter;
+pub mod authority;
+pub mod b64;
+pub mod client;
+pub mod http;
+pub mod namespace;
+pub mod session;
+pub mod watcher;
