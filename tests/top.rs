@@ -19,6 +19,9 @@ impl Tmux {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t = Tmux { socket: format!("leasefs-test-{}-{n}", std::process::id()) };
         t.run(&["-f", "/dev/null", "new-session", "-d", "-x", "80", "-y", "24", "sh"]);
+        // Keys typed before the shell reads them would be echoed ahead of
+        // its prompt.
+        t.wait_for(STEP, "the shell's prompt", |s| !s.trim().is_empty());
         t
     }
 
@@ -112,7 +115,9 @@ fn top_shows_holders_and_waiters_follows_a_break_within_a_second_filters_and_res
 
     // `q` quits and gives the terminal back as it was.
     t.keys(&["q"]);
-    let s = t.wait_for(STEP, "the shell after q", |s| s.lines().any(|l| l == "top-ended"));
+    let s = t.wait_for(STEP, "the shell after q", |s| {
+        s.lines().any(|l| l.trim_end().ends_with("top-ended") && !l.contains("echo"))
+    });
     assert!(!s.contains("grants"), "the view's screen is gone: {s}");
     assert!(s.contains("stty -g >"), "the shell's screen is back: {s}");
     let (b, a) = (std::fs::read_to_string(&before).unwrap(), std::fs::read_to_string(&after).unwrap());

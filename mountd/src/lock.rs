@@ -4,16 +4,16 @@
 
 use std::ffi::{CString, OsString};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use leasefs::fuse::session;
 
 use crate::tree::{self, Tree};
+use crate::wakeup::{self, drain};
 
 /// Exit status when the lease was lost while the command ran (broken,
 /// taken over, fenced); the command was terminated.
@@ -34,61 +34,6 @@ pub fn locate(path: &Path) -> Result<(PathBuf, PathBuf, String), String> {
         dir = d.parent();
     }
     Err(format!("{}: not on a leasefs mount", path.display()))
-}
-
-static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
-static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    if sig != libc::SIGCHLD && sig != libc::SIGALRM {
-        LAST_SIGNAL.store(sig, Ordering::Relaxed);
-    }
-    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe; a full pipe loses nothing
-        // that matters (one byte already wakes the loop).
-        unsafe { libc::write(fd, [sig as u8].as_ptr().cast(), 1) };
-    }
-}
-
-/// Signals wake the main loop through a pipe (the self-pipe trick) and end
-/// a blocking `flock` with EINTR (no SA_RESTART).
-fn catch_signals() -> std::io::Result<RawFd> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: fds is a valid array for pipe2.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD, libc::SIGALRM] {
-        // SAFETY: a handler that only writes to a pipe and stores atomics.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-    }
-    Ok(fds[0])
-}
-
-fn drain(fd: RawFd) {
-    let mut buf = [0u8; 64];
-    // SAFETY: reading into a local buffer from our non-blocking pipe.
-    while unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-}
-
-/// Poll `fds` for input for at most `timeout` (None: forever).
-fn wait_readable(fds: &[RawFd], timeout: Option<Duration>) -> Vec<bool> {
-    let mut p: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-    // SAFETY: p is a valid array of pollfd.
-    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-    if n <= 0 {
-        return vec![false; fds.len()];
-    }
-    p.iter().map(|x| x.revents != 0).collect()
 }
 
 /// The events stream of `mount`, filtered to `rel`.
@@ -201,7 +146,7 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
         Ok(l) => l,
         Err(e) => return fail(e),
     };
-    let sigs = match catch_signals() {
+    let sigs = match wakeup::catch(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGCHLD, libc::SIGALRM]) {
         Ok(fd) => fd,
         Err(e) => return fail(format!("signals: {e}")),
     };
@@ -246,8 +191,8 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
         return match e.raw_os_error() {
             Some(libc::EWOULDBLOCK) => ExitCode::from(spec.conflict_exit),
             // The -w timer.
-            Some(libc::EINTR) if LAST_SIGNAL.load(Ordering::Relaxed) == 0 => ExitCode::from(spec.conflict_exit),
-            Some(libc::EINTR) => ExitCode::from(128 + LAST_SIGNAL.load(Ordering::Relaxed) as u8),
+            Some(libc::EINTR) if wakeup::last_signal() == 0 => ExitCode::from(spec.conflict_exit),
+            Some(libc::EINTR) => ExitCode::from(128 + wakeup::last_signal() as u8),
             _ => fail(format!("{}: {e}", file.display())),
         };
     }
@@ -318,10 +263,10 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
             };
         }
         let timeout = next_renew.map(|t| t.saturating_duration_since(Instant::now()));
-        let ready = wait_readable(&[events.as_raw_fd(), sigs], timeout);
+        let ready = wakeup::readable(&[events.as_raw_fd(), sigs], timeout);
         if ready[1] {
             drain(sigs);
-            let sig = LAST_SIGNAL.swap(0, Ordering::Relaxed);
+            let sig = wakeup::take_signal();
             if sig != 0 {
                 // Ctrl-C, SIGTERM and SIGHUP reach the whole tree.
                 tree.signal(sig);
@@ -392,7 +337,7 @@ pub fn wait(mount: &Path, path: &Path, held: bool, wait: Option<f64>) -> ExitCod
         if timeout.is_some_and(|t| t.is_zero()) {
             return ExitCode::from(NOT_TAKEN);
         }
-        if wait_readable(&[events.as_raw_fd()], timeout)[0] {
+        if wakeup::readable(&[events.as_raw_fd()], timeout)[0] {
             if let Err(e) = lines.read(&mut events) {
                 return fail(format!("{rel}: {e}"));
             }

@@ -9,6 +9,7 @@ mod metrics_http;
 mod notify;
 mod top;
 mod tree;
+mod wakeup;
 mod watch;
 
 use std::io::{Read, Write};
@@ -110,7 +111,8 @@ enum Cmd {
     /// One row per lease that is held, awaited or has a TTL: PATH, HOLDER (pid/comm of
     /// the first holder, +N for more), MODE, EPOCH, HELD (how long), WAITERS and TTL
     /// (time left), most waiters first, then the longest held. The header shows the
-    /// leases held and awaited and the rate of grants, breaks and fences per second.
+    /// leases held and awaited and the rate of grants, breaks and fences per second
+    /// over the last ~2 s.
     /// It refreshes every -d SECS and at once when an event happens. Keys: q quits, /
     /// filters by path (Enter applies, Esc cancels, an empty filter shows all).
     /// When stdout is not a terminal it prints each refresh as plain text (a header

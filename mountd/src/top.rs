@@ -13,10 +13,9 @@
 //! grant or a break is on screen well within a second.
 
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 /// What `leasefs top` was asked.
@@ -227,10 +226,15 @@ impl Frame {
     }
 }
 
+/// The rates are over about this long (several frames when events redraw
+/// often), so a break stays visible for a while instead of for one frame.
+const RATE_WINDOW: Duration = Duration::from_secs(2);
+
 /// Reads the mount's control files.
 struct Source<'a> {
     mount: &'a Path,
-    last: Option<(Instant, Counters)>,
+    /// Counters read at each frame, the oldest just over [`RATE_WINDOW`] ago.
+    samples: std::collections::VecDeque<(Instant, Counters)>,
 }
 
 impl Source<'_> {
@@ -242,11 +246,12 @@ impl Source<'_> {
         let leases = read("leases")?;
         let counters = Counters::parse(&read("metrics")?);
         let now = Instant::now();
-        let rates = match self.last {
-            Some((t, c)) => rates(c, counters, now.duration_since(t).as_secs_f64()),
-            None => [0.0; 3],
-        };
-        self.last = Some((now, counters));
+        self.samples.push_back((now, counters));
+        while self.samples.len() > 2 && now.duration_since(self.samples[1].0) >= RATE_WINDOW {
+            self.samples.pop_front();
+        }
+        let (t, c) = self.samples[0];
+        let rates = rates(c, counters, now.duration_since(t).as_secs_f64());
         let all: Vec<Row> = leases
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -269,39 +274,6 @@ fn clock() -> String {
         libc::localtime_r(&t, &mut tm);
         format!("{:02}:{:02}:{:02}", tm.tm_hour, tm.tm_min, tm.tm_sec)
     }
-}
-
-static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
-static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
-
-extern "C" fn on_signal(sig: libc::c_int) {
-    LAST_SIGNAL.store(sig, Ordering::Relaxed);
-    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe.
-        unsafe { libc::write(fd, [sig as u8].as_ptr().cast(), 1) };
-    }
-}
-
-/// SIGINT, SIGTERM, SIGHUP (end) and SIGWINCH (redraw) wake the loop
-/// through a pipe.
-fn catch_signals() -> std::io::Result<RawFd> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: fds is a valid array for pipe2.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
-    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGWINCH] {
-        // SAFETY: a handler that only writes to a pipe and stores an atomic.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as *const () as usize;
-            libc::sigemptyset(&mut sa.sa_mask);
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-    }
-    Ok(fds[0])
 }
 
 /// The terminal in the view's mode (no echo, keys as typed, the alternate
@@ -354,19 +326,6 @@ fn size() -> (usize, usize) {
     }
 }
 
-/// Wait until one of `fds` can be read, at most `timeout`.
-fn readable(fds: &[RawFd], timeout: Duration) -> Vec<bool> {
-    let mut p: Vec<libc::pollfd> =
-        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
-    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: p is a valid array of pollfd.
-    let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
-    if n <= 0 {
-        return vec![false; fds.len()];
-    }
-    p.iter().map(|x| x.revents & (libc::POLLIN | libc::POLLHUP) != 0).collect()
-}
-
 fn drain(f: &mut impl Read) -> Vec<u8> {
     let mut buf = [0u8; 64 * 1024];
     let mut out = Vec::new();
@@ -396,8 +355,9 @@ enum Keys {
 /// Run the view until `q`, a signal, or `iterations` refreshes.
 pub fn top(spec: &TopSpec) -> ExitCode {
     let mount_text = spec.mount.display().to_string();
-    let mut source = Source { mount: spec.mount, last: None };
-    let sigs = match catch_signals() {
+    let mut source = Source { mount: spec.mount, samples: Default::default() };
+    // SIGINT, SIGTERM, SIGHUP end the view; SIGWINCH redraws it.
+    let sigs = match crate::wakeup::catch(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGWINCH]) {
         Ok(fd) => fd,
         Err(e) => return fail(format!("signals: {e}")),
     };
@@ -468,12 +428,10 @@ pub fn top(spec: &TopSpec) -> ExitCode {
             if left.is_zero() {
                 break;
             }
-            let ready = readable(&fds, left);
+            let ready = crate::wakeup::readable(&fds, Some(left));
             if ready[0] {
-                let mut buf = [0u8; 64];
-                // SAFETY: reading our own non-blocking pipe into a local buffer.
-                while unsafe { libc::read(sigs, buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
-                let sig = LAST_SIGNAL.swap(0, Ordering::Relaxed);
+                crate::wakeup::drain(sigs);
+                let sig = crate::wakeup::take_signal();
                 if sig == libc::SIGWINCH {
                     break;
                 }

@@ -62,16 +62,9 @@ impl Fs {
     /// path as any other compaction.
     fn tidy(&self, st: &mut State) {
         tracing::debug!("the state directory outgrew the live state: compacting");
-        let (dirty, freed) = st.ns.dirty();
-        if !dirty.is_empty() || !freed.is_empty() {
-            match st.append_changes() {
-                Ok(sync) => {
-                    let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
-                    self.group.submit(sync, &failed, Box::new(|_| {}));
-                }
-                // A full state disk or a failed store: nothing to compact now.
-                Err(_) => return,
-            }
+        // A full state disk or a failed store: nothing to compact now.
+        if self.append_unsynced(st).is_err() {
+            return;
         }
         // Unless appending started one already.
         if st.outgrown() {
@@ -83,22 +76,13 @@ impl Fs {
     /// the journal are appended first (their sync runs on the group-commit
     /// thread, answering nobody): a slice must see only journaled state.
     fn compaction_step(&self, st: &mut State) {
-        let (dirty, freed) = st.ns.dirty();
-        if !dirty.is_empty() || !freed.is_empty() {
-            match st.append_changes() {
-                Ok(sync) => {
-                    let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
-                    self.group.submit(sync, &failed, Box::new(|_| {}));
-                }
-                // A full state disk: try again on the next tick; other
-                // failures are fail-stop and end the compaction below.
-                Err(_) => {
-                    if st.store.as_ref().is_some_and(|s| s.failed()) {
-                        st.finish_compaction(true);
-                    }
-                    return;
-                }
+        // A full state disk: try again on the next tick; other failures
+        // are fail-stop and end the compaction.
+        if self.append_unsynced(st).is_err() {
+            if st.store.as_ref().is_some_and(|s| s.failed()) {
+                st.finish_compaction(true);
             }
+            return;
         }
         st.compaction_step();
     }

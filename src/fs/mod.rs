@@ -1281,10 +1281,21 @@ impl Fs {
         if st.store.is_none() || dirty.len() + freed.len() < WRITEBACK {
             return;
         }
-        if let Ok(sync) = st.append_changes() {
-            let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
-            self.group.submit(sync, &failed, Box::new(|_| {}));
+        let _ = self.append_unsynced(st);
+    }
+
+    /// Append what changed since the last flush to the journal; its sync
+    /// runs on the group-commit thread and answers nobody, so no disk sync
+    /// lands on the request path.
+    fn append_unsynced(&self, st: &mut State) -> Result<()> {
+        let (dirty, freed) = st.ns.dirty();
+        if dirty.is_empty() && freed.is_empty() {
+            return Ok(());
         }
+        let sync = st.append_changes()?;
+        let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+        self.group.submit(sync, &failed, Box::new(|_| {}));
+        Ok(())
     }
 
     /// On a shared namespace, `check` before taking the right to change it:
