@@ -348,6 +348,13 @@ fn without_etcd_lock_requests_fail_with_eio_in_bounded_time_and_work_again_when_
     eprintln!("flock -n refused with EIO after {took:?} (--etcd-timeout 1s, quorum lost)");
     // What this host holds locally keeps working.
     assert_eq!(sh_ok(&a.path, "cat z"), "cached\n");
+    // An epoch it cannot check with etcd is refused, not shown stale.
+    let started = Instant::now();
+    let o = crate::util::sh(&a.path, "getfattr --only-values -n user.leasefs.epoch y");
+    let took = started.elapsed();
+    assert!(!o.status.success(), "an unchecked epoch was shown: {o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Input/output error"), "{o:?} after {took:?}");
+    eprintln!("epoch read refused with EIO after {took:?} (--etcd-timeout 1s, quorum lost)");
     cluster.restart(others[0]);
     cluster.restart(others[1]);
     let deadline = Instant::now() + STEP;

@@ -336,6 +336,20 @@ fn changes_without_fsync_are_written_back_in_bounded_batches() {
     assert!(got.len() > n - WRITEBACK && got.len() <= n + 1, "{} of {n} files in the journal", got.len());
 }
 
+/// A filesystem kept in a state directory that compacts past 4 KiB, with
+/// snapshot images encoded in the smallest slices.
+fn fs_compacting_often() -> (tempfile::TempDir, Fs) {
+    use crate::store::snapshot::Store;
+    use crate::store::storage::DirStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs();
+    let (mut store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
+    store.snapshot_min = 4096;
+    fs.set_store(store, rec);
+    fs.state.lock().slice = std::time::Duration::ZERO;
+    (dir, fs)
+}
+
 /// The lease timer encodes a snapshot image a slice at a time while a
 /// directory moves back and forth and files are renamed between the
 /// slices without any fsync: it appends those changes to the journal
@@ -346,12 +360,7 @@ fn changes_without_fsync_are_written_back_in_bounded_batches() {
 fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed() {
     use crate::store::snapshot::Store;
     use crate::store::storage::DirStorage;
-    let dir = tempfile::tempdir().unwrap();
-    let fs = fs();
-    let (mut store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
-    store.snapshot_min = 4096;
-    fs.set_store(store, rec);
-    fs.state.lock().slice = std::time::Duration::ZERO;
+    let (dir, fs) = fs_compacting_often();
     let mkdir = |parent: Ino, name: &str| fs.mkdir(C, parent, OsStr::new(name), 0o755, 0).unwrap().ino;
     let (a, b) = (mkdir(Ino::ROOT, "a"), mkdir(Ino::ROOT, "b"));
     let sub = mkdir(a, "sub");
@@ -412,12 +421,7 @@ fn run_timer(fs: &Fs, ticks: usize) -> u64 {
 fn the_timer_compacts_once_what_was_removed_without_fsync_and_then_rests() {
     use crate::store::snapshot::Store;
     use crate::store::storage::DirStorage;
-    let dir = tempfile::tempdir().unwrap();
-    let fs = fs();
-    let (mut store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
-    store.snapshot_min = 4096;
-    fs.set_store(store, rec);
-    fs.state.lock().slice = std::time::Duration::ZERO;
+    let (dir, fs) = fs_compacting_often();
     let mut inos = Vec::new();
     for i in 0..400 {
         let name = format!("{i:0>255}");
