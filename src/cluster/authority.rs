@@ -856,8 +856,13 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn refresh_epochs(&mut self, inos: &[Ino]) -> Result<()> {
+        // A lease held (or fenced) here keeps the epoch of its grant here:
+        // a holder reads the token it was granted (SPEC 5), never that of
+        // a host that took the lease over while this one was cut off.
+        let local = &self.local;
+        let mine = |i: &Ino| local.lease(*i).is_some_and(|l| !l.locks().is_empty()) || local.has_fenced(*i);
         let named: Vec<(Ino, String)> =
-            inos.iter().filter_map(|i| self.names.get(i).map(|n| (*i, n.clone()))).collect();
+            inos.iter().filter(|i| !mine(i)).filter_map(|i| self.names.get(i).map(|n| (*i, n.clone()))).collect();
         if named.is_empty() {
             return Ok(());
         }
