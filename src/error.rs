@@ -62,6 +62,10 @@ pub enum Error {
     /// The lease arbiter of a multi-host mount (etcd) did not answer in
     /// time, or this host's session with it is lost.
     Unreachable,
+    /// Another host changed what a change of a shared namespace was
+    /// decided on; the change did not land and is decided again on the
+    /// fresh copy (a caller sees it only when that kept failing).
+    Conflict,
 }
 
 impl Error {
@@ -95,6 +99,7 @@ impl Error {
             Error::NoSuchOffset => libc::ENXIO,
             Error::TooManyOpen => libc::ENFILE,
             Error::Unreachable => libc::EIO,
+            Error::Conflict => libc::EIO,
         }
     }
 }

@@ -82,13 +82,22 @@ pub enum CmpOp {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compare {
     pub key: Vec<u8>,
+    /// When not empty, every key of `[key, range_end)` must pass (an
+    /// empty range compares as one absent key).
+    pub range_end: Vec<u8>,
     pub op: CmpOp,
     pub target: Target,
 }
 
 impl Compare {
     pub fn new(key: impl Into<Vec<u8>>, op: CmpOp, target: Target) -> Compare {
-        Compare { key: key.into(), op, target }
+        Compare { key: key.into(), range_end: Vec::new(), op, target }
+    }
+
+    /// No key starts with `prefix`.
+    pub fn none_under(prefix: impl Into<Vec<u8>>) -> Compare {
+        let key = prefix.into();
+        Compare { range_end: prefix_end(&key), key, op: CmpOp::Equal, target: Target::Version(0) }
     }
 
     /// The key does not exist.
@@ -109,6 +118,9 @@ impl Compare {
             CmpOp::NotEqual => "NOT_EQUAL",
         };
         let mut v = json!({"key": b64::encode(&self.key), "result": result});
+        if !self.range_end.is_empty() {
+            v["range_end"] = json!(b64::encode(&self.range_end));
+        }
         let (target, field, value) = match &self.target {
             Target::Version(n) => ("VERSION", "version", json!(n.to_string())),
             Target::Create(n) => ("CREATE", "create_revision", json!(n.to_string())),

@@ -2,7 +2,8 @@
 //! JSON gateway ([`client`]) over a minimal HTTP/1.1 transport ([`http`]),
 //! the host session with its jeopardy deadline ([`session`]), cluster-wide
 //! arbitration with epochs ([`arbiter`]), the host's one watch over every
-//! lease queue ([`watcher`]), the shared namespace ([`namespace`]), and the
+//! lease queue ([`watcher`]), the shared namespace ([`namespace`]) with its
+//! one watch ([`feed`]), and the
 //! lease authority a mount with `--etcd` asks ([`authority`]). It plugs
 //! into `lease/` through [`crate::lease::authority::LeaseAuthority`] and
 //! into `namespace/` through its replica seam.
@@ -11,6 +12,7 @@ pub mod arbiter;
 pub mod authority;
 pub mod b64;
 pub mod client;
+pub mod feed;
 pub mod http;
 pub mod namespace;
 pub mod session;

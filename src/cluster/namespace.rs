@@ -9,24 +9,31 @@
 //!   the host's first etcd lease id, which etcd never hands out twice.
 //! - `P/ns/e/<dir id>/<name>`: a directory entry; its value is the id of
 //!   the inode it names (neither ids nor names contain `/`).
-//! - `P/ns/rev`: written by every change, so its mod revision is the
-//!   namespace's revision.
-//! - `P/ns/lock`: the right to change the namespace, held by one host at a
-//!   time on its host lease.
+//! - `P/ns/rev`: written (blindly, never compared) by every change, so its
+//!   mod revision is the namespace's revision.
 //!
-//! **Changing.** A host takes `P/ns/lock` (a transaction that creates it
-//! only if absent), catches up, applies the operation to its table, and
+//! **Changing** (optimistic concurrency; nothing cluster-wide is locked).
+//! A host catches up (below), applies the operation to its table, and
 //! stores what the table's change tracking recorded in one transaction
-//! that compares the lock's create revision, writes `P/ns/rev` and deletes
-//! the lock. A host whose session expired meanwhile cannot land a change.
+//! that compares the mod revision of every key it writes (the inodes and
+//! directory entries it changed; for a directory moved to another parent,
+//! also the inodes of the new parent's ancestors, so two crossing moves
+//! cannot make a cycle) with the revision its table has for that key (0:
+//! absent). When another host changed one of them first, nothing lands:
+//! the table is read again and the operation is decided again on the fresh
+//! copy ([`Error::Conflict`]), so the loser of a race gets the errno the
+//! single-host code gives (`EEXIST`, `ENOENT`, ...). Changes to different
+//! files compare different keys and commit in parallel.
 //!
-//! **Reading.** Before each read a host reads `P/ns/rev` (a linearizable
-//! read). When it moved, the host replays the changes since the revision it
-//! last applied from a watch of `P/ns/` (every event of one revision
-//! arrives together); a watch that fell behind compaction, or a change
-//! whose outcome is unknown, makes it re-read the whole namespace. So no
-//! read answers from a state older than a change that another host's call
-//! had returned from.
+//! **Reading.** Before each read a host reads `P/ns/rev` (one linearizable
+//! read). When it moved past what the table has applied, the host waits
+//! until its feed ([`super::feed`], one watch kept open) has queued that
+//! revision and applies the queue: no read answers from a state older than
+//! a change that another host's call had returned from. Each key's mod
+//! revision is kept, so an event older than what the table already has
+//! (this host's own change, coming back through the feed) is skipped.
+//! A broken feed or a change whose outcome is unknown makes the host
+//! re-read the whole namespace.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
@@ -36,7 +43,8 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::client::{prefix_end, Client, CmpOp, Compare, EtcdError, Kv, Op, OpResult, Target, WatchMsg};
+use super::client::{prefix_end, Client, CmpOp, Compare, EtcdError, Kv, Op, OpResult, Target};
+use super::feed::Feed;
 use super::session::HostSession;
 use crate::error::{Error, Result};
 use crate::namespace::replica::{Caught, Condition, Replica};
@@ -47,18 +55,13 @@ use crate::store::records::{decode_object, encode_object, Extra};
 /// 1.5 MiB; a file is one value).
 pub const MAX_FILE: u64 = 1 << 20;
 
-/// Revisions a host replays from a watch at most; further behind, it
-/// re-reads the namespace instead.
-const REPLAY_MAX: i64 = 256;
-
 /// The root's id.
 const ROOT: &str = "r";
 
 /// The etcd side of a shared namespace.
 pub struct EtcdNamespace {
     client: Arc<Client>,
-    /// The host session the change lock hangs on (none in unit tests,
-    /// which never change the store).
+    /// The host session (none in unit tests, which never change the store).
     session: Option<Arc<HostSession>>,
     /// `P/ns/`.
     base: String,
@@ -66,18 +69,24 @@ pub struct EtcdNamespace {
     tag: String,
     to_ino: HashMap<String, Ino>,
     to_id: HashMap<Ino, String>,
+    /// The mod revision of every key the table has (inodes and entries),
+    /// and of keys it saw deleted (`false`) until the feed passed them.
+    revs: HashMap<Vec<u8>, (i64, bool)>,
+    /// Events at or before this revision are in the table already (it was
+    /// read whole at this revision).
+    floor: i64,
     /// The namespace revision the table reflects.
     applied: i64,
     /// The table may differ from etcd (a change whose outcome is unknown,
-    /// an event that did not fit): re-read everything at the next catch-up.
+    /// a change that lost a race, an event that did not fit): re-read
+    /// everything at the next catch-up.
     desync: bool,
-    /// Create revision of `P/ns/lock` while this host holds it.
-    lock: Option<i64>,
-    /// A lock request's answer was lost: the lock may be this host's.
-    suspect: bool,
-    /// Full re-reads and replayed revisions, for `status`.
+    /// The host's watch of the namespace (none in unit tests).
+    feed: Option<Arc<Feed>>,
+    /// Full re-reads, applied revisions and lost races, for `status`.
     reloads: u64,
     replayed: u64,
+    conflicts: u64,
     /// The last catch-up failed: reads answer from the table as it is.
     stale: bool,
     /// After a failed catch-up, reads do not wait for etcd again before
@@ -88,6 +97,14 @@ pub struct EtcdNamespace {
 impl std::fmt::Debug for EtcdNamespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdNamespace").field("base", &self.base).field("applied", &self.applied).finish()
+    }
+}
+
+impl Drop for EtcdNamespace {
+    fn drop(&mut self) {
+        if let Some(f) = &self.feed {
+            f.stop();
+        }
     }
 }
 
@@ -106,7 +123,7 @@ struct Batch {
 }
 
 impl EtcdNamespace {
-    /// Join the namespace under `prefix` and read it whole into `ns`.
+    /// Join the namespace under `prefix` (read at the first catch-up).
     pub fn open(client: Arc<Client>, session: Arc<HostSession>, prefix: &str) -> EtcdNamespace {
         let tag = format!("{:x}", session.lease().0);
         EtcdNamespace::with(client, Some(session), prefix, tag)
@@ -120,12 +137,14 @@ impl EtcdNamespace {
             tag,
             to_ino: HashMap::new(),
             to_id: HashMap::new(),
+            revs: HashMap::new(),
+            floor: 0,
             applied: 0,
             desync: true,
-            lock: None,
-            suspect: false,
+            feed: None,
             reloads: 0,
             replayed: 0,
+            conflicts: 0,
             stale: false,
             retry_at: None,
         };
@@ -168,9 +187,26 @@ impl EtcdNamespace {
         id
     }
 
-    /// Sort an event into `batch` (lock events are not the namespace's).
-    fn sort(&self, batch: &mut Batch, key: &[u8], value: Option<&[u8]>) {
+    /// The mod revision the table has for `key` (0: absent).
+    fn rev_of(&self, key: &[u8]) -> i64 {
+        match self.revs.get(key) {
+            Some(&(rev, true)) => rev,
+            _ => 0,
+        }
+    }
+
+    /// Sort an event of revision `rev` into `batch`, unless the table has
+    /// that key at `rev` or later already (keys outside inodes and entries
+    /// are not the table's).
+    fn sort(&mut self, batch: &mut Batch, key: &[u8], value: Option<&[u8]>, rev: i64) {
         let Some(rest) = key.strip_prefix(self.base.as_bytes()) else { return };
+        if !rest.starts_with(b"i/") && !rest.starts_with(b"e/") {
+            return;
+        }
+        if rev <= self.floor || self.revs.get(key).is_some_and(|&(r, _)| r >= rev) {
+            return;
+        }
+        self.revs.insert(key.to_vec(), (rev, value.is_some()));
         if let Some(id) = rest.strip_prefix(b"i/") {
             let id = String::from_utf8_lossy(id).into_owned();
             match value {
@@ -280,27 +316,32 @@ impl EtcdNamespace {
         Ok(())
     }
 
-    /// Read the whole namespace and make the table match it.
+    /// Read the whole namespace, make the table match it, and follow the
+    /// feed from there.
     fn reload(&mut self, ns: &mut Namespace) -> Result<Caught> {
         let base = self.base.clone().into_bytes();
-        let (kvs, _) = self.client.range(&base, &prefix_end(&base)).map_err(unreachable)?;
-        let caught = self.install(ns, &kvs)?;
+        let (kvs, at) = self.client.range(&base, &prefix_end(&base)).map_err(unreachable)?;
+        let caught = self.install(ns, &kvs, at)?;
         self.reloads += 1;
+        match &self.feed {
+            Some(f) => f.restart(at),
+            None if self.session.is_some() => self.feed = Some(Feed::start(self.client.clone(), base, at)),
+            None => {}
+        }
         Ok(caught)
     }
 
-    /// Make the table match `kvs`, the whole namespace as read.
-    fn install(&mut self, ns: &mut Namespace, kvs: &[Kv]) -> Result<Caught> {
+    /// Make the table match `kvs`, the whole namespace as read at revision `at`.
+    fn install(&mut self, ns: &mut Namespace, kvs: &[Kv], at: i64) -> Result<Caught> {
         let mut batch = Batch::default();
-        let mut applied = 0;
         let mut stored: HashSet<String> = HashSet::new();
         let mut wanted: HashMap<(String, OsString), String> = HashMap::new();
+        self.revs.clear();
+        self.floor = 0;
         for kv in kvs {
-            if kv.key == self.key("rev") {
-                applied = kv.mod_revision;
-            }
-            self.sort(&mut batch, &kv.key, Some(&kv.value));
+            self.sort(&mut batch, &kv.key, Some(&kv.value), kv.mod_revision);
         }
+        self.floor = at;
         for (id, _) in &batch.inodes {
             stored.insert(id.clone());
         }
@@ -324,101 +365,138 @@ impl EtcdNamespace {
         let mut caught = Caught::default();
         self.apply(ns, batch, &mut caught)?;
         ns.clear_dirty();
-        self.applied = applied;
+        self.applied = at;
         self.desync = false;
         Ok(caught)
     }
 
-    /// Replay the changes after the applied revision up to `to`.
-    fn replay(&mut self, ns: &mut Namespace, to: i64) -> Result<Caught> {
-        let base = self.base.clone().into_bytes();
-        let mut w = match self.client.watch(&base, &prefix_end(&base), self.applied + 1) {
-            Ok(w) => w,
-            Err(EtcdError::Server { code: 11, .. }) => return self.reload(ns),
-            Err(e) => return Err(unreachable(e)),
-        };
+    /// Apply what the feed queued, through namespace revision `to` at least.
+    fn drain(&mut self, ns: &mut Namespace, to: i64) -> Result<Caught> {
+        let Some(feed) = self.feed.clone() else { return self.reload(ns) };
         let deadline = Instant::now() + self.client.timeout();
-        let mut caught = Caught::default();
-        let result = loop {
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                break Err(Error::Unreachable);
-            };
-            match w.next(left) {
-                Ok(Some(WatchMsg::Events { events, .. })) => {
-                    // One revision's events come together; apply them by revision.
-                    let mut by_rev: Vec<(i64, Batch)> = Vec::new();
-                    for e in &events {
-                        let rev = e.kv.mod_revision;
-                        if by_rev.last().is_none_or(|(r, _)| *r != rev) {
-                            by_rev.push((rev, Batch::default()));
-                        }
-                        let b = &mut by_rev.last_mut().expect("just pushed").1;
-                        self.sort(b, &e.kv.key, (!e.deleted).then_some(&e.kv.value[..]));
-                    }
-                    let mut done = false;
-                    for (rev, b) in by_rev {
-                        if let Err(e) = self.apply(ns, b, &mut caught) {
-                            self.desync = true;
-                            w.close();
-                            return Err(e);
-                        }
-                        self.applied = self.applied.max(rev);
-                        self.replayed += 1;
-                        done |= rev >= to;
-                    }
-                    if done {
-                        break Ok(());
-                    }
-                }
-                Ok(Some(WatchMsg::Compacted(_))) => {
-                    w.close();
-                    return self.reload(ns);
-                }
-                Ok(Some(_)) | Ok(None) => {}
-                Err(e) => break Err(unreachable(e)),
-            }
+        let Some(queued) = feed.take_through(to, deadline) else {
+            // Lost events, or a watch too slow to deliver: one read instead.
+            return self.reload(ns);
         };
-        w.close();
+        let mut caught = Caught::default();
+        for (rev, events) in queued {
+            let mut b = Batch::default();
+            for e in &events {
+                self.sort(&mut b, &e.kv.key, (!e.deleted).then_some(&e.kv.value[..]), rev);
+            }
+            if let Err(e) = self.apply(ns, b, &mut caught) {
+                self.desync = true;
+                return Err(e);
+            }
+            self.applied = self.applied.max(rev);
+            self.replayed += 1;
+        }
+        // Deletions the feed has passed need no remembering.
+        let applied = self.applied;
+        self.revs.retain(|_, &mut (r, present)| present || r > applied);
         ns.clear_dirty();
-        result.map(|()| caught)
+        Ok(caught)
     }
 
     /// Bring the table up to namespace revision `to`.
     fn follow(&mut self, ns: &mut Namespace, to: i64) -> Result<Caught> {
-        if self.desync {
+        if self.desync || self.feed.as_ref().is_none_or(|f| f.broken()) {
             return self.reload(ns);
         }
         if to <= self.applied {
             return Ok(Caught::default());
         }
-        if to - self.applied > REPLAY_MAX {
-            // Far behind: the namespace as it is now is smaller than its history.
-            return self.reload(ns);
-        }
-        match self.replay(ns, to) {
-            // A replay too slow to finish (large values) gives way to one read.
-            Err(Error::Unreachable) if !self.desync => self.reload(ns),
-            r => r,
-        }
+        self.drain(ns, to)
     }
 
-    /// Give up a lock this host still holds from a change that failed.
-    fn drop_lock(&mut self) {
-        if self.suspect && self.lock.is_none() {
-            match self.client.get(&self.key("lock")) {
-                Ok((Some(kv), _)) if kv.value == self.tag.as_bytes() => self.lock = Some(kv.create_revision),
-                Ok(_) => self.suspect = false,
-                Err(_) => return,
+    /// The compares and writes that store what changed in `ns`; the keys
+    /// written, with whether they stay.
+    fn changes(
+        &mut self,
+        ns: &Namespace,
+        extra: &dyn Fn(Ino) -> Extra,
+    ) -> Result<(Vec<Compare>, Vec<Op>, Vec<(Vec<u8>, bool)>)> {
+        let (dirty, freed) = ns.dirty();
+        let dirty: Vec<Ino> = dirty.iter().copied().collect();
+        let freed: Vec<Ino> = freed.iter().copied().collect();
+        let mut ops = Vec::new();
+        let mut written: Vec<(Vec<u8>, bool)> = Vec::new();
+        // Directories a directory moved into: their ancestors are compared too.
+        let mut moved_into: Vec<Ino> = Vec::new();
+        let named = |ns: &Namespace, ino: Ino| ns.get(ino).is_ok_and(|i| i.nlink > 0 || ino == Ino::ROOT);
+        for &ino in &dirty {
+            if !named(ns, ino) {
+                if let Some(id) = self.to_id.get(&ino).cloned() {
+                    let k = self.inode_key(&id);
+                    ops.push(Op::delete(k.clone()));
+                    written.push((k, false));
+                }
+                continue;
+            }
+            let i = ns.get(ino)?;
+            if let Body::File(d) = &i.body {
+                if d.size() > MAX_FILE {
+                    return Err(Error::FileTooBig);
+                }
+            }
+            let id = self.id_of(ino);
+            let k = self.inode_key(&id);
+            ops.push(Op::put(k.clone(), encode_object(i, &extra(ino)), 0));
+            written.push((k, true));
+            if let Body::Dir(d) = &i.body {
+                for name in d.dirty_names() {
+                    let key = self.entry_key(&id, name);
+                    match d.get(name) {
+                        Some(c) if named(ns, c) => {
+                            let unstored = !dirty.contains(&c) && !self.to_id.contains_key(&c);
+                            let cid = self.id_of(c);
+                            if unstored {
+                                let ck = self.inode_key(&cid);
+                                ops.push(Op::put(ck.clone(), encode_object(ns.get(c)?, &extra(c)), 0));
+                                written.push((ck, true));
+                            }
+                            if ns.get(c).is_ok_and(|i| i.kind == Kind::Dir) {
+                                moved_into.push(ino);
+                            }
+                            ops.push(Op::put(key.clone(), cid, 0));
+                            written.push((key, true));
+                        }
+                        _ => {
+                            ops.push(Op::delete(key.clone()));
+                            written.push((key, false));
+                        }
+                    }
+                }
             }
         }
-        if let Some(rev) = self.lock {
-            let lock = self.key("lock");
-            let cmp = [Compare::new(lock.clone(), CmpOp::Equal, Target::Create(rev))];
-            if self.client.txn(&cmp, &[Op::delete(lock)], &[]).is_ok() {
-                self.lock = None;
-                self.suspect = false;
+        for ino in freed {
+            if let Some(id) = self.to_id.get(&ino).cloned() {
+                let k = self.inode_key(&id);
+                ops.push(Op::delete(k.clone()));
+                written.push((k, false));
             }
         }
+        let mut compared: HashSet<Vec<u8>> = HashSet::new();
+        let mut cmp = Vec::new();
+        for (k, _) in &written {
+            if compared.insert(k.clone()) {
+                cmp.push(Compare::unchanged(k.clone(), self.rev_of(k)));
+            }
+        }
+        for dir in moved_into {
+            let mut at = dir;
+            while at != Ino::ROOT {
+                let Ok(Body::Dir(d)) = ns.get(at).map(|i| &i.body) else { break };
+                at = d.parent;
+                if let Some(id) = self.to_id.get(&at).cloned() {
+                    let k = self.inode_key(&id);
+                    if compared.insert(k.clone()) {
+                        cmp.push(Compare::unchanged(k.clone(), self.rev_of(&k)));
+                    }
+                }
+            }
+        }
+        Ok((cmp, ops, written))
     }
 }
 
@@ -427,7 +505,6 @@ impl Replica for EtcdNamespace {
         if self.retry_at.is_some_and(|t| Instant::now() < t) {
             return Err(Error::Unreachable);
         }
-        self.drop_lock();
         let out = self
             .client
             .get(&self.key("rev"))
@@ -439,154 +516,59 @@ impl Replica for EtcdNamespace {
     }
 
     fn begin(&mut self, ns: &mut Namespace) -> Result<Caught> {
-        self.drop_lock();
-        let lock = self.key("lock");
-        let rev = self.key("rev");
-        let deadline = Instant::now() + self.client.timeout() * 2;
-        loop {
-            let lease = self.session.as_ref().and_then(|s| s.alive()).ok_or(Error::Unreachable)?;
-            let took = self
-                .client
-                .txn(
-                    &[Compare::absent(lock.clone())],
-                    &[Op::put(lock.clone(), self.tag.clone(), lease), Op::get(rev.clone())],
-                    &[Op::get(lock.clone())],
-                )
-                // A put whose answer was lost may hold the lock: the next
-                // catch-up or attempt finds it under this host's tag.
-                .map_err(|e| {
-                    self.suspect = true;
-                    unreachable(e)
-                })?;
-            // Success: [put, the namespace revision]; failure: [the lock].
-            let read = match took.responses.last() {
-                Some(OpResult::Range(kvs)) => kvs.first().cloned(),
-                _ => None,
-            };
-            if took.succeeded {
-                self.lock = Some(took.revision);
-                let caught = self.follow(ns, read.map_or(0, |k| k.mod_revision));
-                ns.clear_dirty();
-                if caught.is_err() {
-                    self.drop_lock();
-                }
-                self.stale = caught.is_err();
-                return caught;
-            }
-            let Some(Kv { create_revision, value, .. }) = read else { continue };
-            if value == self.tag.as_bytes() {
-                // This host's own lock from a change whose answer was lost.
-                self.lock = Some(create_revision);
-                self.desync = true;
-                self.drop_lock();
-                continue;
-            }
-            // Another host changes the namespace: wait for its lock to go.
-            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                tracing::warn!("shared namespace: another host held the change lock too long");
-                return Err(Error::Unreachable);
-            };
-            let mut w = self.client.watch(&lock, &[], took.revision + 1).map_err(unreachable)?;
-            let until = Instant::now() + left;
-            while let Some(left) = until.checked_duration_since(Instant::now()) {
-                match w.next(left) {
-                    Ok(Some(WatchMsg::Events { events, .. })) if events.iter().any(|e| e.deleted) => break,
-                    Ok(Some(_)) => {}
-                    Ok(None) | Err(_) => break,
-                }
-            }
-            w.close();
+        if self.session.as_ref().and_then(|s| s.alive()).is_none() {
+            return Err(Error::Unreachable);
         }
+        self.retry_at = None;
+        let caught = self.catch_up(ns);
+        ns.clear_dirty();
+        caught
     }
 
     fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()> {
-        let Some(lock_rev) = self.lock else { return Err(Error::Unreachable) };
-        let (dirty, freed) = ns.dirty();
-        let dirty: Vec<Ino> = dirty.iter().copied().collect();
-        let freed: Vec<Ino> = freed.iter().copied().collect();
-        let mut ops = Vec::new();
-        let named = |ns: &Namespace, ino: Ino| ns.get(ino).is_ok_and(|i| i.nlink > 0 || ino == Ino::ROOT);
-        for &ino in &dirty {
-            if !named(ns, ino) {
-                if let Some(id) = self.to_id.get(&ino).cloned() {
-                    ops.push(Op::delete(self.inode_key(&id)));
-                    self.unmap(&id);
-                }
-                continue;
-            }
-            let i = ns.get(ino)?;
-            if let Body::File(d) = &i.body {
-                if d.size() > MAX_FILE {
-                    self.lock = Some(lock_rev);
-                    ns.clear_dirty();
-                    self.desync = true;
-                    self.drop_lock();
-                    return Err(Error::FileTooBig);
-                }
-            }
-            let id = self.id_of(ino);
-            ops.push(Op::put(self.inode_key(&id), encode_object(i, &extra(ino)), 0));
-            if let Body::Dir(d) = &i.body {
-                for name in d.dirty_names() {
-                    let key = self.entry_key(&id, name);
-                    match d.get(name) {
-                        Some(c) if named(ns, c) => {
-                            let unstored = !dirty.contains(&c) && !self.to_id.contains_key(&c);
-                            let cid = self.id_of(c);
-                            if unstored {
-                                ops.push(Op::put(self.inode_key(&cid), encode_object(ns.get(c)?, &extra(c)), 0));
-                            }
-                            ops.push(Op::put(key, cid, 0));
-                        }
-                        _ => ops.push(Op::delete(key)),
-                    }
-                }
-            }
-        }
-        for ino in freed {
-            if let Some(id) = self.to_id.get(&ino).cloned() {
-                ops.push(Op::delete(self.inode_key(&id)));
-                self.unmap(&id);
-            }
-        }
+        let changes = self.changes(ns, extra);
         ns.clear_dirty();
-        let lock = self.key("lock");
-        let changed = !ops.is_empty();
-        if changed {
+        let (mut cmp, mut ops, written) = match changes {
+            Ok(c) => c,
+            Err(e) => {
+                self.desync = true;
+                return Err(e);
+            }
+        };
+        if ops.is_empty() && conditions.is_empty() {
+            return Ok(());
+        }
+        if !ops.is_empty() {
             ops.push(Op::put(self.key("rev"), self.tag.clone(), 0));
         }
-        ops.push(Op::delete(lock.clone()));
-        let mut cmp = vec![Compare::new(lock.clone(), CmpOp::Equal, Target::Create(lock_rev))];
         for c in conditions {
             cmp.push(Compare::new(c.key.clone(), CmpOp::Equal, Target::Create(c.create_revision)));
         }
-        match self.client.txn(&cmp, &ops, &[Op::get(lock)]) {
+        let reads: Vec<Op> = conditions.iter().map(|c| Op::get(c.key.clone())).collect();
+        match self.client.txn(&cmp, &ops, &reads) {
             Ok(t) if t.succeeded => {
-                self.lock = None;
-                if changed {
-                    self.applied = t.revision;
+                for (k, present) in written {
+                    self.revs.insert(k, (t.revision, present));
                 }
                 Ok(())
             }
             Ok(t) => {
                 // Nothing landed: the change is undone by re-reading.
                 self.desync = true;
-                let still_ours = matches!(t.responses.first(), Some(OpResult::Range(kvs)) if kvs.first().is_some_and(|k| k.create_revision == lock_rev));
-                if still_ours {
-                    // A condition failed: the guarding lease is no longer held.
+                let lost = conditions.iter().zip(&t.responses).any(|(c, r)| {
+                    !matches!(r, OpResult::Range(kvs) if kvs.first().is_some_and(|k| k.create_revision == c.create_revision))
+                });
+                if lost {
+                    // The guarding lease is no longer held.
                     tracing::warn!("shared namespace: a guarded write came after its lease was lost; refused");
-                    self.drop_lock();
                     Err(Error::Stale)
                 } else {
-                    // The lock expired with this host's session.
-                    self.lock = None;
-                    tracing::warn!("shared namespace: the change lock was lost; the change is undone");
-                    Err(Error::Unreachable)
+                    self.conflicts += 1;
+                    Err(Error::Conflict)
                 }
             }
             Err(e) => {
                 self.desync = true;
-                self.drop_lock();
                 Err(unreachable(e))
             }
         }
@@ -602,6 +584,7 @@ impl Replica for EtcdNamespace {
             "inodes": self.to_ino.len(),
             "reloads": self.reloads,
             "replayed": self.replayed,
+            "conflicts": self.conflicts,
             "stale": self.stale || self.desync,
         })
     }
@@ -637,8 +620,10 @@ mod tests {
     /// Apply one revision's events: (key, Some(value)) puts, (key, None) deletes.
     fn events(t: &mut EtcdNamespace, ns: &mut Namespace, evs: &[(&str, Option<Vec<u8>>)]) -> Caught {
         let mut b = Batch::default();
+        let rev = t.applied + 1;
+        t.applied = rev;
         for (k, v) in evs {
-            t.sort(&mut b, k.as_bytes(), v.as_deref());
+            t.sort(&mut b, k.as_bytes(), v.as_deref(), rev);
         }
         let mut c = Caught::default();
         t.apply(ns, b, &mut c).unwrap();
@@ -705,7 +690,7 @@ mod tests {
         );
         let kvs =
             [kv("p/ns/i/o.2", &value(Kind::File, "renewed"), 9), kv("p/ns/e/r/s", b"o.2", 9), kv("p/ns/rev", b"x", 9)];
-        t.install(&mut ns, &kvs).unwrap();
+        t.install(&mut ns, &kvs, 9).unwrap();
         assert_eq!(read(&ns, Ino::ROOT, "s"), "renewed");
         assert!(ns.child(Ino::ROOT, OsStr::new("g")).is_err());
         assert_eq!(t.applied, 9);
@@ -716,12 +701,12 @@ mod tests {
     fn an_entry_naming_an_unknown_inode_asks_for_a_re_read() {
         let (mut t, mut ns) = table();
         let mut b = Batch::default();
-        t.sort(&mut b, b"p/ns/e/r/x", Some(b"o.9"));
+        t.sort(&mut b, b"p/ns/e/r/x", Some(b"o.9"), 1);
         assert_eq!(t.apply(&mut ns, b, &mut Caught::default()), Err(Error::Unreachable));
-        // Keys outside the namespace (the change lock) are not the table's.
+        // Keys outside inodes and entries are not the table's.
         let mut b = Batch::default();
-        t.sort(&mut b, b"p/ns/lock", Some(b"h"));
-        t.sort(&mut b, b"q/ns/i/o.1", Some(b""));
+        t.sort(&mut b, b"p/ns/rev", Some(b"h"), 2);
+        t.sort(&mut b, b"q/ns/i/o.1", Some(b""), 2);
         assert!(b.inodes.is_empty() && b.entries.is_empty());
     }
 }

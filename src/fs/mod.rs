@@ -203,6 +203,10 @@ pub const RENAME_NOREPLACE: u32 = 1;
 /// Rename flags (`renameat2`).
 pub const RENAME_EXCHANGE: u32 = 2;
 
+/// How often a change of a shared namespace is decided again after losing
+/// a race with another host before it fails (`EIO`).
+const CONFLICT_TRIES: u32 = 16;
+
 const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
 const XATTR_SIZE_MAX: usize = 65_536;
@@ -1106,6 +1110,27 @@ impl State {
         }
     }
 
+    /// Undo what a change that did not land opened and made: the handles
+    /// from `handles` on and the kernel's references to inodes numbered
+    /// from `inodes` on (the kernel never heard of either).
+    fn let_go(&mut self, handles: u64, inodes: u64) {
+        let opened: Vec<Handle> = self.handles.keys().copied().filter(|h| h.0 >= handles).collect();
+        for h in opened {
+            if let Some(f) = self.handles.remove(&h) {
+                let _ = self.lease.release_handle(f.ino, h.0, None);
+                if let Ok(i) = self.ns.get_mut(f.ino) {
+                    i.opens = i.opens.saturating_sub(1);
+                }
+            }
+        }
+        for n in inodes..self.ns.next_ino() {
+            if self.ns.get(Ino(n)).is_ok() {
+                self.ns.forget(Ino(n), 1);
+                self.collect(Ino(n));
+            }
+        }
+    }
+
     /// Lease settings and names another host changed.
     fn caught(&mut self, c: crate::namespace::replica::Caught) {
         for (ino, x) in c.extras {
@@ -1236,34 +1261,48 @@ impl Fs {
     }
 
     /// Run `op`, which changes the namespace. On a shared namespace it runs
-    /// holding the right to change it, on a table caught up with every
-    /// other host, and its change is stored before its caller is answered
-    /// (`EIO` when it could not be; the change is then undone).
-    fn change<T>(&self, op: impl FnOnce(&mut State) -> Result<T>) -> Result<T> {
+    /// on a table caught up with every other host, and its change is stored
+    /// before its caller is answered (`EIO` when it could not be; the change
+    /// is then undone). When another host changed what `op` decided on
+    /// first, nothing was stored: what `op` opened and made is let go, and
+    /// `op` runs again on the fresh copy (at most [`CONFLICT_TRIES`] times),
+    /// so it answers as if it had come after the other host's change.
+    fn change<T>(&self, mut op: impl FnMut(&mut State) -> Result<T>) -> Result<T> {
         let mut st = self.state.lock();
         let Some(mut r) = st.replica.take() else {
             let out = op(&mut st);
             self.write_back(&mut st);
             return out;
         };
-        let begun = r.begin(&mut st.ns);
-        let out = match begun {
-            Ok(c) => {
-                st.caught(c);
-                let out = op(&mut st);
-                let st = &mut *st;
-                let conditions = std::mem::take(&mut st.conditions);
-                if !conditions.is_empty() {
-                    crate::store::snapshot::pausepoint("guarded-publish");
-                }
-                let lease = &*st.lease;
-                let published = r.publish(&mut st.ns, &|ino| extra_of(lease, ino), &conditions);
-                match (out, published) {
-                    (Ok(v), Ok(())) => Ok(v),
-                    (Err(e), _) | (Ok(_), Err(e)) => Err(e),
-                }
+        let mut tries = 0;
+        let out = loop {
+            tries += 1;
+            let c = match r.begin(&mut st.ns) {
+                Ok(c) => c,
+                Err(e) => break Err(e),
+            };
+            st.caught(c);
+            let (handles, inodes) = (st.next_handle, st.ns.next_ino());
+            let out = op(&mut st);
+            let st = &mut *st;
+            let conditions = std::mem::take(&mut st.conditions);
+            if !conditions.is_empty() {
+                crate::store::snapshot::pausepoint("guarded-publish");
             }
-            Err(e) => Err(e),
+            let lease = &*st.lease;
+            let published = r.publish(&mut st.ns, &|ino| extra_of(lease, ino), &conditions);
+            match (out, published) {
+                (Ok(v), Ok(())) => break Ok(v),
+                (_, Err(Error::Conflict)) if tries < CONFLICT_TRIES => {
+                    st.let_go(handles, inodes);
+                    crate::store::snapshot::pausepoint("conflict-retry");
+                }
+                (_, Err(e)) => {
+                    st.let_go(handles, inodes);
+                    break Err(e);
+                }
+                (Err(e), Ok(())) => break Err(e),
+            }
         };
         st.replica = Some(r);
         out

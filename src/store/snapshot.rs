@@ -188,6 +188,10 @@ pub fn pausepoint(name: &str) {
         .ok()
         .and_then(|v| v.strip_prefix(name).and_then(|r| r.strip_prefix(':')).and_then(|ms| ms.parse().ok()))
     {
+        // A test waits for this file to know the pause began.
+        if let Some(mark) = std::env::var_os("LEASEFS_PAUSE_MARK") {
+            let _ = std::fs::write(mark, name);
+        }
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     #[cfg(not(debug_assertions))]
