@@ -113,6 +113,14 @@ fn unreachable(e: EtcdError) -> Error {
     Error::Unreachable
 }
 
+/// What a change stores: the compares, the writes, and each key written
+/// with whether it stays.
+struct Changes {
+    compares: Vec<Compare>,
+    ops: Vec<Op>,
+    written: Vec<(Vec<u8>, bool)>,
+}
+
 /// What one batch of events does to the table, in the order it is applied.
 #[derive(Default)]
 struct Batch {
@@ -496,7 +504,7 @@ impl EtcdNamespace {
                 }
             }
         }
-        Ok((cmp, ops, written))
+        Ok(Changes { compares: cmp, ops, written })
     }
 }
 
@@ -528,7 +536,7 @@ impl Replica for EtcdNamespace {
     fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()> {
         let changes = self.changes(ns, extra);
         ns.clear_dirty();
-        let (mut cmp, mut ops, written) = match changes {
+        let Changes { compares: mut cmp, mut ops, written } = match changes {
             Ok(c) => c,
             Err(e) => {
                 self.desync = true;
