@@ -419,11 +419,7 @@ impl EtcdNamespace {
 
     /// The compares and writes that store what changed in `ns`; the keys
     /// written, with whether they stay.
-    fn changes(
-        &mut self,
-        ns: &Namespace,
-        extra: &dyn Fn(Ino) -> Extra,
-    ) -> Result<(Vec<Compare>, Vec<Op>, Vec<(Vec<u8>, bool)>)> {
+    fn changes(&mut self, ns: &Namespace, extra: &dyn Fn(Ino) -> Extra) -> Result<Changes> {
         let (dirty, freed) = ns.dirty();
         let dirty: Vec<Ino> = dirty.iter().copied().collect();
         let freed: Vec<Ino> = freed.iter().copied().collect();
