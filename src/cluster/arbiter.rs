@@ -212,7 +212,14 @@ pub struct Arbiter {
     session: Arc<HostSession>,
     host: String,
     seq: AtomicU64,
+    /// The epoch counters this host last read or wrote (epoch, holder,
+    /// mod revision): a guess for one-transaction grants, checked by
+    /// the transaction itself.
+    counters: parking_lot::Mutex<std::collections::HashMap<String, (u64, String, i64)>>,
 }
+
+/// Counters remembered at most (forgotten all at once past it).
+const COUNTERS: usize = 65_536;
 
 fn epoch_of(kv: Option<&Kv>) -> (u64, String, i64) {
     match kv {
@@ -233,6 +240,7 @@ impl Arbiter {
             session,
             host: host.to_string(),
             seq: AtomicU64::new(0),
+            counters: Default::default(),
         }
     }
 
@@ -363,19 +371,32 @@ impl Arbiter {
 
     /// Decide once whether `t` can be granted now, and grant it if so.
     pub fn decide(&self, t: &Ticket) -> Result<Decision> {
+        self.decide_from(t, None)
+    }
+
+    /// [`Arbiter::decide`], starting from a read already made: the counter,
+    /// the queue and the revision they were read at.
+    fn decide_from(&self, t: &Ticket, mut read: Option<(Option<Kv>, Vec<Kv>, i64)>) -> Result<Decision> {
         for _ in 0..16 {
             if self.session.alive() != Some(t.session) {
                 return Ok(Decision::Gone);
             }
             let ek = self.epoch_key(&t.name);
-            let q = self.queue(&t.name);
-            let read = self.client.txn(&[], &[Op::get(ek.clone()), Op::get_prefix(q)], &[])?;
-            let rev = read.revision;
-            let (counter, queue) = match &read.responses[..] {
-                [super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => (c.first(), q),
-                _ => return Err(EtcdError::Server { code: 0, message: "unexpected read answer".into() }),
+            let (counter, queue, rev) = match read.take() {
+                Some(r) => r,
+                None => {
+                    let q = self.queue(&t.name);
+                    let r = self.client.txn(&[], &[Op::get(ek.clone()), Op::get_prefix(q)], &[])?;
+                    match &r.responses[..] {
+                        [super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => {
+                            (c.first().cloned(), q.clone(), r.revision)
+                        }
+                        _ => return Err(EtcdError::Server { code: 0, message: "unexpected read answer".into() }),
+                    }
+                }
             };
-            let (epoch, holder, epoch_rev) = epoch_of(counter);
+            let (epoch, holder, epoch_rev) = epoch_of(counter.as_ref());
+            self.remember(&t.name, epoch, &holder, epoch_rev);
             let mut entries: Vec<(Entry, i64)> =
                 queue.iter().filter_map(|kv| entry(kv).map(|e| (e, kv.mod_revision))).collect();
             entries.sort_by_key(|(e, _)| e.create_revision);
@@ -397,19 +418,21 @@ impl Arbiter {
                 && !holder.is_empty()
                 && !entries.iter().any(|(e, _)| e.key == holder.as_bytes())
                 && holder.as_bytes() != t.key;
-            let new_epoch = if t.mode == Mode::Exclusive && lease_level { epoch + 1 } else { epoch };
-            let mut value = t.value.clone();
-            value["state"] = json!("held");
-            value["epoch"] = json!(new_epoch);
-            let mut success = vec![Op::put(t.key.clone(), value.to_string(), t.session)];
-            if t.mode == Mode::Exclusive && lease_level {
-                let counter = json!({"epoch": new_epoch, "holder": String::from_utf8_lossy(&t.key)});
-                success.push(Op::put(ek.clone(), counter.to_string(), 0));
+            let bumps = t.mode == Mode::Exclusive && lease_level;
+            let new_epoch = if bumps { epoch + 1 } else { epoch };
+            let mut success = vec![Op::put(t.key.clone(), held_value(t, new_epoch), t.session)];
+            if bumps {
+                success.push(Op::put(ek.clone(), counter_value(new_epoch, &t.key), 0));
             }
             // Decided at `rev`: my entry and the counter must be as read.
             let compares = [Compare::unchanged(t.key.clone(), my_rev), Compare::unchanged(ek, epoch_rev)];
             match self.client.txn(&compares, &success, &[]) {
-                Ok(r) if r.succeeded => return Ok(Decision::Granted { epoch: new_epoch, lost_holder }),
+                Ok(r) if r.succeeded => {
+                    if bumps {
+                        self.remember(&t.name, new_epoch, &String::from_utf8_lossy(&t.key), r.revision);
+                    }
+                    return Ok(Decision::Granted { epoch: new_epoch, lost_holder });
+                }
                 Ok(_) => continue,
                 // Maybe applied: the next read tells (the entry says "held").
                 Err(EtcdError::Indeterminate(_)) => continue,
@@ -417,6 +440,54 @@ impl Arbiter {
             }
         }
         Err(EtcdError::Unavailable("the queue kept changing; try again".into()))
+    }
+
+    /// Queue `t` and decide it, in one transaction when nothing stands in
+    /// the way: an exclusive lease-level request whose queue is empty and
+    /// whose counter is as this host last saw it is granted epoch + 1 by
+    /// the transaction that queues it. Otherwise that transaction queues
+    /// it as a waiter and reads the queue and the counter, and the
+    /// decision goes on from that read (one more transaction to confirm a
+    /// grant). When this fails with [`EtcdError::Indeterminate`] the entry
+    /// may be queued (see [`Arbiter::join`]).
+    pub fn join_and_decide(&self, t: &mut Ticket) -> Result<Decision> {
+        let ek = self.epoch_key(&t.name);
+        let q = self.queue(&t.name);
+        let wait = Op::put(t.key.clone(), t.value.to_string(), t.session);
+        let reads = [Op::get(ek.clone()), Op::get_prefix(q.clone())];
+        let fast = t.mode == Mode::Exclusive && t.ranges.is_none();
+        let (epoch, holder, rev) = self.counters.lock().get(&t.name).cloned().unwrap_or_default();
+        let r = if fast {
+            let compares = [Compare::none_under(q), Compare::unchanged(ek.clone(), rev)];
+            let success =
+                [Op::put(t.key.clone(), held_value(t, epoch + 1), t.session), Op::put(ek, counter_value(epoch + 1, &t.key), 0)];
+            let failure = [wait, reads[0].clone(), reads[1].clone()];
+            self.client.txn(&compares, &success, &failure)?
+        } else {
+            self.client.txn(&[], &[wait, reads[0].clone(), reads[1].clone()], &[])?
+        };
+        // Either way the entry was created by this transaction.
+        t.create_revision = r.revision;
+        if fast && r.succeeded {
+            self.remember(&t.name, epoch + 1, &String::from_utf8_lossy(&t.key), r.revision);
+            return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: !holder.is_empty() });
+        }
+        let read = match &r.responses[..] {
+            [_, super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => {
+                Some((c.first().cloned(), q.clone(), r.revision))
+            }
+            _ => None,
+        };
+        self.decide_from(t, read)
+    }
+
+    /// Note the counter of `name` as read or written at `rev`.
+    fn remember(&self, name: &str, epoch: u64, holder: &str, rev: i64) {
+        let mut c = self.counters.lock();
+        if c.len() >= COUNTERS && !c.contains_key(name) {
+            c.clear();
+        }
+        c.insert(name.to_string(), (epoch, holder.to_string(), rev));
     }
 
     /// A renewal of the held entry `t` (granted with `epoch`): rewritten in
@@ -486,16 +557,27 @@ impl Arbiter {
     /// Gives up (and leaves the queue) at the timeout.
     pub fn acquire(&self, name: &str, mode: Mode, asker: &Asker, timeout: Duration) -> Result<Option<(Ticket, u64)>> {
         let deadline = Instant::now() + timeout;
-        let t = self.enqueue(name, mode, asker)?;
+        let mut t = self.ticket(name, mode, asker)?;
+        let mut decided = match self.join_and_decide(&mut t) {
+            Err(e @ EtcdError::Indeterminate(_)) => {
+                let _ = self.client.delete(&t.key, &[]);
+                return Err(e);
+            }
+            d => d,
+        };
         loop {
-            match self.decide(&t) {
-                Ok(Decision::Granted { epoch, .. }) => return Ok(Some((t, epoch))),
+            match decided {
+                Ok(Decision::Granted { epoch, .. }) => {
+                    t.mark_held(epoch);
+                    return Ok(Some((t, epoch)));
+                }
                 Ok(Decision::Gone) => return Ok(None),
                 Ok(Decision::Behind { predecessor, revision, .. }) => {
                     if !self.wait_gone(&predecessor, revision, deadline)? {
                         let _ = self.release(&t);
                         return Ok(None);
                     }
+                    decided = self.decide(&t);
                 }
                 Err(e) => {
                     let _ = self.release(&t);
@@ -547,27 +629,61 @@ impl Arbiter {
         &self.client
     }
 
-    /// Leave the queue (release a grant or cancel a wait).
+    /// Leave the queue (release a grant or cancel a wait), in one
+    /// transaction: an exclusive holder also clears itself from the
+    /// counter, compared on the counter's value, so a later holder's
+    /// counter is never touched.
     pub fn release(&self, t: &Ticket) -> Result<()> {
-        let ek = self.epoch_key(&t.name);
-        // A clean release clears the holder in the counter, if it names us;
-        // compared on the value, so a later holder's counter is never touched.
-        let (kv, _) = self.client.get(&ek)?;
-        let (epoch, holder, _) = epoch_of(kv.as_ref());
-        if holder.as_bytes() == t.key.as_slice() {
-            let before = kv.map(|k| k.value).unwrap_or_default();
-            let cleared = json!({"epoch": epoch, "holder": ""}).to_string();
-            let same = Compare::new(ek.clone(), super::client::CmpOp::Equal, super::client::Target::Value(before));
-            self.client.txn(
-                &[same],
-                &[Op::delete(t.key.clone()), Op::put(ek, cleared, 0)],
-                &[Op::delete(t.key.clone())],
-            )?;
-        } else {
+        if t.mode != Mode::Exclusive || t.ranges.is_some() {
             self.client.delete(&t.key, &[])?;
+            return Ok(());
+        }
+        let ek = self.epoch_key(&t.name);
+        let epoch = match t.value["epoch"].as_u64().filter(|_| t.value["state"] == "held") {
+            Some(e) => e,
+            None => {
+                // Not known to be granted (a wait, or a grant this ticket
+                // was not marked with): read whether the counter names it.
+                let (kv, _) = self.client.get(&ek)?;
+                let (epoch, holder, _) = epoch_of(kv.as_ref());
+                if holder.as_bytes() != t.key.as_slice() {
+                    self.client.delete(&t.key, &[])?;
+                    return Ok(());
+                }
+                epoch
+            }
+        };
+        let mine = Compare::new(
+            ek.clone(),
+            super::client::CmpOp::Equal,
+            super::client::Target::Value(counter_value(epoch, &t.key).into_bytes()),
+        );
+        let r = self.client.txn(
+            &[mine],
+            &[Op::delete(t.key.clone()), Op::put(ek, counter_value(epoch, b""), 0)],
+            &[Op::delete(t.key.clone())],
+        )?;
+        if r.succeeded {
+            self.remember(&t.name, epoch, "", r.revision);
+        } else {
+            self.counters.lock().remove(&t.name);
         }
         Ok(())
     }
+}
+
+/// The counter's value: the epoch and the holder entry's key (empty after
+/// a clean release). Always spelled the same way: a release compares it.
+fn counter_value(epoch: u64, holder: &[u8]) -> String {
+    json!({"epoch": epoch, "holder": String::from_utf8_lossy(holder)}).to_string()
+}
+
+/// `t`'s entry once granted with `epoch`.
+fn held_value(t: &Ticket, epoch: u64) -> String {
+    let mut value = t.value.clone();
+    value["state"] = json!("held");
+    value["epoch"] = json!(epoch);
+    value.to_string()
 }
 
 #[cfg(test)]

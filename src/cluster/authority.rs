@@ -742,19 +742,17 @@ impl LeaseAuthority for EtcdAuthority {
         if let Some((_, r)) = record {
             ticket = ticket.with_ranges(vec![(r.start, r.end)]);
         }
-        match self.arbiter.join(&mut ticket) {
-            Ok(()) => {}
-            Err(e) => {
+        let mut decided = match self.arbiter.join_and_decide(&mut ticket) {
+            Err(e @ (EtcdError::Indeterminate(_) | EtcdError::Unavailable(_))) => {
                 let err = unreachable("joining an etcd queue", &e);
-                if matches!(e, EtcdError::Indeterminate(_)) {
-                    // It may be queued: delete it, retrying until it is gone,
-                    // off the request path (etcd is evidently not answering).
-                    self.leftover.push(ticket);
-                }
+                // It may be queued, even granted: delete it, retrying until
+                // it is gone, off the request path (etcd is evidently not
+                // answering).
+                self.leftover.push(ticket);
                 return Err(err);
             }
-        }
-        let mut decided = self.arbiter.decide(&ticket);
+            d => d,
+        };
         // A non-blocking contender breaks a holder whose TTL it saw run out.
         if let (None, Ok(Decision::Behind { predecessor, breakable: Some((ttl, renewed)), .. })) = (wait, &decided) {
             let predecessor = predecessor.clone();
