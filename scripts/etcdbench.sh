@@ -8,7 +8,8 @@
 #   contending for one lease, and the same on a single-host mount (no etcd);
 # - the shared namespace: stat of an unchanged file (a revision check),
 #   creating a 14-byte lease file (O_EXCL, write, close), and a renewal by
-#   rename on one host read back on the other, against a single-host mount.
+#   rename on one host read back on the other, against a single-host mount;
+#   writes to disjoint files from one host, then from two hosts at once.
 # Needs root (mounts) for the second part; it is skipped otherwise.
 #   scripts/etcdbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 500, 3)
 # Needs etcd (apt-get install etcd-server).
@@ -96,6 +97,20 @@ elif mode == "pair":
         fcntl.flock(fd, fcntl.LOCK_EX); fcntl.flock(fd, fcntl.LOCK_UN)
         t.append(time.perf_counter_ns() - t0)
     print(statistics.median(t) / 1000)
+elif mode == "changes":
+    # One process per directory, each writing its own file: disjoint changes.
+    r, w = os.pipe()
+    for i, d in enumerate(dirs):
+        if os.fork() == 0:
+            fd = os.open(os.path.join(d, f"w{i}"), os.O_RDWR | os.O_CREAT)
+            k, end = 0, time.time() + secs
+            while time.time() < end:
+                os.pwrite(fd, b"%d" % k, 0)
+                k += 1
+            os.write(w, f"{k}\n".encode()); os._exit(0)
+    os.close(w)
+    for _ in dirs: os.wait()
+    print(sum(int(x) for x in os.read(r, 4096).split()) / secs)
 else:
     pids = []
     r, w = os.pipe()
@@ -123,6 +138,8 @@ for r in $(seq "$repeats"); do
         echo "mount_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/a")"
         echo "local_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/local")"
         echo "mount_renew_read_us $(python3 "$work/mountbench.py" renew "$n" 0 "$work/a" "$work/b")"
+        echo "mount_parallel1_changes_s $(python3 "$work/mountbench.py" changes 0 "$secs" "$work/a")"
+        echo "mount_parallel2_changes_s $(python3 "$work/mountbench.py" changes 0 "$secs" "$work/a" "$work/b")"
         echo "local_renew_read_us $(python3 "$work/mountbench.py" renew "$n" 0 "$work/local" "$work/local")"
     fi
 done > "$work/results"
@@ -141,4 +158,7 @@ if 'mount_flock_pair_us' in m:
     print(f"mount pair/local    {m['mount_flock_pair_us'] / m['local_flock_pair_us']:>9.0f}x")
     print(f"mount stat/raw      {m['mount_stat_us'] / m['raw_txn_cycle_us']:>9.2f}x")
     print(f"mount create/raw    {m['mount_create_us'] / m['raw_txn_cycle_us']:>9.2f}x")
+    print(f"mount renew/raw     {m['mount_renew_read_us'] / m['raw_txn_cycle_us']:>9.2f}x")
+    print(f"contend2*raw        {m['mount_contend2_acq_s'] * m['raw_txn_cycle_us'] / 1e6:>9.2f}  (acquisitions per raw cycle)")
+    print(f"parallel2/1         {m['mount_parallel2_changes_s'] / m['mount_parallel1_changes_s']:>9.2f}x")
 PY

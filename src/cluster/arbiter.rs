@@ -459,8 +459,10 @@ impl Arbiter {
         let (epoch, holder, rev) = self.counters.lock().get(&t.name).cloned().unwrap_or_default();
         let r = if fast {
             let compares = [Compare::none_under(q), Compare::unchanged(ek.clone(), rev)];
-            let success =
-                [Op::put(t.key.clone(), held_value(t, epoch + 1), t.session), Op::put(ek, counter_value(epoch + 1, &t.key), 0)];
+            let success = [
+                Op::put(t.key.clone(), held_value(t, epoch + 1), t.session),
+                Op::put(ek, counter_value(epoch + 1, &t.key), 0),
+            ];
             let failure = [wait, reads[0].clone(), reads[1].clone()];
             self.client.txn(&compares, &success, &failure)?
         } else {

@@ -1289,13 +1289,15 @@ impl Fs {
             if !conditions.is_empty() {
                 crate::store::snapshot::pausepoint("guarded-publish");
             }
+            if tries == 1 {
+                crate::store::snapshot::pausepoint("publish");
+            }
             let lease = &*st.lease;
             let published = r.publish(&mut st.ns, &|ino| extra_of(lease, ino), &conditions);
             match (out, published) {
                 (Ok(v), Ok(())) => break Ok(v),
                 (_, Err(Error::Conflict)) if tries < CONFLICT_TRIES => {
                     st.let_go(handles, inodes);
-                    crate::store::snapshot::pausepoint("conflict-retry");
                 }
                 (_, Err(e)) => {
                     st.let_go(handles, inodes);
