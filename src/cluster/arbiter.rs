@@ -10,6 +10,14 @@
 //!   session's etcd lease, `{"mode":"x"|"s","state":"wait"|"held",...}`.
 //!   Entries are served in the order etcd created them (create revision).
 //!
+//! **One transaction when nothing is in the way.** An exclusive lease-level
+//! request is queued and granted by one transaction that compares that
+//! the queue is empty and that the counter is at the revision this host
+//! last saw ([`Arbiter::join_and_decide`]); when either is not so, the
+//! same transaction queues it as a waiter and reads the queue and the
+//! counter, and the decision below goes on from that read. A release is
+//! one transaction too ([`Arbiter::release`]).
+//!
 //! **Granting.** An entry may be granted when no entry created before it
 //! conflicts with it (exclusive conflicts with everything, shared with
 //! exclusive): strict arrival order across hosts, a shared request never

@@ -702,6 +702,36 @@ mod tests {
     }
 
     #[test]
+    fn an_event_no_newer_than_what_the_table_has_is_skipped() {
+        let (mut t, mut ns) = table();
+        events(
+            &mut t,
+            &mut ns,
+            &[("p/ns/i/o.1", Some(value(Kind::File, "v1"))), ("p/ns/e/r/f", Some(b"o.1".to_vec()))],
+        );
+        // This host stored v3 at revision 7 (its own change)...
+        let k = b"p/ns/i/o.1".to_vec();
+        t.revs.insert(k.clone(), (7, true));
+        let mut b = Batch::default();
+        // ...so the older v2 of revision 6 coming through the feed is not applied,
+        t.sort(&mut b, &k, Some(&value(Kind::File, "v2")), 6);
+        // nor its own event of revision 7,
+        t.sort(&mut b, &k, Some(&value(Kind::File, "v3")), 7);
+        assert!(b.inodes.is_empty());
+        // while another host's later change is.
+        t.sort(&mut b, &k, Some(&value(Kind::File, "v4")), 8);
+        t.apply(&mut ns, b, &mut Caught::default()).unwrap();
+        assert_eq!(read(&ns, Ino::ROOT, "f"), "v4");
+        // Nothing at or before the revision of a whole read is applied again.
+        t.floor = 20;
+        let mut b = Batch::default();
+        t.sort(&mut b, b"p/ns/e/r/g", Some(b"o.1"), 20);
+        assert!(b.entries.is_empty());
+        assert_eq!(t.rev_of(b"p/ns/e/r/g"), 0);
+        assert_eq!(t.rev_of(&k), 8);
+    }
+
+    #[test]
     fn an_entry_naming_an_unknown_inode_asks_for_a_re_read() {
         let (mut t, mut ns) = table();
         let mut b = Batch::default();

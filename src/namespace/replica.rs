@@ -7,10 +7,12 @@
 //!   [`Replica::catch_up`] brings the table up to every change another host
 //!   committed before the call (a read barrier);
 //! - around an operation that changes the namespace, [`Replica::begin`]
-//!   takes the exclusive right to change it (and catches up), and
-//!   [`Replica::publish`] stores what the operation changed (the table's
-//!   change tracking) and gives the right up. The operation's caller is
-//!   answered only after the change is stored.
+//!   catches up, and [`Replica::publish`] stores what the operation changed
+//!   (the table's change tracking) in one step that lands only if nothing
+//!   it was decided on changed meanwhile; otherwise it fails with
+//!   [`crate::error::Error::Conflict`] and the core decides the operation
+//!   again on the fresh copy. The operation's caller is answered only after
+//!   the change is stored.
 
 use super::{Ino, Namespace};
 use crate::error::Result;
@@ -43,11 +45,12 @@ pub struct Caught {
 pub trait Replica: Send + std::fmt::Debug {
     /// Apply every change committed before this call.
     fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught>;
-    /// Take the right to change the namespace, then catch up.
+    /// Catch up before a change is decided.
     fn begin(&mut self, ns: &mut Namespace) -> Result<Caught>;
-    /// Store what changed since [`Replica::begin`] and give the right up,
-    /// in one step that also checks `conditions` (`ESTALE` when one does
-    /// not hold). On failure the change is undone by the next catch-up.
+    /// Store what changed since [`Replica::begin`], in one step that also
+    /// checks `conditions` (`ESTALE` when one does not hold) and that
+    /// nothing the change was decided on changed meanwhile (`Conflict`).
+    /// On failure the change is undone by the next catch-up.
     fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()>;
     /// Largest file the shared store keeps.
     fn max_file_size(&self) -> u64;
