@@ -491,6 +491,62 @@ impl Arbiter {
         self.decide_from(t, read)
     }
 
+    /// The key prefix of `name`'s queue.
+    pub fn queue_prefix(&self, name: &str) -> Vec<u8> {
+        self.queue(name)
+    }
+
+    /// Decide a waiter again after its predecessor left, in one
+    /// transaction when it is an exclusive lease-level request now first
+    /// in its queue and the counter is as `released` (the epoch and
+    /// revision of a clean release the host's watch saw) or this host's
+    /// last sight of it says: that transaction compares exactly that and
+    /// grants epoch + 1. Otherwise its other branch reads the queue and the
+    /// counter and the decision goes on from that read.
+    pub fn decide_after(&self, t: &Ticket, released: Option<(u64, i64)>) -> Result<Decision> {
+        if t.mode != Mode::Exclusive || t.ranges.is_some() || t.create_revision == 0 {
+            return self.decide(t);
+        }
+        let cached = self.counters.lock().get(&t.name).cloned();
+        let (epoch, holder, rev) = match (cached, released) {
+            (Some(c), Some((e, r))) if r > c.2 => (e, String::new(), r),
+            (Some(c), _) => c,
+            (None, Some((e, r))) => (e, String::new(), r),
+            (None, None) => return self.decide(t),
+        };
+        let ek = self.epoch_key(&t.name);
+        let q = self.queue(&t.name);
+        let first = Compare {
+            range_end: prefix_end(&q),
+            key: q.clone(),
+            op: super::client::CmpOp::Greater,
+            target: super::client::Target::Create(t.create_revision - 1),
+        };
+        let compares =
+            [first, Compare::unchanged(t.key.clone(), t.create_revision), Compare::unchanged(ek.clone(), rev)];
+        let success = [
+            Op::put(t.key.clone(), held_value(t, epoch + 1), t.session),
+            Op::put(ek.clone(), counter_value(epoch + 1, &t.key), 0),
+        ];
+        let r = match self.client.txn(&compares, &success, &[Op::get(ek), Op::get_prefix(q)]) {
+            Ok(r) => r,
+            // Maybe applied: a read tells (the entry says "held").
+            Err(EtcdError::Indeterminate(_)) => return self.decide(t),
+            Err(e) => return Err(e),
+        };
+        if r.succeeded {
+            self.remember(&t.name, epoch + 1, &String::from_utf8_lossy(&t.key), r.revision);
+            return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: !holder.is_empty() });
+        }
+        let read = match &r.responses[..] {
+            [super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => {
+                Some((c.first().cloned(), q.clone(), r.revision))
+            }
+            _ => None,
+        };
+        self.decide_from(t, read)
+    }
+
     /// Note the counter of `name` as read or written at `rev`.
     fn remember(&self, name: &str, epoch: u64, holder: &str, rev: i64) {
         let mut c = self.counters.lock();
@@ -605,19 +661,32 @@ impl Arbiter {
             return Err(EtcdError::Unavailable("failpoint etcd-bump".into()));
         }
         let ek = self.epoch_key(name);
+        // The counter as this host last saw it; a wrong guess costs the
+        // read the failed transaction returns.
+        let (mut epoch, mut holder, mut rev) = self.counters.lock().get(name).cloned().unwrap_or_default();
         for _ in 0..16 {
-            let (kv, _) = self.client.get(&ek)?;
-            let (epoch, holder, rev) = epoch_of(kv.as_ref());
-            let counter = json!({"epoch": epoch + 1, "holder": holder});
             match self.client.txn(
                 &[Compare::unchanged(ek.clone(), rev)],
-                &[Op::put(ek.clone(), counter.to_string(), 0)],
-                &[],
+                &[Op::put(ek.clone(), counter_value(epoch + 1, holder.as_bytes()), 0)],
+                &[Op::get(ek.clone())],
             ) {
-                Ok(r) if r.succeeded => return Ok(epoch + 1),
-                // Someone else moved the counter (or this write may have
-                // landed): read again; the epoch only goes up either way.
-                Ok(_) | Err(EtcdError::Indeterminate(_)) => continue,
+                Ok(r) if r.succeeded => {
+                    self.remember(name, epoch + 1, &holder, r.revision);
+                    return Ok(epoch + 1);
+                }
+                // Someone else moved the counter: go on from it as read.
+                Ok(r) => {
+                    let kv = match r.responses.first() {
+                        Some(super::client::OpResult::Range(kvs)) => kvs.first().cloned(),
+                        _ => None,
+                    };
+                    (epoch, holder, rev) = epoch_of(kv.as_ref());
+                }
+                // This write may have landed: read again; the epoch only goes up either way.
+                Err(EtcdError::Indeterminate(_)) => {
+                    let (kv, _) = self.client.get(&ek)?;
+                    (epoch, holder, rev) = epoch_of(kv.as_ref());
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -670,13 +739,21 @@ impl Arbiter {
         );
         let r = self.client.txn(
             &[mine],
-            &[Op::delete(t.key.clone()), Op::put(ek, counter_value(epoch, b""), 0)],
+            &[Op::delete(t.key.clone()), Op::put(ek.clone(), counter_value(epoch, b""), 0)],
             &[Op::delete(t.key.clone())],
         )?;
         if r.succeeded {
             self.remember(&t.name, epoch, "", r.revision);
-        } else {
-            self.counters.lock().remove(&t.name);
+            return Ok(());
+        }
+        self.counters.lock().remove(&t.name);
+        // The counter moved on without a grant (an `O_EXCL` create bumped
+        // it): clear this holder from it if it still names it.
+        let (kv, _) = self.client.get(&ek)?;
+        let (epoch, holder, _) = epoch_of(kv.as_ref());
+        if let Some(kv) = kv.filter(|_| holder.as_bytes() == t.key.as_slice()) {
+            let same = Compare::new(ek.clone(), super::client::CmpOp::Equal, super::client::Target::Value(kv.value));
+            self.client.txn(&[same], &[Op::put(ek, counter_value(epoch, b""), 0)], &[])?;
         }
         Ok(())
     }

@@ -550,7 +550,8 @@ impl EtcdAuthority {
 
     /// Decide a parked request again; its answer, if it has one now.
     fn redecide(&mut self, id: WaitId, p: Parked, effects: &mut Vec<Effect>) {
-        match self.arbiter.decide(&p.ticket) {
+        let released = self.watcher.as_ref().and_then(|w| w.last_release(&self.arbiter.queue_prefix(&p.ticket.name)));
+        match self.arbiter.decide_after(&p.ticket, released) {
             Ok(Decision::Granted { epoch, lost_holder }) => {
                 self.answer_grant(p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
             }
@@ -1166,6 +1167,7 @@ impl LeaseAuthority for EtcdAuthority {
             "lock_delay_ms": self.config.lock_delay.as_millis() as u64,
             "request_timeout_ms": self.config.request_timeout.as_millis() as u64,
             "entries": { "held": self.held.len(), "waiting": self.parked.len(), "delayed": self.delayed.len(), "release_retries": self.leftover.pending() },
+            "requests": self.arbiter.client().calls(),
             "fenced_by_session_loss": self.losses,
             "ttl_breaks": { "of_other_hosts": self.ttl_breaks.0, "by_other_hosts": self.ttl_breaks.1 },
         });

@@ -15,7 +15,7 @@
 //! the caller re-reads before deciding (a transaction guarded by the
 //! revisions it was decided on can never apply twice).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
@@ -234,6 +234,16 @@ pub struct Client {
     preferred: AtomicUsize,
     idle: Mutex<Vec<Conn>>,
     timeout: Duration,
+    /// Requests sent, by kind ([`CALLS`]), for `status`.
+    calls: [AtomicU64; CALLS.len()],
+}
+
+/// The kinds of request counted: the gateway paths, and watches opened.
+pub const CALLS: [&str; 6] = ["range", "txn", "put", "deleterange", "lease", "watch"];
+
+fn call_kind(path: &str) -> usize {
+    let last = path.rsplit('/').next().unwrap_or("");
+    CALLS.iter().position(|k| *k == last).unwrap_or(4)
 }
 
 /// `http://127.0.0.1:2379/` → `127.0.0.1:2379`.
@@ -288,6 +298,7 @@ impl Client {
             preferred: AtomicUsize::new(0),
             idle: Mutex::new(Vec::new()),
             timeout,
+            calls: Default::default(),
         }
     }
 
@@ -315,7 +326,15 @@ impl Client {
         );
     }
 
+    /// Requests sent so far, by kind.
+    pub fn calls(&self) -> Value {
+        let m: serde_json::Map<String, Value> =
+            CALLS.iter().zip(&self.calls).map(|(k, n)| (k.to_string(), json!(n.load(Ordering::Relaxed)))).collect();
+        Value::Object(m)
+    }
+
     fn call(&self, path: &str, body: &Value, retry: Retry) -> Result<Value> {
+        self.calls[call_kind(path)].fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.timeout;
         let body = body.to_string();
         let mut why = String::from("no endpoint");
@@ -451,6 +470,7 @@ impl Client {
     /// once etcd confirmed the watch, so every change after this call is
     /// reported.
     pub fn watch(&self, key: &[u8], range_end: &[u8], start_revision: i64) -> Result<Watch> {
+        self.calls[5].fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.timeout;
         let mut req = range_json(key, range_end);
         req["prev_kv"] = json!(true);

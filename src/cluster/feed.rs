@@ -107,6 +107,17 @@ impl Feed {
         Some(s.queue.drain(..).collect())
     }
 
+    /// Take what is queued now, without waiting. `None`: the feed is broken.
+    pub fn take_ready(&self) -> Option<Vec<(i64, Vec<Event>)>> {
+        let mut s = self.state.lock();
+        if s.broken {
+            return None;
+        }
+        s.bytes = 0;
+        s.events = 0;
+        Some(s.queue.drain(..).collect())
+    }
+
     fn run(&self, client: &Client, base: &[u8]) {
         let end = prefix_end(base);
         while !self.stop.load(Ordering::Relaxed) {

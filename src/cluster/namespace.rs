@@ -69,9 +69,11 @@ pub struct EtcdNamespace {
     tag: String,
     to_ino: HashMap<String, Ino>,
     to_id: HashMap<Ino, String>,
-    /// The mod revision of every key the table has (inodes and entries),
-    /// and of keys it saw deleted (`false`) until the feed passed them.
-    revs: HashMap<Vec<u8>, (i64, bool)>,
+    /// The mod revision and value of every key the table has (inodes and
+    /// entries) as etcd has it, and the revision of keys it saw deleted
+    /// (`None`) until the feed passed them: what a change that did not
+    /// land is undone to, without asking etcd.
+    revs: HashMap<Vec<u8>, (i64, Option<Vec<u8>>)>,
     /// Events at or before this revision are in the table already (it was
     /// read whole at this revision).
     floor: i64,
@@ -87,6 +89,9 @@ pub struct EtcdNamespace {
     reloads: u64,
     replayed: u64,
     conflicts: u64,
+    /// What undoing changes that did not land changed in the table, for
+    /// the next catch-up to report.
+    undone: Vec<Caught>,
     /// The last catch-up failed: reads answer from the table as it is.
     stale: bool,
     /// After a failed catch-up, reads do not wait for etcd again before
@@ -118,7 +123,7 @@ fn unreachable(e: EtcdError) -> Error {
 struct Changes {
     compares: Vec<Compare>,
     ops: Vec<Op>,
-    written: Vec<(Vec<u8>, bool)>,
+    written: Vec<(Vec<u8>, Option<Vec<u8>>)>,
 }
 
 /// What one batch of events does to the table, in the order it is applied.
@@ -153,6 +158,7 @@ impl EtcdNamespace {
             reloads: 0,
             replayed: 0,
             conflicts: 0,
+            undone: Vec::new(),
             stale: false,
             retry_at: None,
         };
@@ -198,7 +204,7 @@ impl EtcdNamespace {
     /// The mod revision the table has for `key` (0: absent).
     fn rev_of(&self, key: &[u8]) -> i64 {
         match self.revs.get(key) {
-            Some(&(rev, true)) => rev,
+            Some(&(rev, Some(_))) => rev,
             _ => 0,
         }
     }
@@ -214,7 +220,7 @@ impl EtcdNamespace {
         if rev <= self.floor || self.revs.get(key).is_some_and(|&(r, _)| r >= rev) {
             return;
         }
-        self.revs.insert(key.to_vec(), (rev, value.is_some()));
+        self.revs.insert(key.to_vec(), (rev, value.map(<[u8]>::to_vec)));
         if let Some(id) = rest.strip_prefix(b"i/") {
             let id = String::from_utf8_lossy(id).into_owned();
             match value {
@@ -386,6 +392,11 @@ impl EtcdNamespace {
             // Lost events, or a watch too slow to deliver: one read instead.
             return self.reload(ns);
         };
+        self.apply_queued(ns, queued)
+    }
+
+    /// Apply the feed's events, revision by revision.
+    fn apply_queued(&mut self, ns: &mut Namespace, queued: Vec<(i64, Vec<super::client::Event>)>) -> Result<Caught> {
         let mut caught = Caught::default();
         for (rev, events) in queued {
             let mut b = Batch::default();
@@ -401,9 +412,52 @@ impl EtcdNamespace {
         }
         // Deletions the feed has passed need no remembering.
         let applied = self.applied;
-        self.revs.retain(|_, &mut (r, present)| present || r > applied);
+        self.revs.retain(|_, (r, v)| v.is_some() || *r > applied);
         ns.clear_dirty();
         Ok(caught)
+    }
+
+    /// Undo a change that did not land: make the table what etcd had as
+    /// this host last knew it (no round trip; a re-read when that fails).
+    /// Returns `e`, the change's answer.
+    fn undo(&mut self, ns: &mut Namespace, e: Error) -> Error {
+        let kvs: Vec<Kv> = self
+            .revs
+            .iter()
+            .filter_map(|(k, (rev, v))| {
+                v.as_ref().map(|v| Kv { key: k.clone(), value: v.clone(), mod_revision: *rev, ..Kv::default() })
+            })
+            .collect();
+        let at = self.floor.max(self.applied);
+        match self.install(ns, &kvs, at) {
+            Ok(c) => self.undone.push(c),
+            Err(_) => self.desync = true,
+        }
+        e
+    }
+
+    /// `c` and what undoing changes changed before it.
+    fn with_undone(&mut self, mut c: Caught) -> Caught {
+        for u in self.undone.drain(..).rev() {
+            let mut u = u;
+            u.extras.append(&mut c.extras);
+            u.unlinked.append(&mut c.unlinked);
+            u.removed_names.append(&mut c.removed_names);
+            u.added_names.append(&mut c.added_names);
+            c = u;
+        }
+        c
+    }
+
+    /// Apply what the feed has queued, without asking etcd (a re-read when
+    /// the table is known to differ).
+    fn quick(&mut self, ns: &mut Namespace) -> Result<Caught> {
+        let queued = match &self.feed {
+            Some(f) if !self.desync => f.take_ready(),
+            _ => None,
+        };
+        let Some(queued) = queued else { return self.reload(ns) };
+        self.apply_queued(ns, queued)
     }
 
     /// Bring the table up to namespace revision `to`.
@@ -424,7 +478,7 @@ impl EtcdNamespace {
         let dirty: Vec<Ino> = dirty.iter().copied().collect();
         let freed: Vec<Ino> = freed.iter().copied().collect();
         let mut ops = Vec::new();
-        let mut written: Vec<(Vec<u8>, bool)> = Vec::new();
+        let mut written: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
         // Directories a directory moved into: their ancestors are compared too.
         let mut moved_into: Vec<Ino> = Vec::new();
         let named = |ns: &Namespace, ino: Ino| ns.get(ino).is_ok_and(|i| i.nlink > 0 || ino == Ino::ROOT);
@@ -433,7 +487,7 @@ impl EtcdNamespace {
                 if let Some(id) = self.to_id.get(&ino).cloned() {
                     let k = self.inode_key(&id);
                     ops.push(Op::delete(k.clone()));
-                    written.push((k, false));
+                    written.push((k, None));
                 }
                 continue;
             }
@@ -445,8 +499,9 @@ impl EtcdNamespace {
             }
             let id = self.id_of(ino);
             let k = self.inode_key(&id);
-            ops.push(Op::put(k.clone(), encode_object(i, &extra(ino)), 0));
-            written.push((k, true));
+            let v = encode_object(i, &extra(ino));
+            ops.push(Op::put(k.clone(), v.clone(), 0));
+            written.push((k, Some(v)));
             if let Body::Dir(d) = &i.body {
                 for name in d.dirty_names() {
                     let key = self.entry_key(&id, name);
@@ -456,18 +511,19 @@ impl EtcdNamespace {
                             let cid = self.id_of(c);
                             if unstored {
                                 let ck = self.inode_key(&cid);
-                                ops.push(Op::put(ck.clone(), encode_object(ns.get(c)?, &extra(c)), 0));
-                                written.push((ck, true));
+                                let v = encode_object(ns.get(c)?, &extra(c));
+                                ops.push(Op::put(ck.clone(), v.clone(), 0));
+                                written.push((ck, Some(v)));
                             }
                             if ns.get(c).is_ok_and(|i| i.kind == Kind::Dir) {
                                 moved_into.push(ino);
                             }
-                            ops.push(Op::put(key.clone(), cid, 0));
-                            written.push((key, true));
+                            ops.push(Op::put(key.clone(), cid.clone(), 0));
+                            written.push((key, Some(cid.into_bytes())));
                         }
                         _ => {
                             ops.push(Op::delete(key.clone()));
-                            written.push((key, false));
+                            written.push((key, None));
                         }
                     }
                 }
@@ -477,7 +533,7 @@ impl EtcdNamespace {
             if let Some(id) = self.to_id.get(&ino).cloned() {
                 let k = self.inode_key(&id);
                 ops.push(Op::delete(k.clone()));
-                written.push((k, false));
+                written.push((k, None));
             }
         }
         let mut compared: HashSet<Vec<u8>> = HashSet::new();
@@ -513,20 +569,25 @@ impl Replica for EtcdNamespace {
             .client
             .get(&self.key("rev"))
             .map_err(unreachable)
-            .and_then(|(kv, _)| self.follow(ns, kv.map_or(0, |k| k.mod_revision)));
+            .and_then(|(kv, _)| self.follow(ns, kv.map_or(0, |k| k.mod_revision)))
+            .map(|c| self.with_undone(c));
         self.stale = out.is_err();
         self.retry_at = self.stale.then(|| Instant::now() + self.client.timeout());
         out
     }
 
-    fn begin(&mut self, ns: &mut Namespace) -> Result<Caught> {
+    fn begin(&mut self, ns: &mut Namespace, fresh: bool) -> Result<Caught> {
         if self.session.as_ref().and_then(|s| s.alive()).is_none() {
             return Err(Error::Unreachable);
         }
         self.retry_at = None;
-        let caught = self.catch_up(ns);
+        let caught = if fresh { self.catch_up(ns) } else { self.quick(ns).map(|c| self.with_undone(c)) };
         ns.clear_dirty();
         caught
+    }
+
+    fn applied(&self) -> i64 {
+        self.applied
     }
 
     fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()> {
@@ -534,10 +595,7 @@ impl Replica for EtcdNamespace {
         ns.clear_dirty();
         let Changes { compares: mut cmp, mut ops, written } = match changes {
             Ok(c) => c,
-            Err(e) => {
-                self.desync = true;
-                return Err(e);
-            }
+            Err(e) => return Err(self.undo(ns, e)),
         };
         if ops.is_empty() && conditions.is_empty() {
             return Ok(());
@@ -551,29 +609,28 @@ impl Replica for EtcdNamespace {
         let reads: Vec<Op> = conditions.iter().map(|c| Op::get(c.key.clone())).collect();
         match self.client.txn(&cmp, &ops, &reads) {
             Ok(t) if t.succeeded => {
-                for (k, present) in written {
-                    self.revs.insert(k, (t.revision, present));
+                for (k, v) in written {
+                    self.revs.insert(k, (t.revision, v));
                 }
                 Ok(())
             }
             Ok(t) => {
-                // Nothing landed: the change is undone by re-reading.
-                self.desync = true;
                 let lost = conditions.iter().zip(&t.responses).any(|(c, r)| {
                     !matches!(r, OpResult::Range(kvs) if kvs.first().is_some_and(|k| k.create_revision == c.create_revision))
                 });
                 if lost {
                     // The guarding lease is no longer held.
                     tracing::warn!("shared namespace: a guarded write came after its lease was lost; refused");
-                    Err(Error::Stale)
+                    Err(self.undo(ns, Error::Stale))
                 } else {
                     self.conflicts += 1;
-                    Err(Error::Conflict)
+                    Err(self.undo(ns, Error::Conflict))
                 }
             }
+            // Landed or not: if it did, the feed brings it back.
             Err(e) => {
-                self.desync = true;
-                Err(unreachable(e))
+                let e = unreachable(e);
+                Err(self.undo(ns, e))
             }
         }
     }
@@ -711,7 +768,7 @@ mod tests {
         );
         // This host stored v3 at revision 7 (its own change)...
         let k = b"p/ns/i/o.1".to_vec();
-        t.revs.insert(k.clone(), (7, true));
+        t.revs.insert(k.clone(), (7, Some(value(Kind::File, "v3"))));
         let mut b = Batch::default();
         // ...so the older v2 of revision 6 coming through the feed is not applied,
         t.sort(&mut b, &k, Some(&value(Kind::File, "v2")), 6);
@@ -729,6 +786,29 @@ mod tests {
         assert!(b.entries.is_empty());
         assert_eq!(t.rev_of(b"p/ns/e/r/g"), 0);
         assert_eq!(t.rev_of(&k), 8);
+    }
+
+    #[test]
+    fn a_change_that_did_not_land_is_undone_to_what_etcd_has_without_asking_it() {
+        let (mut t, mut ns) = table();
+        events(
+            &mut t,
+            &mut ns,
+            &[("p/ns/i/o.1", Some(value(Kind::File, "v1"))), ("p/ns/e/r/f", Some(b"o.1".to_vec()))],
+        );
+        let f = ns.child(Ino::ROOT, OsStr::new("f")).unwrap();
+        // A change decided here: f rewritten, a new name made, then lost.
+        ns.account(f, |i| i.data_mut()?.write(0, b"XX")).unwrap();
+        let new = NewInode { kind: Kind::File, perm: 0o644, uid: 0, gid: 0, rdev: 0, symlink: None };
+        let n = ns.alloc(new, Ino::ROOT, UNIX_EPOCH);
+        ns.link(Ino::ROOT, OsStr::new("new"), n).unwrap();
+        assert_eq!(t.undo(&mut ns, Error::Conflict), Error::Conflict);
+        assert_eq!(read(&ns, Ino::ROOT, "f"), "v1");
+        assert!(ns.child(Ino::ROOT, OsStr::new("new")).is_err());
+        assert!(!t.desync);
+        // What the undo removed is reported with the next catch-up.
+        let c = t.with_undone(Caught::default());
+        assert!(c.removed_names.iter().any(|(_, name, i)| name == "new" && *i == n));
     }
 
     #[test]

@@ -100,6 +100,10 @@ struct Dispatch {
     theirs: HashMap<Vec<u8>, Theirs>,
     /// Their grants and releases not taken yet.
     remote: VecDeque<(Event, Option<String>)>,
+    /// The last exclusive lease-level release seen per queue prefix: the
+    /// epoch it held and the revision of its deletion (a clean release
+    /// rewrote the counter in that same revision).
+    released: HashMap<Vec<u8>, (u64, i64)>,
 }
 
 impl Dispatch {
@@ -139,6 +143,17 @@ impl Dispatch {
         let Some(t) = self.theirs.remove(key) else { return false };
         self.note(t.event(Kind::Release));
         true
+    }
+
+    /// Remember the release of `key` (a held exclusive entry of epoch
+    /// `epoch`) at revision `rev`, by its queue.
+    fn released(&mut self, q: &[u8], key: &[u8], epoch: u64, rev: i64) {
+        let Some(rest) = key.get(q.len()..) else { return };
+        let Some(slash) = rest.iter().position(|&b| b == b'/') else { return };
+        if self.released.len() >= RECENT {
+            self.released.clear();
+        }
+        self.released.insert(key[..q.len() + slash + 1].to_vec(), (epoch, rev));
     }
 
     fn note(&mut self, ev: (Event, Option<String>)) {
@@ -189,6 +204,12 @@ impl QueueWatcher {
         }
         d.waiting.entry(key.to_vec()).or_default().push(ready.clone());
         false
+    }
+
+    /// The epoch and revision of the last exclusive release seen in the
+    /// queue `queue` (its key prefix, `PREFIX/q/NAME/`).
+    pub fn last_release(&self, queue: &[u8]) -> Option<(u64, i64)> {
+        self.dispatch.lock().released.get(queue).copied()
     }
 
     /// Other hosts' grants and releases since the last call, oldest first.
@@ -269,6 +290,11 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
                     let mut woke = false;
                     for e in events {
                         if e.deleted {
+                            if let Some(prev) = e.prev.as_ref().and_then(entry) {
+                                if prev.held && prev.mode == Mode::Exclusive && prev.ranges.is_none() {
+                                    dd.released(q, &e.kv.key, prev.epoch, e.kv.mod_revision.max(revision));
+                                }
+                            }
                             woke |= dd.gone(&e.kv.key);
                             woke |= dd.deleted(e.kv.key, e.kv.mod_revision.max(revision));
                         } else {

@@ -7,7 +7,8 @@
 //!   [`Replica::catch_up`] brings the table up to every change another host
 //!   committed before the call (a read barrier);
 //! - around an operation that changes the namespace, [`Replica::begin`]
-//!   catches up, and [`Replica::publish`] stores what the operation changed
+//!   catches up (with no round trip when the store step will check the
+//!   decision anyway), and [`Replica::publish`] stores what the operation changed
 //!   (the table's change tracking) in one step that lands only if nothing
 //!   it was decided on changed meanwhile; otherwise it fails with
 //!   [`crate::error::Error::Conflict`] and the core decides the operation
@@ -45,8 +46,14 @@ pub struct Caught {
 pub trait Replica: Send + std::fmt::Debug {
     /// Apply every change committed before this call.
     fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught>;
-    /// Catch up before a change is decided.
-    fn begin(&mut self, ns: &mut Namespace) -> Result<Caught>;
+    /// Catch up before a change is decided: with `fresh`, as
+    /// [`Replica::catch_up`]; without, only with what is already known
+    /// here (no round trip), for a change whose store step checks what it
+    /// was decided on anyway.
+    fn begin(&mut self, ns: &mut Namespace, fresh: bool) -> Result<Caught>;
+    /// The revision of the shared store the table reflects (it moves when
+    /// a catch-up applied something).
+    fn applied(&self) -> i64;
     /// Store what changed since [`Replica::begin`], in one step that also
     /// checks `conditions` (`ESTALE` when one does not hold) and that
     /// nothing the change was decided on changed meanwhile (`Conflict`).
