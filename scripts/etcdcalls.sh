@@ -36,7 +36,7 @@ measure "flock pair" a 'python3 -c "
 import fcntl,os
 fd=os.open(\"p\",os.O_RDWR)
 for i in range(10): fcntl.flock(fd,fcntl.LOCK_EX); fcntl.flock(fd,fcntl.LOCK_UN)"'
-measure "stat x10" a 'python3 -c "
+measure "stat" a 'python3 -c "
 import os
 for i in range(10): os.stat(\"p\")"'
 measure "create14" a 'python3 -c "
