@@ -732,6 +732,8 @@ fn a_change_that_loses_a_race_is_decided_again_with_the_single_host_errno() {
     assert_eq!(c.output(), ["EEXIST"]);
     assert!(conflicts(&a) > before, "a's first attempt must have lost the compare");
     assert_eq!(sh_ok(&a.path, "cat l; ls"), "b\ngone\nl\n");
+    // Nothing of the lost attempt stays (its inode, its open file).
+    assert_eq!(status(&a)["inodes"], status(&b)["inodes"]);
     // An unlink on a, paused; b removes the name first.
     let before = conflicts(&a);
     let _ = std::fs::remove_file(&mark);

@@ -527,12 +527,18 @@ struct State {
     max_file: u64,
     /// What the change in progress may be stored under only (guarded writes).
     conditions: Vec<crate::namespace::replica::Condition>,
+    /// Inodes the change being decided on a shared namespace handed to
+    /// the kernel (a lookup reference each), let go if it does not land.
+    referenced_now: Option<Vec<Ino>>,
 }
 
 impl State {
     /// The kernel took a reference to `ino` (a lookup, create, mknod,
     /// symlink or link reply).
     fn referenced(&mut self, ino: Ino) {
+        if let Some(now) = self.referenced_now.as_mut() {
+            now.push(ino);
+        }
         if self.ns.add_lookup(ino) {
             let bound = self.limits.kernel_inodes;
             if self.kernel.took(&self.ns, ino, bound, Instant::now()) {
@@ -1111,9 +1117,9 @@ impl State {
     }
 
     /// Undo what a change that did not land opened and made: the handles
-    /// from `handles` on and the kernel's references to inodes numbered
-    /// from `inodes` on (the kernel never heard of either).
-    fn let_go(&mut self, handles: u64, inodes: u64) {
+    /// from `handles` on and the references it handed to the kernel (which
+    /// never heard of either).
+    fn let_go(&mut self, handles: u64) {
         let opened: Vec<Handle> = self.handles.keys().copied().filter(|h| h.0 >= handles).collect();
         for h in opened {
             if let Some(f) = self.handles.remove(&h) {
@@ -1123,11 +1129,9 @@ impl State {
                 }
             }
         }
-        for n in inodes..self.ns.next_ino() {
-            if self.ns.get(Ino(n)).is_ok() {
-                self.ns.forget(Ino(n), 1);
-                self.collect(Ino(n));
-            }
+        for ino in self.referenced_now.take().unwrap_or_default() {
+            self.ns.forget(ino, 1);
+            self.collect(ino);
         }
     }
 
@@ -1243,6 +1247,7 @@ impl Fs {
                 replica: None,
                 max_file: crate::namespace::MAX_FILE_SIZE,
                 conditions: Vec::new(),
+                referenced_now: None,
             }),
             group: crate::store::group::GroupCommit::default(),
         };
@@ -1285,7 +1290,8 @@ impl Fs {
                 Err(e) => break Err(e),
             };
             st.caught(c);
-            let (handles, inodes) = (st.next_handle, st.ns.next_ino());
+            let handles = st.next_handle;
+            st.referenced_now = Some(Vec::new());
             let out = op(&mut st);
             let st = &mut *st;
             let (dirty, freed) = st.ns.dirty();
@@ -1300,12 +1306,12 @@ impl Fs {
                         break out;
                     }
                     Ok(c) => {
-                        st.let_go(handles, inodes);
+                        st.let_go(handles);
                         st.caught(c);
                         continue;
                     }
                     Err(e) => {
-                        st.let_go(handles, inodes);
+                        st.let_go(handles);
                         break Err(e);
                     }
                 }
@@ -1322,15 +1328,16 @@ impl Fs {
             match (out, published) {
                 (Ok(v), Ok(())) => break Ok(v),
                 (_, Err(Error::Conflict)) if tries < CONFLICT_TRIES => {
-                    st.let_go(handles, inodes);
+                    st.let_go(handles);
                 }
                 (_, Err(e)) => {
-                    st.let_go(handles, inodes);
+                    st.let_go(handles);
                     break Err(e);
                 }
                 (Err(e), Ok(())) => break Err(e),
             }
         };
+        st.referenced_now = None;
         st.replica = Some(r);
         out
     }
