@@ -1371,7 +1371,7 @@ impl Fs {
         Ok(())
     }
 
-    /// On a shared namespace, `check` before taking the right to change it:
+    /// On a shared namespace, `check` before the change asks etcd anything:
     /// a refusal that needs no other host (a fenced holder) is answered
     /// even while the shared store cannot be reached.
     fn precheck(&self, check: impl FnOnce(&mut State) -> Result<()>) -> Result<()> {
