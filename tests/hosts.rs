@@ -683,6 +683,17 @@ for what, call in [("write", lambda: os.pwrite(fd, b"x", 1 << 20)),
     assert_eq!(there, format!("{}\n1048576\n", lines[0]));
 }
 
+/// Python that waits for the common start [`open_gate`] sets.
+const GATE: &str =
+    "import os, time\nstart = float(open('../go').read())\nwhile time.time() < start:\n    time.sleep(0.001)\n";
+
+/// Let the processes of every mount in `ms` start together, a second from now.
+fn open_gate(ms: &[&Mount]) {
+    for m in ms {
+        std::fs::write(m.path.join("../go"), format!("{}", unix_now() + 1.0)).unwrap();
+    }
+}
+
 /// Host `a` of a pair that pauses every change for `ms` after deciding it
 /// and before storing it (writing `mark` when it starts pausing).
 fn pausing_host(cluster: &Cluster, p: &str, ms: u32, mark: &Path) -> Mount {
@@ -757,12 +768,10 @@ fn two_hosts_changing_disjoint_files_at_once_never_conflict() {
     sh_ok(&a.path, "mkdir d && touch d/fa d/fb");
     let writer = |f: &str| {
         format!(
-            "import os, time\nstart = float(open('../go').read())\nwhile time.time() < start:\n    time.sleep(0.001)\nfd = os.open('d/{f}', os.O_WRONLY)\nfor i in range(150):\n    os.pwrite(fd, b'%06d' % i, 0)\nprint('done')"
+            "{GATE}fd = os.open('d/{f}', os.O_WRONLY)\nfor i in range(150):\n    os.pwrite(fd, b'%06d' % i, 0)\nprint('done')"
         )
     };
-    for m in [&a, &b] {
-        std::fs::write(m.path.join("../go"), format!("{}", unix_now() + 1.0)).unwrap();
-    }
+    open_gate(&[&a, &b]);
     let (before_a, before_b) = (conflicts(&a), conflicts(&b));
     let mut wa = Bg::capture(&a.path, "python3", &["-c", &writer("fa")]);
     let mut wb = Bg::capture(&b.path, "python3", &["-c", &writer("fb")]);
@@ -781,11 +790,7 @@ fn exclusive_creates_of_one_name_on_two_hosts_at_once_succeed_exactly_once() {
     let racer = |tag: &str| {
         format!(
             r#"
-import os, time
-start = float(open("../go").read())
-while time.time() < start:
-    time.sleep(0.001)
-won = []
+{GATE}won = []
 for i in range(20):
     try:
         os.close(os.open("lock%d" % i, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -797,9 +802,7 @@ print(" ".join(map(str, won)))
 "#
         )
     };
-    for m in [&a, &b] {
-        std::fs::write(m.path.join("../go"), format!("{}", unix_now() + 1.0)).unwrap();
-    }
+    open_gate(&[&a, &b]);
     let (ra, rb) =
         (Bg::capture(&a.path, "python3", &["-c", &racer("a")]), Bg::capture(&b.path, "python3", &["-c", &racer("b")]));
     let (mut ra, mut rb) = (ra, rb);

@@ -691,6 +691,14 @@ mod tests {
         c
     }
 
+    /// A table that has one file, `name` (inode `o.1`) holding `v1`.
+    fn with_file(name: &str) -> (EtcdNamespace, Namespace) {
+        let (mut t, mut ns) = table();
+        let entry = format!("p/ns/e/r/{name}");
+        events(&mut t, &mut ns, &[("p/ns/i/o.1", Some(value(Kind::File, "v1"))), (&entry, Some(b"o.1".to_vec()))]);
+        (t, ns)
+    }
+
     fn read(ns: &Namespace, dir: Ino, name: &str) -> String {
         let ino = ns.child(dir, OsStr::new(name)).unwrap();
         String::from_utf8(ns.get(ino).unwrap().data().unwrap().read(0, 100)).unwrap()
@@ -698,12 +706,7 @@ mod tests {
 
     #[test]
     fn a_renewal_by_rename_from_another_host_re_points_the_name() {
-        let (mut t, mut ns) = table();
-        events(
-            &mut t,
-            &mut ns,
-            &[("p/ns/i/o.1", Some(value(Kind::File, "v1"))), ("p/ns/e/r/l.json", Some(b"o.1".to_vec()))],
-        );
+        let (mut t, mut ns) = with_file("l.json");
         let old = ns.child(Ino::ROOT, OsStr::new("l.json")).unwrap();
         events(
             &mut t,
@@ -760,12 +763,7 @@ mod tests {
 
     #[test]
     fn an_event_no_newer_than_what_the_table_has_is_skipped() {
-        let (mut t, mut ns) = table();
-        events(
-            &mut t,
-            &mut ns,
-            &[("p/ns/i/o.1", Some(value(Kind::File, "v1"))), ("p/ns/e/r/f", Some(b"o.1".to_vec()))],
-        );
+        let (mut t, mut ns) = with_file("f");
         // This host stored v3 at revision 7 (its own change)...
         let k = b"p/ns/i/o.1".to_vec();
         t.revs.insert(k.clone(), (7, Some(value(Kind::File, "v3"))));
@@ -790,12 +788,7 @@ mod tests {
 
     #[test]
     fn a_change_that_did_not_land_is_undone_to_what_etcd_has_without_asking_it() {
-        let (mut t, mut ns) = table();
-        events(
-            &mut t,
-            &mut ns,
-            &[("p/ns/i/o.1", Some(value(Kind::File, "v1"))), ("p/ns/e/r/f", Some(b"o.1".to_vec()))],
-        );
+        let (mut t, mut ns) = with_file("f");
         let f = ns.child(Ino::ROOT, OsStr::new("f")).unwrap();
         // A change decided here: f rewritten, a new name made, then lost.
         ns.account(f, |i| i.data_mut()?.write(0, b"XX")).unwrap();
