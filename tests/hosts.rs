@@ -928,6 +928,9 @@ time.sleep(60)
         assert!(Instant::now() < deadline, "host a never started storing the write");
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Meanwhile a reader on a asks for the file: it waits for the write
+    // to be stored or refused, and never sees it before.
+    let mut reader = Bg::capture(&a.path, "cat", &["reg"]);
     // Meanwhile its holder's entry goes (as on expiry) and b is granted.
     c.delete(&entry.key, &[]).unwrap();
     let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
@@ -939,6 +942,8 @@ time.sleep(60)
     assert_eq!(h.output()[1], "ESTALE", "the stale holder's write was stored");
     assert_eq!(sh_ok(&b.path, "cat reg"), "original\n");
     assert_eq!(sh_ok(&a.path, "cat reg"), "original\n");
+    assert!(reader.wait(STEP).success());
+    assert_eq!(reader.output(), ["original"], "a reader saw a write that was never stored");
     h.kill_all();
 }
 
@@ -1404,4 +1409,34 @@ while p.poll(20000):
     assert_eq!(y["pid"], holder.pid(), "the holder's pid on B: {y}");
     drop(holder);
     reader.kill_all();
+}
+
+/// While one change waits for etcd (its store step stalled on host a),
+/// host a goes on serving everything else: reads, `stat` and listings of
+/// other files and lock steps of another lease (each also asks etcd). The
+/// change is made in a directory of its own: the kernel itself holds back
+/// lookups in a directory while a name in it is being created.
+#[test]
+fn a_request_waiting_for_etcd_holds_up_no_other_request_on_its_host() {
+    let cluster = Cluster::start();
+    let p = prefix("stall");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("paused");
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&b.path, "echo kept > other && touch lk && mkdir d");
+    let a = pausing_host(&cluster, &p, 8000, &mark);
+    let _ = std::fs::remove_file(&mark);
+    let mut slow = Bg::capture(&a.path, "sh", &["-c", "echo new > d/slow && echo stored"]);
+    await_mark(&mark);
+    // a's create is stalled for 8 s; all of this is served meanwhile.
+    assert_eq!(sh_ok(&a.path, "cat other; stat -c %s other; ls"), "kept\n5\nd\nlk\nother\n");
+    assert_eq!(sh_ok(&a.path, "flock -n lk getfattr --only-values -n user.leasefs.epoch lk"), "1");
+    assert_eq!(sh_ok(&b.path, "ls d"), "", "the stalled create is not stored yet");
+    assert!(slow.running(), "the requests above must have been served while the change was stalled");
+    let h = &status(&a)["handlers"];
+    assert!(h["held"].as_u64().unwrap() >= 2, "the status read ran beside the stalled create: {h}");
+    assert!(slow.wait(STEP).success());
+    assert_eq!(slow.output(), ["stored"]);
+    assert_eq!(sh_ok(&b.path, "cat d/slow"), "new\n");
+    assert_eq!(status(&a)["handlers"]["refused"], 0);
 }

@@ -832,7 +832,7 @@ fn serve(args: &MountArgs) -> ExitCode {
     // A root mount is a host's lock directory: every user may use it (with
     // the kernel's permission checks) unless --private.
     let allow_other = args.allow_other || (uid == 0 && !args.private);
-    let opts = MountOptions { nonempty: args.nonempty, allow_other, source: args.source.clone() };
+    let mut opts = MountOptions { nonempty: args.nonempty, allow_other, source: args.source.clone(), handlers: None };
     let ttl = args.lease_ttl.and_then(|t| t.0);
     let fs = if args.etcd.is_empty() {
         Arc::new(Fs::with_lease_ttl(uid, gid, ttl))
@@ -953,6 +953,17 @@ fn serve(args: &MountArgs) -> ExitCode {
     }
     handle_signals(signals, mountpoint.clone());
     fs.set_mount_point(mountpoint.clone(), &args.source, allow_other);
+    if fs.is_shared() {
+        // Requests that wait for etcd must not hold up the others.
+        match fs.start_handlers() {
+            Ok(w) => opts.handlers = Some(w),
+            Err(e) => {
+                report_ready(&format!("ERR starting request handlers: {e}\n"));
+                eprintln!("leasefs: starting request handlers: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
     let served = match Served::start(lease_fs, &mountpoint, &opts, interceptor) {
         Ok(s) => s,

@@ -107,6 +107,17 @@ impl Feed {
         Some(s.queue.drain(..).collect())
     }
 
+    /// Wait until every change up to `revision` is queued (or `deadline`,
+    /// or the feed broke), taking nothing.
+    pub fn wait_through(&self, revision: i64, deadline: Instant) {
+        let mut s = self.state.lock();
+        while s.seen < revision && !s.broken {
+            if self.moved.wait_until(&mut s, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+
     /// Take what is queued now, without waiting. `None`: the feed is broken.
     pub fn take_ready(&self) -> Option<Vec<(i64, Vec<Event>)>> {
         let mut s = self.state.lock();

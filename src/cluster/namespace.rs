@@ -43,11 +43,11 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::client::{prefix_end, Client, CmpOp, Compare, EtcdError, Kv, Op, OpResult, Target};
+use super::client::{prefix_end, Client, CmpOp, Compare, EtcdError, Kv, Op, OpResult, Target, TxnResult};
 use super::feed::Feed;
 use super::session::HostSession;
 use crate::error::{Error, Result};
-use crate::namespace::replica::{Caught, Condition, Replica};
+use crate::namespace::replica::{Barrier, Caught, Condition, Publication, Replica};
 use crate::namespace::{Body, Ino, Kind, Namespace, NewInode};
 use crate::store::records::{decode_object, encode_object, Extra};
 
@@ -94,9 +94,81 @@ pub struct EtcdNamespace {
     undone: Vec<Caught>,
     /// The last catch-up failed: reads answer from the table as it is.
     stale: bool,
-    /// After a failed catch-up, reads do not wait for etcd again before
-    /// this instant (each would wait a whole request timeout).
-    retry_at: Option<Instant>,
+    /// The store side of read barriers.
+    barrier: Arc<EtcdBarrier>,
+    /// Keys of the change on its way to etcd (between `prepare` and
+    /// `settle`): events of these keys are not applied meanwhile (this
+    /// host's own change would come back as another host's), and the
+    /// revisions of those skipped are kept here: one that is not the
+    /// change's own means the table must be read again.
+    in_flight: HashSet<Vec<u8>>,
+    skipped: Vec<i64>,
+}
+
+/// The store side of a read barrier: the namespace revision from a
+/// linearizable read, then a wait for the feed to have received it.
+struct EtcdBarrier {
+    client: Arc<Client>,
+    /// `P/ns/rev`, written by every change.
+    rev_key: Vec<u8>,
+    feed: parking_lot::Mutex<Option<Arc<Feed>>>,
+    /// After a failed read, reads do not wait for etcd again before this
+    /// instant (each would wait a whole request timeout).
+    retry_at: parking_lot::Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for EtcdBarrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBarrier").field("rev_key", &String::from_utf8_lossy(&self.rev_key)).finish()
+    }
+}
+
+impl Barrier for EtcdBarrier {
+    fn target(&self) -> Result<i64> {
+        if self.retry_at.lock().is_some_and(|t| Instant::now() < t) {
+            return Err(Error::Unreachable);
+        }
+        self.target_now()
+    }
+
+    fn target_now(&self) -> Result<i64> {
+        match self.client.get(&self.rev_key) {
+            Ok((kv, _)) => {
+                *self.retry_at.lock() = None;
+                let rev = kv.map_or(0, |k| k.mod_revision);
+                let feed = self.feed.lock().clone();
+                if let Some(f) = feed {
+                    f.wait_through(rev, Instant::now() + self.client.timeout());
+                }
+                Ok(rev)
+            }
+            Err(e) => {
+                *self.retry_at.lock() = Some(Instant::now() + self.client.timeout());
+                Err(unreachable(e))
+            }
+        }
+    }
+}
+
+/// A change on its way to etcd.
+struct EtcdPublication {
+    client: Arc<Client>,
+    compares: Vec<Compare>,
+    ops: Vec<Op>,
+    reads: Vec<Op>,
+    written: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    conditions: Vec<Condition>,
+    answer: Option<std::result::Result<TxnResult, EtcdError>>,
+}
+
+impl Publication for EtcdPublication {
+    fn send(&mut self) {
+        self.answer = Some(self.client.txn(&self.compares, &self.ops, &self.reads));
+    }
+
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any> {
+        self
+    }
 }
 
 impl std::fmt::Debug for EtcdNamespace {
@@ -144,7 +216,7 @@ impl EtcdNamespace {
 
     fn with(client: Arc<Client>, session: Option<Arc<HostSession>>, prefix: &str, tag: String) -> EtcdNamespace {
         let mut n = EtcdNamespace {
-            client,
+            client: client.clone(),
             session,
             base: format!("{prefix}/ns/"),
             tag,
@@ -160,7 +232,14 @@ impl EtcdNamespace {
             conflicts: 0,
             undone: Vec::new(),
             stale: false,
-            retry_at: None,
+            in_flight: HashSet::new(),
+            skipped: Vec::new(),
+            barrier: Arc::new(EtcdBarrier {
+                rev_key: format!("{prefix}/ns/rev").into_bytes(),
+                client: client.clone(),
+                feed: parking_lot::Mutex::new(None),
+                retry_at: parking_lot::Mutex::new(None),
+            }),
         };
         n.map(ROOT.to_string(), Ino::ROOT);
         n
@@ -218,6 +297,10 @@ impl EtcdNamespace {
             return;
         }
         if rev <= self.floor || self.revs.get(key).is_some_and(|&(r, _)| r >= rev) {
+            return;
+        }
+        if self.in_flight.contains(key) {
+            self.skipped.push(rev);
             return;
         }
         self.revs.insert(key.to_vec(), (rev, value.map(<[u8]>::to_vec)));
@@ -339,7 +422,11 @@ impl EtcdNamespace {
         self.reloads += 1;
         match &self.feed {
             Some(f) => f.restart(at),
-            None if self.session.is_some() => self.feed = Some(Feed::start(self.client.clone(), base, at)),
+            None if self.session.is_some() => {
+                let feed = Feed::start(self.client.clone(), base, at);
+                *self.barrier.feed.lock() = Some(feed.clone());
+                self.feed = Some(feed);
+            }
             None => {}
         }
         Ok(caught)
@@ -561,27 +648,26 @@ impl EtcdNamespace {
 }
 
 impl Replica for EtcdNamespace {
-    fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught> {
-        if self.retry_at.is_some_and(|t| Instant::now() < t) {
-            return Err(Error::Unreachable);
-        }
-        let out = self
-            .client
-            .get(&self.key("rev"))
-            .map_err(unreachable)
-            .and_then(|(kv, _)| self.follow(ns, kv.map_or(0, |k| k.mod_revision)))
-            .map(|c| self.with_undone(c));
+    fn barrier(&self) -> Arc<dyn Barrier> {
+        self.barrier.clone()
+    }
+
+    fn catch_up_to(&mut self, ns: &mut Namespace, target: Result<i64>) -> Result<Caught> {
+        let out = target.and_then(|to| self.follow(ns, to)).map(|c| self.with_undone(c));
         self.stale = out.is_err();
-        self.retry_at = self.stale.then(|| Instant::now() + self.client.timeout());
         out
     }
 
-    fn begin(&mut self, ns: &mut Namespace, fresh: bool) -> Result<Caught> {
+    fn begin(&mut self, ns: &mut Namespace, target: Option<Result<i64>>) -> Result<Caught> {
         if self.session.as_ref().and_then(|s| s.alive()).is_none() {
             return Err(Error::Unreachable);
         }
-        self.retry_at = None;
-        let caught = if fresh { self.catch_up(ns) } else { self.quick(ns).map(|c| self.with_undone(c)) };
+        // A change always asks etcd: reads after it may too.
+        *self.barrier.retry_at.lock() = None;
+        let caught = match target {
+            Some(t) => self.catch_up_to(ns, t),
+            None => self.quick(ns).map(|c| self.with_undone(c)),
+        };
         ns.clear_dirty();
         caught
     }
@@ -590,7 +676,12 @@ impl Replica for EtcdNamespace {
         self.applied
     }
 
-    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()> {
+    fn prepare(
+        &mut self,
+        ns: &mut Namespace,
+        extra: &dyn Fn(Ino) -> Extra,
+        conditions: &[Condition],
+    ) -> Result<Option<Box<dyn Publication>>> {
         let changes = self.changes(ns, extra);
         ns.clear_dirty();
         let Changes { compares: mut cmp, mut ops, written } = match changes {
@@ -598,7 +689,7 @@ impl Replica for EtcdNamespace {
             Err(e) => return Err(self.undo(ns, e)),
         };
         if ops.is_empty() && conditions.is_empty() {
-            return Ok(());
+            return Ok(None);
         }
         if !ops.is_empty() {
             ops.push(Op::put(self.key("rev"), self.tag.clone(), 0));
@@ -607,14 +698,49 @@ impl Replica for EtcdNamespace {
             cmp.push(Compare::new(c.key.clone(), CmpOp::Equal, Target::Create(c.create_revision)));
         }
         let reads: Vec<Op> = conditions.iter().map(|c| Op::get(c.key.clone())).collect();
-        match self.client.txn(&cmp, &ops, &reads) {
-            Ok(t) if t.succeeded => {
+        self.in_flight = written.iter().map(|(k, _)| k.clone()).collect();
+        self.skipped.clear();
+        Ok(Some(Box::new(EtcdPublication {
+            client: self.client.clone(),
+            compares: cmp,
+            ops,
+            reads,
+            written,
+            conditions: conditions.to_vec(),
+            answer: None,
+        })))
+    }
+
+    fn settle(&mut self, ns: &mut Namespace, p: Box<dyn Publication>) -> Result<()> {
+        let Ok(p) = p.into_any().downcast::<EtcdPublication>() else {
+            return Err(self.undo(ns, Error::Unreachable));
+        };
+        let EtcdPublication { written, conditions, answer, .. } = *p;
+        self.in_flight.clear();
+        let skipped = std::mem::take(&mut self.skipped);
+        let own = match &answer {
+            Some(Ok(t)) if t.succeeded => Some(t.revision),
+            _ => None,
+        };
+        if skipped.iter().any(|&r| Some(r) != own) {
+            // Another host's change of these keys was held back: read again.
+            self.desync = true;
+        }
+        match answer {
+            Some(Ok(t)) if t.succeeded => {
                 for (k, v) in written {
-                    self.revs.insert(k, (t.revision, v));
+                    // The feed may have brought a later change of the key
+                    // while the answer was on its way.
+                    match self.revs.get(&k) {
+                        Some((r, _)) if *r > t.revision => {}
+                        _ => {
+                            self.revs.insert(k, (t.revision, v));
+                        }
+                    }
                 }
                 Ok(())
             }
-            Ok(t) => {
+            Some(Ok(t)) => {
                 let lost = conditions.iter().zip(&t.responses).any(|(c, r)| {
                     !matches!(r, OpResult::Range(kvs) if kvs.first().is_some_and(|k| k.create_revision == c.create_revision))
                 });
@@ -628,10 +754,11 @@ impl Replica for EtcdNamespace {
                 }
             }
             // Landed or not: if it did, the feed brings it back.
-            Err(e) => {
+            Some(Err(e)) => {
                 let e = unreachable(e);
                 Err(self.undo(ns, e))
             }
+            None => Err(self.undo(ns, Error::Unreachable)),
         }
     }
 

@@ -36,9 +36,9 @@ impl Fs {
             Some(ControlFile::Events) => {
                 let mut st = self.state.lock();
                 st.room_for_handle(true)?;
-                let h = Handle(st.next_handle);
-                st.events.open(h.0)?;
-                st.next_handle += 1;
+                let next = st.next_handle;
+                st.events.open(next)?;
+                let h = st.new_handle();
                 st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: None, listing: None });
                 return Ok(h);
             }
@@ -64,8 +64,7 @@ impl Fs {
             refresh_listed(&mut st, l)?;
         }
         st.room_for_handle(true)?;
-        let h = Handle(st.next_handle);
-        st.next_handle += 1;
+        let h = st.new_handle();
         st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content, listing });
         Ok(h)
     }
@@ -243,6 +242,12 @@ impl Fs {
                         "compaction": st.compaction_phase(),
                     })),
                 });
+                if let Some(w) = &st.handlers {
+                    let s = w.stats(super::HANDLER_THREADS);
+                    status["handlers"] = serde_json::json!({
+                        "threads": s.threads, "bound": s.bound, "held": s.held, "peak": s.peak, "refused": s.refused,
+                    });
+                }
                 if let Some(mut remote) = remote {
                     if let Some(r) = &st.replica {
                         remote["namespace"] = r.status();

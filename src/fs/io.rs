@@ -10,7 +10,7 @@ impl Fs {
         if control::is_control(ino) {
             return Ok(self.control_attr(ino));
         }
-        let mut st = self.fresh();
+        let mut st = self.fresh(&[ino]);
         let a = st.ns.get(ino)?.attr();
         st.observe(tid, ino);
         Ok(a)
@@ -124,8 +124,7 @@ impl Fs {
         let opener = st.proc(tid, false);
         let i = st.ns.get_mut(ino)?;
         i.opens += 1;
-        let h = Handle(st.next_handle);
-        st.next_handle += 1;
+        let h = st.new_handle();
         st.handles.insert(h, OpenFile { ino, opener, guard, control: None, listing: None });
         Ok(h)
     }
@@ -135,7 +134,7 @@ impl Fs {
         if control::is_control(ino) {
             return self.control_open(ino, flags);
         }
-        let mut st = self.fresh();
+        let mut st = self.fresh(&[ino]);
         let h = Self::open_locked(&mut st, ino, flags, tid)?;
         st.observe(tid, ino);
         Ok(h)
@@ -203,7 +202,7 @@ impl Fs {
 
     /// `read` by thread `tid` (an observation).
     pub fn read(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
-        let mut st = self.fresh();
+        let mut st = self.fresh(&[ino]);
         if ControlFile::by_ino(ino) == Some(ControlFile::Leases) {
             return Fs::listing_read(&mut st, h, offset, size);
         }
@@ -313,7 +312,7 @@ impl Fs {
     /// other whences itself) over the sparse pages.
     pub fn lseek(&self, ino: Ino, offset: i64, whence: i32) -> Result<u64> {
         let from = u64::try_from(offset).map_err(|_| Error::NoSuchOffset)?;
-        let st = self.fresh();
+        let st = self.fresh(&[ino]);
         let d = st.ns.get(ino)?.data()?;
         match whence {
             libc::SEEK_DATA => d.seek_data(from).ok_or(Error::NoSuchOffset),
@@ -335,7 +334,7 @@ impl Fs {
             out.retain(|e| e.cookie > offset);
             return Ok(out);
         }
-        let st = self.fresh();
+        let st = self.fresh_listing(ino);
         let i = st.ns.get(ino)?;
         let d = i.dir()?;
         let mut out = Vec::new();

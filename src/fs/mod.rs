@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
@@ -206,6 +207,14 @@ pub const RENAME_EXCHANGE: u32 = 2;
 /// How often a change of a shared namespace is decided again after losing
 /// a race with another host before it fails (`EIO`).
 const CONFLICT_TRIES: u32 = 16;
+
+/// Threads running the request handlers of a shared mount (requests that
+/// wait for etcd hold one each; a blocked lock wait holds none).
+const HANDLER_THREADS: usize = 16;
+
+/// Requests of a shared mount queued or running at most; past it a request
+/// is answered `EAGAIN`.
+const HANDLERS_HELD: usize = 4096;
 
 const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
@@ -530,9 +539,31 @@ struct State {
     /// Inodes the change being decided on a shared namespace handed to
     /// the kernel (a lookup reference each), let go if it does not land.
     referenced_now: Option<Vec<Ino>>,
+    /// Handles the change being decided on a shared namespace opened, let
+    /// go if it does not land.
+    opened_now: Option<Vec<Handle>>,
+    /// Inodes of this host's change on its way to the shared store: the
+    /// table has the change already, so readers of these inodes wait until
+    /// it is stored or undone ([`Fs::settled`]).
+    in_flight: std::collections::HashSet<Ino>,
+    /// Names (directory, name) that change with it: lookups of them wait
+    /// too (lookups of other names in those directories do not).
+    in_flight_names: std::collections::HashSet<(Ino, OsString)>,
+    /// The pool running request handlers (a shared mount), for `status`.
+    handlers: Option<crate::fuse::workers::Workers>,
 }
 
 impl State {
+    /// A new handle number, remembered by the change being decided.
+    fn new_handle(&mut self) -> Handle {
+        let h = Handle(self.next_handle);
+        self.next_handle += 1;
+        if let Some(now) = self.opened_now.as_mut() {
+            now.push(h);
+        }
+        h
+    }
+
     /// The kernel took a reference to `ino` (a lookup, create, mknod,
     /// symlink or link reply).
     fn referenced(&mut self, ino: Ino) {
@@ -1105,22 +1136,22 @@ impl State {
         self.lease.retain_detached(&mut |i| ns.get(i).is_ok());
     }
 
-    /// Bring a shared namespace up to every change other hosts committed
-    /// before this call; when its store cannot be reached, reads answer
-    /// from the table as it is (SPEC 10).
-    fn catch_up(&mut self) {
+    /// Bring a shared namespace up to `target` (from its barrier): every
+    /// change other hosts committed before the barrier was asked; when its
+    /// store cannot be reached, reads answer from the table as it is
+    /// (SPEC 10).
+    fn catch_up_to(&mut self, target: Result<i64>) {
         let Some(r) = self.replica.as_mut() else { return };
-        match r.catch_up(&mut self.ns) {
+        match r.catch_up_to(&mut self.ns, target) {
             Ok(c) => self.caught(c),
             Err(e) => tracing::debug!("answering from the local copy of the namespace: {e:?}"),
         }
     }
 
-    /// Undo what a change that did not land opened and made: the handles
-    /// from `handles` on and the references it handed to the kernel (which
-    /// never heard of either).
-    fn let_go(&mut self, handles: u64) {
-        let opened: Vec<Handle> = self.handles.keys().copied().filter(|h| h.0 >= handles).collect();
+    /// Undo what a change that did not land opened and made: its handles
+    /// and the references it handed to the kernel (which never heard of
+    /// either).
+    fn let_go(&mut self, opened: Vec<Handle>, referenced: Vec<Ino>) {
         for h in opened {
             if let Some(f) = self.handles.remove(&h) {
                 let _ = self.lease.release_handle(f.ino, h.0, None);
@@ -1129,7 +1160,7 @@ impl State {
                 }
             }
         }
-        for ino in self.referenced_now.take().unwrap_or_default() {
+        for ino in referenced {
             self.ns.forget(ino, 1);
             self.collect(ino);
         }
@@ -1185,6 +1216,15 @@ pub struct Fs {
     state: Mutex<State>,
     /// Journal syncs in flight, answered off the request path.
     group: crate::store::group::GroupCommit,
+    /// A shared namespace's read barrier, asked without the state lock.
+    barrier: std::sync::OnceLock<Arc<dyn crate::namespace::replica::Barrier>>,
+    /// A shared namespace's changes on this host, one at a time (each is
+    /// decided, stored and settled before the next is decided; the state
+    /// lock is not held while one is stored). Nothing is serialized
+    /// across hosts.
+    changing: Mutex<()>,
+    /// A change on its way to the shared store settled.
+    settled: parking_lot::Condvar,
 }
 
 fn now() -> SystemTime {
@@ -1248,8 +1288,15 @@ impl Fs {
                 max_file: crate::namespace::MAX_FILE_SIZE,
                 conditions: Vec::new(),
                 referenced_now: None,
+                opened_now: None,
+                in_flight: std::collections::HashSet::new(),
+                in_flight_names: std::collections::HashSet::new(),
+                handlers: None,
             }),
             group: crate::store::group::GroupCommit::default(),
+            barrier: std::sync::OnceLock::new(),
+            changing: Mutex::new(()),
+            settled: parking_lot::Condvar::new(),
         };
         let wake = fs.state.lock().wake.clone();
         fs.state.lock().lease.set_wake(wake);
@@ -1258,11 +1305,48 @@ impl Fs {
 
     /// The state, after catching up with the other hosts of a shared
     /// namespace: for every operation that reads names, attributes or
-    /// contents.
-    fn fresh(&self) -> parking_lot::MutexGuard<'_, State> {
+    /// contents of `inos`. The store is asked without the state lock, and
+    /// a reader of an inode whose change is on its way to the store waits
+    /// until that change is stored or undone (it never sees a change that
+    /// may not land).
+    fn fresh(&self, inos: &[Ino]) -> parking_lot::MutexGuard<'_, State> {
+        self.fresh_unless(|st| inos.iter().any(|i| st.in_flight.contains(i)))
+    }
+
+    /// As [`Fs::fresh`], for a listing of directory `dir`: it waits for
+    /// changes of the directory's names.
+    fn fresh_listing(&self, dir: Ino) -> parking_lot::MutexGuard<'_, State> {
+        self.fresh_unless(|st| st.in_flight_names.iter().any(|(d, _)| *d == dir))
+    }
+
+    /// As [`Fs::fresh`], for a lookup of `name` in `dir`: it waits for a
+    /// change of that name or of the inode it leads to, not of other names
+    /// of the directory.
+    fn fresh_name(&self, dir: Ino, name: &OsStr) -> parking_lot::MutexGuard<'_, State> {
+        self.fresh_unless(|st| {
+            (!st.in_flight.is_empty() || !st.in_flight_names.is_empty())
+                && (st.in_flight_names.contains(&(dir, name.to_owned()))
+                    || st.ns.child(dir, name).is_ok_and(|c| st.in_flight.contains(&c)))
+        })
+    }
+
+    /// The state caught up, once `waits` says nothing the caller reads is
+    /// on its way to the store. After a wait it catches up again: a change
+    /// that did not land leaves the table to be brought up to the target
+    /// (another host's change that won may have been held back meanwhile).
+    fn fresh_unless(&self, waits: impl Fn(&State) -> bool) -> parking_lot::MutexGuard<'_, State> {
+        let target = self.barrier.get().map(|b| b.target());
         let mut st = self.state.lock();
-        st.catch_up();
-        st
+        let Some(target) = target else { return st };
+        loop {
+            st.catch_up_to(target);
+            if !waits(&st) {
+                return st;
+            }
+            while waits(&st) {
+                self.settled.wait(&mut st);
+            }
+        }
     }
 
     /// Run `op`, which changes the namespace. On a shared namespace it runs
@@ -1272,74 +1356,128 @@ impl Fs {
     /// first, nothing was stored: what `op` opened and made is let go, and
     /// `op` runs again on the fresh copy (at most [`CONFLICT_TRIES`] times),
     /// so it answers as if it had come after the other host's change.
+    ///
+    /// The state lock is not held while etcd is asked (the barrier of a
+    /// retry, the check of an answer that stores nothing, the store step):
+    /// other requests are served meanwhile; this host's changes wait for
+    /// each other ([`Fs::changing`]).
     fn change<T>(&self, mut op: impl FnMut(&mut State) -> Result<T>) -> Result<T> {
-        let mut st = self.state.lock();
-        let Some(mut r) = st.replica.take() else {
+        let Some(barrier) = self.barrier.get() else {
+            let mut st = self.state.lock();
             let out = op(&mut st);
             self.write_back(&mut st);
             return out;
         };
+        let _one_at_a_time = self.changing.lock();
         let mut tries = 0;
-        let out = loop {
+        loop {
             tries += 1;
             // The first attempt is decided on what this host knows (its
             // watch applied): what it stores is compared anyway.
             let fresh = tries > 1;
-            let c = match r.begin(&mut st.ns, fresh) {
+            let target = fresh.then(|| barrier.target_now());
+            let mut st = self.state.lock();
+            let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+            let c = match r.begin(&mut st.ns, target) {
                 Ok(c) => c,
-                Err(e) => break Err(e),
+                Err(e) => {
+                    st.replica = Some(r);
+                    return Err(e);
+                }
             };
             st.caught(c);
-            let handles = st.next_handle;
             st.referenced_now = Some(Vec::new());
+            st.opened_now = Some(Vec::new());
             let out = op(&mut st);
-            let st = &mut *st;
+            let referenced = st.referenced_now.take().unwrap_or_default();
+            let opened = st.opened_now.take().unwrap_or_default();
             let (dirty, freed) = st.ns.dirty();
             if !fresh && dirty.is_empty() && freed.is_empty() && st.conditions.is_empty() {
                 // Nothing to store, so nothing compared: an answer that
                 // changes nothing (an error, an existing file opened) stands
                 // only if the namespace had not moved on before the call.
                 let before = r.applied();
-                match r.catch_up(&mut st.ns) {
-                    Ok(c) if r.applied() == before => {
+                st.replica = Some(r);
+                drop(st);
+                let target = barrier.target_now();
+                let mut st = self.state.lock();
+                let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+                let caught = r.catch_up_to(&mut st.ns, target);
+                let moved = r.applied() != before;
+                st.replica = Some(r);
+                match caught {
+                    Ok(c) if !moved => {
                         st.caught(c);
-                        break out;
+                        return out;
                     }
                     Ok(c) => {
-                        st.let_go(handles);
+                        st.let_go(opened, referenced);
                         st.caught(c);
                         continue;
                     }
                     Err(e) => {
-                        st.let_go(handles);
-                        break Err(e);
+                        st.let_go(opened, referenced);
+                        return Err(e);
+                    }
+                }
+            }
+            // Readers wait for the files and names the change touches. A
+            // directory's own attributes (times, link count) are not waited
+            // for: every lookup walks through them.
+            let mut in_flight = std::collections::HashSet::new();
+            let mut in_flight_names = std::collections::HashSet::new();
+            for &ino in dirty.iter().chain(freed.iter()) {
+                match st.ns.get(ino).map(|i| &i.body) {
+                    Ok(Body::Dir(d)) => in_flight_names.extend(d.dirty_names().map(|n| (ino, n.clone()))),
+                    _ => {
+                        in_flight.insert(ino);
                     }
                 }
             }
             let conditions = std::mem::take(&mut st.conditions);
+            let st_ref = &mut *st;
+            let lease = &*st_ref.lease;
+            let prepared = r.prepare(&mut st_ref.ns, &|ino| extra_of(lease, ino), &conditions);
+            let mut publication = match prepared {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    st.replica = Some(r);
+                    return out;
+                }
+                Err(e) => {
+                    st.let_go(opened, referenced);
+                    st.replica = Some(r);
+                    return Err(e);
+                }
+            };
+            st.in_flight = in_flight;
+            st.in_flight_names = in_flight_names;
+            st.replica = Some(r);
+            drop(st);
             if !conditions.is_empty() {
                 crate::store::snapshot::pausepoint("guarded-publish");
             }
             if tries == 1 {
                 crate::store::snapshot::pausepoint("publish");
             }
-            let lease = &*st.lease;
-            let published = r.publish(&mut st.ns, &|ino| extra_of(lease, ino), &conditions);
+            publication.send();
+            let mut st = self.state.lock();
+            st.in_flight.clear();
+            st.in_flight_names.clear();
+            self.settled.notify_all();
+            let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+            let published = r.settle(&mut st.ns, publication);
+            st.replica = Some(r);
             match (out, published) {
-                (Ok(v), Ok(())) => break Ok(v),
-                (_, Err(Error::Conflict)) if tries < CONFLICT_TRIES => {
-                    st.let_go(handles);
-                }
+                (Ok(v), Ok(())) => return Ok(v),
+                (_, Err(Error::Conflict)) if tries < CONFLICT_TRIES => st.let_go(opened, referenced),
                 (_, Err(e)) => {
-                    st.let_go(handles);
-                    break Err(e);
+                    st.let_go(opened, referenced);
+                    return Err(e);
                 }
-                (Err(e), Ok(())) => break Err(e),
+                (Err(e), Ok(())) => return Err(e),
             }
-        };
-        st.referenced_now = None;
-        st.replica = Some(r);
-        out
+        }
     }
 
     /// Changes without a sync are appended to the journal once
@@ -1385,6 +1523,7 @@ impl Fs {
     /// Share the namespace through `replica`: the table is replaced by the
     /// shared namespace as it is now.
     pub fn set_replica(&self, mut replica: Box<dyn crate::namespace::replica::Replica>) -> Result<()> {
+        let _ = self.barrier.set(replica.barrier());
         let mut st = self.state.lock();
         st.ns.set_tracking();
         let c = replica.catch_up(&mut st.ns)?;
@@ -1393,6 +1532,15 @@ impl Fs {
         st.replica = Some(replica);
         st.names_cached = false;
         Ok(())
+    }
+
+    /// Start the pool that runs request handlers of a shared mount
+    /// ([`HANDLER_THREADS`] threads, at most [`HANDLERS_HELD`] requests
+    /// queued or running); `status` shows it.
+    pub fn start_handlers(&self) -> std::io::Result<crate::fuse::workers::Workers> {
+        let w = crate::fuse::workers::Workers::start(HANDLER_THREADS, HANDLERS_HELD)?;
+        self.state.lock().handlers = Some(w.clone());
+        Ok(w)
     }
 
     /// True when the namespace is shared with other hosts (the kernel must

@@ -13,7 +13,7 @@ impl Fs {
         if let Some(a) = self.control_lookup(parent, name)? {
             return Ok((a, true));
         }
-        let mut st = self.fresh();
+        let mut st = self.fresh_name(parent, name);
         let ino = st.ns.child(parent, name)?;
         st.referenced(ino);
         let mut keep = !st.pending_renames.looked_up(parent, name, tid);
@@ -36,7 +36,7 @@ impl Fs {
 
     /// Target of a symlink.
     pub fn readlink(&self, ino: Ino) -> Result<OsString> {
-        match &self.fresh().ns.get(ino)?.body {
+        match &self.fresh(&[ino]).ns.get(ino)?.body {
             Body::Symlink(t) => Ok(t.clone()),
             _ => Err(Error::Invalid),
         }

@@ -88,7 +88,7 @@ impl Fs {
         if control::is_control(ino) {
             return Err(Error::NoAttr);
         }
-        let mut st = self.fresh();
+        let mut st = self.fresh(&[ino]);
         let now = st.lease.now();
         let i = st.ns.get(ino)?;
         match name.to_str() {
@@ -123,7 +123,7 @@ impl Fs {
         if control::is_control(ino) {
             return Ok(Vec::new());
         }
-        let st = self.fresh();
+        let st = self.fresh(&[ino]);
         let mut out = Vec::new();
         for name in st.ns.get(ino)?.xattrs.keys() {
             out.extend_from_slice(name.as_bytes());

@@ -7,6 +7,7 @@
 
 pub mod fusermount;
 pub mod session;
+pub mod workers;
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsStr;

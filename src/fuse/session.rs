@@ -37,6 +37,8 @@ pub struct MountOptions {
     /// The mount's source as `/proc/mounts` shows it (the fstab source, so
     /// `mount -a` recognises the mount); empty: [`DEFAULT_SOURCE`].
     pub source: String,
+    /// Run request handlers on this pool instead of the session thread.
+    pub handlers: Option<super::workers::Workers>,
 }
 
 /// The source of a mount made without one.
@@ -516,11 +518,16 @@ impl<FS: fuser::Filesystem> Served<FS> {
         let sock = unsafe { OwnedFd::from_raw_fd(fd) };
         let mut config = fuser::Config::default();
         config.acl = fuser::SessionACL::All;
-        // One thread: per-inode lock requests must be handled in arrival order.
+        // One thread reads requests: per-inode lock requests must be
+        // handled in arrival order (a handler pool keeps that order per
+        // inode, see `workers`).
         config.n_threads = Some(1);
         let mut session =
             fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config).map_err(|e| fail("FUSE handshake", e))?;
         session.set_request_hook(request_hook(hook, dev.clone()));
+        if let Some(w) = opts.handlers.clone() {
+            session.set_dispatcher(Arc::new(move |key, job| w.run(key, job).is_ok()));
+        }
         info!(mountpoint = %path.display(), "mounted");
         Ok(Served { session, path })
     }

@@ -42,23 +42,73 @@ pub struct Caught {
     pub added_names: Vec<(Ino, std::ffi::OsString, Ino)>,
 }
 
+/// The half of a read barrier that asks the shared store, run without the
+/// table (the core holds no lock meanwhile, so other requests are served
+/// while the store answers).
+pub trait Barrier: Send + Sync + std::fmt::Debug {
+    /// The store's revision now (a linearizable read), once this host's
+    /// watch has received every change up to it. Right after a failed
+    /// read this fails at once for a while (each read would otherwise
+    /// wait a whole request timeout).
+    fn target(&self) -> Result<i64>;
+    /// As [`Barrier::target`], asking the store even right after a failure
+    /// (a change always tries).
+    fn target_now(&self) -> Result<i64>;
+}
+
+/// A change on its way to the shared store: [`Publication::send`] talks to
+/// the store only (the core holds no lock meanwhile), and
+/// [`Replica::settle`] then takes the answer into the table.
+pub trait Publication: Send {
+    fn send(&mut self);
+    fn into_any(self: Box<Self>) -> Box<dyn std::any::Any>;
+}
+
 /// The shared store behind a replicated namespace.
 pub trait Replica: Send + std::fmt::Debug {
+    /// The store side of a read barrier, for use without the table.
+    fn barrier(&self) -> std::sync::Arc<dyn Barrier>;
+    /// Apply every change committed before `target` was taken from
+    /// [`Barrier::target`] (answering from the table as it is when that
+    /// failed, and saying so).
+    fn catch_up_to(&mut self, ns: &mut Namespace, target: Result<i64>) -> Result<Caught>;
     /// Apply every change committed before this call.
-    fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught>;
-    /// Catch up before a change is decided: with `fresh`, as
-    /// [`Replica::catch_up`]; without, only with what is already known
+    fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught> {
+        let target = self.barrier().target();
+        self.catch_up_to(ns, target)
+    }
+    /// Catch up before a change is decided: with a `target`, as
+    /// [`Replica::catch_up_to`]; without, only with what is already known
     /// here (no round trip), for a change whose store step checks what it
     /// was decided on anyway.
-    fn begin(&mut self, ns: &mut Namespace, fresh: bool) -> Result<Caught>;
+    fn begin(&mut self, ns: &mut Namespace, target: Option<Result<i64>>) -> Result<Caught>;
     /// The revision of the shared store the table reflects (it moves when
     /// a catch-up applied something).
     fn applied(&self) -> i64;
-    /// Store what changed since [`Replica::begin`], in one step that also
-    /// checks `conditions` (`ESTALE` when one does not hold) and that
-    /// nothing the change was decided on changed meanwhile (`Conflict`).
-    /// On failure the change is undone by the next catch-up.
-    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()>;
+    /// What changed since [`Replica::begin`], ready to be stored in one
+    /// step that also checks `conditions` (`ESTALE` when one does not
+    /// hold) and that nothing the change was decided on changed meanwhile
+    /// (`Conflict`). `None`: nothing to store. The table keeps the change
+    /// until [`Replica::settle`].
+    fn prepare(
+        &mut self,
+        ns: &mut Namespace,
+        extra: &dyn Fn(Ino) -> Extra,
+        conditions: &[Condition],
+    ) -> Result<Option<Box<dyn Publication>>>;
+    /// Take a sent publication's answer: `Ok` when it was stored;
+    /// otherwise the table is put back to what the store has.
+    fn settle(&mut self, ns: &mut Namespace, p: Box<dyn Publication>) -> Result<()>;
+    /// Prepare, send and settle in one call.
+    fn publish(&mut self, ns: &mut Namespace, extra: &dyn Fn(Ino) -> Extra, conditions: &[Condition]) -> Result<()> {
+        match self.prepare(ns, extra, conditions)? {
+            None => Ok(()),
+            Some(mut p) => {
+                p.send();
+                self.settle(ns, p)
+            }
+        }
+    }
     /// Largest file the shared store keeps.
     fn max_file_size(&self) -> u64;
     /// For `status`.

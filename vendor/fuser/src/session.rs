@@ -127,6 +127,22 @@ impl Drop for UmountOnDrop {
 /// ENOSYS) and the raw `lk_flags` of lock requests.
 pub type RequestHook = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
 
+/// Where request handlers run (leasefs patch). Called on the session thread
+/// with a request's node id and a job that parses and dispatches a copy of
+/// it; returns `false` when the job cannot be queued (the request is then
+/// answered with EAGAIN). INIT, DESTROY, FORGET, BATCH_FORGET and
+/// INTERRUPT are still handled on the session thread.
+pub type Dispatcher = Arc<dyn Fn(u64, Box<dyn FnOnce() + Send>) -> bool + Send + Sync>;
+
+#[derive(Clone, Default)]
+pub(crate) struct DispatchSlot(pub(crate) Option<Dispatcher>);
+
+impl std::fmt::Debug for DispatchSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "DispatchSlot(Some)" } else { "DispatchSlot(None)" })
+    }
+}
+
 #[derive(Clone, Default)]
 pub(crate) struct HookSlot(pub(crate) Option<RequestHook>);
 
@@ -141,6 +157,8 @@ impl std::fmt::Debug for HookSlot {
 pub struct Session<FS: Filesystem> {
     /// Raw request hook (leasefs patch).
     pub(crate) hook: HookSlot,
+    /// Where handlers run (leasefs patch).
+    pub(crate) dispatcher: DispatchSlot,
     /// Filesystem operation implementations. None after `destroy` called.
     pub(crate) filesystem: FilesystemHolder<FS>,
     /// Communication channel to the kernel driver
@@ -204,6 +222,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config: options.clone(),
             hook: HookSlot::default(),
+            dispatcher: DispatchSlot::default(),
         };
 
         session.handshake()?;
@@ -233,6 +252,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: None,
             config,
             hook: HookSlot::default(),
+            dispatcher: DispatchSlot::default(),
         };
 
         session.handshake()?;
@@ -244,6 +264,12 @@ impl<FS: Filesystem> Session<FS> {
     /// and may consume it (leasefs patch).
     pub fn set_request_hook(&mut self, hook: RequestHook) {
         self.hook = HookSlot(Some(hook));
+    }
+
+    /// Run request handlers through `dispatcher` instead of on the session
+    /// thread (leasefs patch).
+    pub fn set_dispatcher(&mut self, dispatcher: Dispatcher) {
+        self.dispatcher = DispatchSlot(Some(dispatcher));
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -278,6 +304,7 @@ impl<FS: Filesystem> Session<FS> {
             proto_version: _,
             config,
             hook,
+            dispatcher,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -318,14 +345,15 @@ impl<FS: Filesystem> Session<FS> {
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
-            let event_loop = SessionEventLoop {
+            let event_loop = Arc::new(SessionEventLoop {
                 thread_name: thread_name.clone(),
                 filesystem: filesystem.clone(),
                 ch,
                 allowed,
                 session_owner,
                 hook: hook.clone(),
-            };
+                dispatcher: dispatcher.clone(),
+            });
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
@@ -348,6 +376,12 @@ impl<FS: Filesystem> Session<FS> {
             }
         }
 
+        // Jobs still queued or running through the dispatcher hold the
+        // filesystem: wait for them (leasefs patch).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while Arc::strong_count(&filesystem) > 1 && std::time::Instant::now() < deadline {
+            thread::sleep(std::time::Duration::from_millis(2));
+        }
         let Some(filesystem) = Arc::get_mut(&mut filesystem) else {
             return Err(io::Error::other(
                 "BUG: must have one refcount for filesystem",
@@ -546,10 +580,53 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) allowed: SessionACL,
     pub(crate) session_owner: Uid,
     pub(crate) hook: HookSlot,
+    pub(crate) dispatcher: DispatchSlot,
 }
 
+/// Opcodes the session thread handles itself when a dispatcher is set.
+const INLINE_OPCODES: [u32; 5] = [
+    abi::fuse_opcode::FUSE_INIT as u32,
+    abi::fuse_opcode::FUSE_DESTROY as u32,
+    abi::fuse_opcode::FUSE_FORGET as u32,
+    abi::fuse_opcode::FUSE_BATCH_FORGET as u32,
+    abi::fuse_opcode::FUSE_INTERRUPT as u32,
+];
+
 impl<FS: Filesystem> SessionEventLoop<FS> {
-    fn event_loop(&self) -> io::Result<()> {
+    /// Hand a request to the dispatcher; `false` when it is handled here.
+    fn dispatched(self: &Arc<Self>, data: &[u8]) -> bool {
+        let Some(d) = &self.dispatcher.0 else { return false };
+        if data.len() < 24 {
+            return false;
+        }
+        let word = |at: usize| u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
+        if INLINE_OPCODES.contains(&word(4)) {
+            return false;
+        }
+        let unique = u64::from_ne_bytes(data[8..16].try_into().unwrap());
+        let nodeid = u64::from_ne_bytes(data[16..24].try_into().unwrap());
+        // A copy kept 8-byte aligned, as the parser needs.
+        let mut copy = vec![0u64; data.len().div_ceil(8)];
+        // SAFETY: `copy` owns at least `data.len()` bytes; u64 has no invalid bit patterns.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), copy.as_mut_ptr().cast::<u8>(), data.len()) };
+        let len = data.len();
+        let se = self.clone();
+        let sender = self.ch.sender();
+        let job = Box::new(move || {
+            // SAFETY: the first `len` bytes of `copy` were written above.
+            let bytes = unsafe { std::slice::from_raw_parts(copy.as_ptr().cast::<u8>(), len) };
+            if let Some(req) = RequestWithSender::new(sender, bytes) {
+                req.dispatch(&se);
+            }
+        });
+        if !d(nodeid, job) {
+            <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Channel(self.ch.sender()))
+                .send_ll(&ResponseErrno(ll::Errno::EAGAIN));
+        }
+        true
+    }
+
+    fn event_loop(self: &Arc<Self>) -> io::Result<()> {
         // Buffer for receiving requests from the kernel. Only one is allocated and
         // it is reused immediately after dispatching to conserve memory and allocations.
         let mut buf = FuseReadBuf::new();
@@ -559,6 +636,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
                 Ok(size) if self.hook.0.as_ref().is_some_and(|h| h(&buf[..size])) => continue,
+                Ok(size) if self.dispatched(&buf[..size]) => continue,
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {
