@@ -394,8 +394,17 @@ def main():
                     [sys.executable, os.path.abspath(__file__), "--worker", h.mounts[host], f"{host}{k}", log,
                      str(until), "3"]))
         h.nemesis(until, rng)
-        for p in procs:
-            p.wait(timeout=a.seconds + 60)
+        try:
+            for p in procs:
+                p.wait(timeout=a.seconds + 60)
+        except subprocess.TimeoutExpired:
+            # A worker never came back: show where each daemon is.
+            if shutil.which("gdb"):
+                for host, pid in h.daemons.items():
+                    bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
+                                        capture_output=True, text=True, timeout=120)
+                    print(f"--- daemon {host} (pid {pid}) ---\n{bt.stdout}", file=sys.stderr)
+            raise
         registers = {}
         for host, d in h.mounts.items():
             registers[host] = int(open(os.path.join(d, "reg"), "rb").read().strip() or b"0")

@@ -104,6 +104,20 @@ impl Error {
     }
 }
 
+impl From<&std::io::Error> for Error {
+    /// A state-directory write that failed: a full disk is `ENOSPC` (room
+    /// can be made; the request may be tried again), anything else `EIO`.
+    /// A failed sync is always `EIO`: after it nothing is promised
+    /// (fail-stop), whatever the reason.
+    fn from(e: &std::io::Error) -> Error {
+        if e.raw_os_error() == Some(libc::ENOSPC) {
+            Error::NoSpace
+        } else {
+            Error::Io
+        }
+    }
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", std::io::Error::from_raw_os_error(self.errno()))

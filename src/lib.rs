@@ -11,10 +11,12 @@ pub mod cluster;
 pub mod control;
 pub mod error;
 pub mod events;
+pub mod failpoints;
 pub mod fs;
 pub mod fuse;
 pub mod lease;
 pub mod namespace;
+pub mod procfs;
 pub mod store;
 
 /// The version reported by the CLI and the control files.

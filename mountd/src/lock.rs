@@ -309,8 +309,7 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
 
 /// Whether process `pid` is stopped (SIGSTOP, a debugger).
 fn stopped(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    stat.rsplit_once(')').is_some_and(|(_, rest)| matches!(rest.trim_start().chars().next(), Some('T' | 't')))
+    matches!(leasefs::procfs::state(pid), Some('T' | 't'))
 }
 
 /// Block until the lease at `path` is free (or held), at most `wait`.

@@ -77,13 +77,13 @@ pub fn become_subreaper() -> std::io::Result<()> {
 /// The cgroup v2 directory this process is in, if the unified hierarchy is
 /// mounted here.
 fn own_cgroup() -> Result<PathBuf, String> {
-    let cgroup = std::fs::read_to_string("/proc/self/cgroup").map_err(|e| format!("/proc/self/cgroup: {e}"))?;
+    let cgroup = leasefs::procfs::own_cgroup().map_err(|e| format!("/proc/self/cgroup: {e}"))?;
     let rel = cgroup
         .lines()
         .find_map(|l| l.strip_prefix("0::"))
         .ok_or_else(|| "not in a cgroup v2 hierarchy".to_string())?
         .to_string();
-    let info = std::fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let info = leasefs::procfs::mountinfo().map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
     for line in info.lines() {
         let Some((left, right)) = line.split_once(" - ") else { continue };
         if right.split(' ').next() != Some("cgroup2") {
@@ -155,21 +155,17 @@ impl Cgroup {
     }
 }
 
-/// Parent pid and process group of `pid`, from `/proc/PID/stat`.
+/// Parent pid and process group of `pid`.
 fn stat(pid: i32) -> Option<(i32, i32)> {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = s.rsplit_once(')')?;
-    let mut it = rest.split_whitespace().skip(1);
-    let ppid = it.next()?.parse().ok()?;
-    let pgrp = it.next()?.parse().ok()?;
-    Some((ppid, pgrp))
+    let (ppid, pgrp) = leasefs::procfs::parent_and_group(u32::try_from(pid).ok()?)?;
+    Some((ppid as i32, pgrp as i32))
 }
 
 /// Every descendant of `root` now alive or a zombie, parents before children.
 fn descendants(root: i32) -> Vec<i32> {
     let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+    for pid in leasefs::procfs::pids() {
+        let pid = pid as i32;
         if let Some((ppid, _)) = stat(pid) {
             children.entry(ppid).or_default().push(pid);
         }

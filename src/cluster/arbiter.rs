@@ -203,6 +203,18 @@ pub fn owner_kind(owner: &str) -> LockKind {
     }
 }
 
+/// The counter and the queue a transaction read (its answers from `at` on:
+/// a get of the counter, then a get of the queue prefix), with the
+/// revision they were read at.
+fn counter_and_queue(r: &super::client::TxnResult, at: usize) -> Option<(Option<Kv>, Vec<Kv>, i64)> {
+    match r.responses.get(at..)? {
+        [super::client::OpResult::Range(c), super::client::OpResult::Range(q), ..] => {
+            Some((c.first().cloned(), q.clone(), r.revision))
+        }
+        _ => None,
+    }
+}
+
 /// `%` and `/` escaped, so one lease's key range never contains another's.
 pub fn escape(name: &str) -> String {
     name.replace('%', "%25").replace('/', "%2F")
@@ -395,12 +407,8 @@ impl Arbiter {
                 None => {
                     let q = self.queue(&t.name);
                     let r = self.client.txn(&[], &[Op::get(ek.clone()), Op::get_prefix(q)], &[])?;
-                    match &r.responses[..] {
-                        [super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => {
-                            (c.first().cloned(), q.clone(), r.revision)
-                        }
-                        _ => return Err(EtcdError::Server { code: 0, message: "unexpected read answer".into() }),
-                    }
+                    counter_and_queue(&r, 0)
+                        .ok_or_else(|| EtcdError::Server { code: 0, message: "unexpected read answer".into() })?
                 }
             };
             let (epoch, holder, epoch_rev) = epoch_of(counter.as_ref());
@@ -482,13 +490,8 @@ impl Arbiter {
             self.remember(&t.name, epoch + 1, &String::from_utf8_lossy(&t.key), r.revision);
             return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: !holder.is_empty() });
         }
-        let read = match &r.responses[..] {
-            [_, super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => {
-                Some((c.first().cloned(), q.clone(), r.revision))
-            }
-            _ => None,
-        };
-        self.decide_from(t, read)
+        // The failure branch queued the entry, then read.
+        self.decide_from(t, counter_and_queue(&r, 1))
     }
 
     /// The key prefix of `name`'s queue.
@@ -538,13 +541,7 @@ impl Arbiter {
             self.remember(&t.name, epoch + 1, &String::from_utf8_lossy(&t.key), r.revision);
             return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: !holder.is_empty() });
         }
-        let read = match &r.responses[..] {
-            [super::client::OpResult::Range(c), super::client::OpResult::Range(q)] => {
-                Some((c.first().cloned(), q.clone(), r.revision))
-            }
-            _ => None,
-        };
-        self.decide_from(t, read)
+        self.decide_from(t, counter_and_queue(&r, 0))
     }
 
     /// Note the counter of `name` as read or written at `rev`.
@@ -657,7 +654,7 @@ impl Arbiter {
     /// `O_EXCL`, a name made by `link`): epoch + 1 on the counter, by a
     /// transaction compared on the counter it read. The new epoch.
     pub fn bump(&self, name: &str) -> Result<u64> {
-        if crate::store::snapshot::injected("etcd-bump").is_err() {
+        if crate::failpoints::injected("etcd-bump").is_err() {
             return Err(EtcdError::Unavailable("failpoint etcd-bump".into()));
         }
         let ek = self.epoch_key(name);

@@ -219,7 +219,7 @@ fn lease_level(l: &Lock) -> bool {
 }
 
 fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|s| s.trim_end().to_string()).unwrap_or_default()
+    crate::procfs::comm(pid).unwrap_or_default()
 }
 
 fn unreachable(what: &str, e: &EtcdError) -> Error {

@@ -77,13 +77,7 @@ impl Default for Limits {
     }
 }
 
-/// `MemTotal` in bytes.
-pub fn memory_total() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+use crate::procfs::memory_total;
 
 /// `BYTES` with an optional `k`/`m`/`g`/`t` suffix (powers of 1024), or
 /// `N%` of the machine's memory, as tmpfs's `size=` takes it.

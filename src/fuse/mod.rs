@@ -61,56 +61,68 @@ const FILE_ENTRY_TTL: Duration = crate::fs::FILE_ENTRY_TTL;
 /// component.
 const DIR_TTL: Duration = Duration::from_secs(1);
 
-/// False on a namespace shared with other hosts: there names and
-/// attributes change through other kernels too, and this one must ask
-/// every time (no timeout could be short enough).
-static CACHE_NAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
-fn cache_names() -> bool {
-    CACHE_NAMES.load(std::sync::atomic::Ordering::Relaxed)
+/// What the kernel may cache of this mount's names and attributes.
+#[derive(Debug, Clone, Copy)]
+struct KernelTtls {
+    /// False on a namespace shared with other hosts: there names and
+    /// attributes change through other kernels too, and this one must ask
+    /// every time (no timeout could be short enough).
+    cache_names: bool,
 }
 
-/// The attribute timeout of `a`.
-fn attr_ttl(a: &Attr) -> &'static Duration {
-    if a.kind == Kind::Dir && cache_names() {
-        &DIR_TTL
-    } else {
-        &ATTR_TTL
+impl KernelTtls {
+    /// The attribute timeout of `a`.
+    fn attr(self, a: &Attr) -> &'static Duration {
+        if a.kind == Kind::Dir && self.cache_names {
+            &DIR_TTL
+        } else {
+            &ATTR_TTL
+        }
     }
-}
 
-/// The entry timeout of a name leading to `a`, found by a lookup.
-fn entry_ttl(a: &Attr) -> &'static Duration {
-    if !cache_names() || crate::control::is_control(a.ino) {
-        &Duration::ZERO
-    } else if a.kind == Kind::Dir {
-        &DIR_TTL
-    } else {
-        &FILE_ENTRY_TTL
+    /// The entry timeout of a name leading to `a`, found by a lookup.
+    fn entry(self, a: &Attr) -> &'static Duration {
+        if !self.cache_names || crate::control::is_control(a.ino) {
+            &Duration::ZERO
+        } else if a.kind == Kind::Dir {
+            &DIR_TTL
+        } else {
+            &FILE_ENTRY_TTL
+        }
     }
-}
 
-/// The entry timeout of a name that a create, mknod, symlink or link just
-/// made: a file's expires at once. The daemon does not have to remember
-/// such entries, so the usual renewal (create a file, write it, rename it
-/// over the lease) never needs the retry of a rename over a live lease
-/// (see [`crate::fs::Fs::rename`]); the next use of the name looks it up.
-fn made_entry_ttl(a: &Attr) -> &'static Duration {
-    if a.kind == Kind::Dir {
-        entry_ttl(a)
-    } else {
-        &Duration::ZERO
+    /// The entry timeout of a name that a create, mknod, symlink or link
+    /// just made: a file's expires at once. The daemon does not have to
+    /// remember such entries, so the usual renewal (create a file, write
+    /// it, rename it over the lease) never needs the retry of a rename over
+    /// a live lease (see [`crate::fs::Fs::rename`]); the next use of the
+    /// name looks it up.
+    fn made_entry(self, a: &Attr) -> &'static Duration {
+        if a.kind == Kind::Dir {
+            self.entry(a)
+        } else {
+            &Duration::ZERO
+        }
     }
-}
 
-/// Answer a lookup.
-fn entry(reply: ReplyEntry, a: &Attr) {
-    reply.entry_with_ttls(attr_ttl(a), entry_ttl(a), &attr(a), Generation(0))
-}
+    /// How long the kernel may remember that a name does not exist.
+    fn negative(self) -> &'static Duration {
+        if self.cache_names {
+            &NEGATIVE_TTL
+        } else {
+            &Duration::ZERO
+        }
+    }
 
-/// Answer a request that made a name.
-fn made_entry(reply: ReplyEntry, a: &Attr) {
-    reply.entry_with_ttls(attr_ttl(a), made_entry_ttl(a), &attr(a), Generation(0))
+    /// Answer a lookup.
+    fn reply_entry(self, reply: ReplyEntry, a: &Attr) {
+        reply.entry_with_ttls(self.attr(a), self.entry(a), &attr(a), Generation(0))
+    }
+
+    /// Answer a request that made a name.
+    fn reply_made(self, reply: ReplyEntry, a: &Attr) {
+        reply.entry_with_ttls(self.attr(a), self.made_entry(a), &attr(a), Generation(0))
+    }
 }
 
 /// How long the kernel may remember that a name does not exist.
@@ -297,6 +309,7 @@ pub struct LeaseFs {
     waits: Arc<Mutex<Waits>>,
     /// Open regular files with direct I/O (kernel supports mmap with it).
     direct_io: bool,
+    ttls: KernelTtls,
 }
 
 impl std::fmt::Debug for LeaseFs {
@@ -310,10 +323,8 @@ impl LeaseFs {
     pub fn new(fs: Arc<Fs>) -> (LeaseFs, Arc<Interceptor>) {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
-        if fs.is_shared() {
-            CACHE_NAMES.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-        (LeaseFs { fs, waits, direct_io: false }, icpt)
+        let ttls = KernelTtls { cache_names: fs.names_cached() };
+        (LeaseFs { fs, waits, direct_io: false, ttls }, icpt)
     }
 
     /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
@@ -463,8 +474,8 @@ impl fuser::Filesystem for LeaseFs {
         guarded("lookup", || match self.fs.lookup(Ino(parent.0), name, req.pid()) {
             // A young file, or the source of a rename over a live lease
             // (the kernel is about to move this entry to the lease's name).
-            Ok((a, false)) => reply.entry_with_ttls(attr_ttl(&a), &Duration::ZERO, &attr(&a), Generation(0)),
-            Ok((a, true)) => entry(reply, &a),
+            Ok((a, false)) => reply.entry_with_ttls(self.ttls.attr(&a), &Duration::ZERO, &attr(&a), Generation(0)),
+            Ok((a, true)) => self.ttls.reply_entry(reply, &a),
             // "No such name" may be cached (node id 0): every name of this
             // mount is created through this kernel, whose create, link,
             // rename and mknod replace the negative entry. Programs that probe
@@ -473,7 +484,7 @@ impl fuser::Filesystem for LeaseFs {
             Err(Error::NotFound) if !crate::control::is_control(Ino(parent.0)) => {
                 let mut none = attr(&Attr::absent());
                 none.ino = INodeNo(0);
-                let negative = if cache_names() { &NEGATIVE_TTL } else { &Duration::ZERO };
+                let negative = self.ttls.negative();
                 reply.entry_with_ttls(&Duration::ZERO, negative, &none, Generation(0));
             }
             Err(e) => reply.error(errno(e)),
@@ -487,7 +498,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         guarded("getattr", || match self.fs.getattr(Ino(ino.0), req.pid()) {
-            Ok(a) => reply.attr(attr_ttl(&a), &attr(&a)),
+            Ok(a) => reply.attr(self.ttls.attr(&a), &attr(&a)),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -522,7 +533,7 @@ impl fuser::Filesystem for LeaseFs {
                 handle: fh.map(|h| Handle(h.0)),
             };
             match self.fs.setattr(Ino(ino.0), &set, caller(req)) {
-                Ok(a) => reply.attr(attr_ttl(&a), &attr(&a)),
+                Ok(a) => reply.attr(self.ttls.attr(&a), &attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -537,7 +548,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         guarded("mknod", || match self.fs.mknod(caller(req), Ino(parent.0), name, mode, umask, rdev) {
-            Ok(a) => made_entry(reply, &a),
+            Ok(a) => self.ttls.reply_made(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
         self.drop_entries();
@@ -545,7 +556,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         guarded("mkdir", || match self.fs.mkdir(caller(req), Ino(parent.0), name, mode, umask) {
-            Ok(a) => made_entry(reply, &a),
+            Ok(a) => self.ttls.reply_made(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
     }
@@ -566,7 +577,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         guarded("symlink", || match self.fs.symlink(caller(req), Ino(parent.0), link_name, target.as_os_str()) {
-            Ok(a) => made_entry(reply, &a),
+            Ok(a) => self.ttls.reply_made(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
         self.drop_entries();
@@ -592,7 +603,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname) {
-            Ok(a) => made_entry(reply, &a),
+            Ok(a) => self.ttls.reply_made(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
         self.drop_entries();
@@ -823,8 +834,8 @@ impl fuser::Filesystem for LeaseFs {
             Ok((a, h)) => {
                 let flags = if self.direct_io { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() };
                 reply.created_with_ttls(
-                    attr_ttl(&a),
-                    made_entry_ttl(&a),
+                    self.ttls.attr(&a),
+                    self.ttls.made_entry(&a),
                     &attr(&a),
                     Generation(0),
                     FileHandle(h.0),

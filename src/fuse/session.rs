@@ -8,8 +8,8 @@
 //! blocked in a lock wait cannot be killed) and the raw lock flags of lock
 //! requests (a `flock` and a whole-file POSIX lock otherwise look alike).
 //!
-//! All `unsafe` of the daemon lives here and in `sys`, each block with a
-//! `SAFETY:` line.
+//! Every `unsafe` block, here and elsewhere, carries a `SAFETY:` comment
+//! (clippy's `undocumented_unsafe_blocks` is part of the lint policy).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -298,7 +298,7 @@ fn unescape(s: &str) -> OsString {
 
 /// The mounts of this process's namespace.
 pub fn mounts() -> Vec<MountEntry> {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(text) = crate::procfs::mountinfo() else {
         return Vec::new();
     };
     text.lines()

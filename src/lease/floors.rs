@@ -91,7 +91,7 @@ impl Floors {
         }
         match j.ensure(need) {
             Ok(_) => Ok(()),
-            Err(e) => Err(if e.raw_os_error() == Some(libc::ENOSPC) { Error::NoSpace } else { Error::Io }),
+            Err(e) => Err(Error::from(&e)),
         }
     }
 }

@@ -138,8 +138,9 @@ pub enum Effect {
     Grant(WaitId),
     /// Answer this parked request with an error.
     Refuse(WaitId, Error),
-    /// A lease reached a new epoch; make it durable before any process can
-    /// see the grant.
+    /// A lease reached a new epoch (reported for events and logs). It is
+    /// durable already: the core reserves epochs in the epoch journal
+    /// before it asks for a grant (`reserve`), so nothing waits on this.
     Epoch(Ino, Epoch),
     /// A holder's lease was broken (TTL passed with a contender waiting, or
     /// an administrator broke it); it is fenced from now on.

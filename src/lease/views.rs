@@ -27,29 +27,11 @@ const SWEEP_EVERY: u64 = 4096;
 /// Thread ids whose process identity is cached.
 const MAX_TIDS: usize = 8192;
 
-/// A small `/proc` file, read with one buffer large enough for all of it
-/// (`read_to_string` would start small and grow, one `read` per doubling).
-pub fn read_proc(path: &str) -> Option<String> {
-    use std::io::Read;
-    let mut text = String::with_capacity(4096);
-    std::fs::File::open(path).ok()?.read_to_string(&mut text).ok()?;
-    Some(text)
-}
-
-/// The parent of a process, from `/proc`.
-fn parent_pid(pid: u32) -> Option<u32> {
-    let stat = read_proc(&format!("/proc/{pid}/stat"))?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
-}
-
 /// Resolve a request's thread id to the process identity (thread-group id
 /// and start time) from `/proc`.
 pub fn proc_of_tid(tid: u32) -> Option<Proc> {
-    let status = read_proc(&format!("/proc/{tid}/status"))?;
-    let tgid: u32 = status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()?;
-    let stat = read_proc(&format!("/proc/{tgid}/stat"))?;
-    let start = stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()?;
-    Some(Proc { tgid, start })
+    let tgid = crate::procfs::tgid(tid)?;
+    Some(Proc { tgid, start: crate::procfs::start_time(tgid)? })
 }
 
 /// A stale view: who acted on which version, and what is current.
@@ -126,7 +108,7 @@ impl Views {
         let mut out = vec![p.tgid];
         let mut pid = p.tgid;
         for _ in 0..32 {
-            let Some(ppid) = parent_pid(pid) else { break };
+            let Some(ppid) = crate::procfs::parent(pid) else { break };
             if ppid <= 1 {
                 break;
             }

@@ -53,10 +53,7 @@ pub const JOURNAL_TMP: &str = "epochs.journal.tmp";
 /// Journal size past which it is rewritten as one record.
 pub const COMPACT_AT: u64 = 64 * 1024;
 
-/// CRC-32 (IEEE).
-pub fn crc32(data: &[u8]) -> u32 {
-    crate::store::snapshot::crc32(data)
-}
+use super::records::crc32;
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()

@@ -124,7 +124,7 @@ fn answer(round: Vec<Job>, failed: &AtomicBool, in_flight: &AtomicUsize) {
         callers.push(job.done);
     }
     if result.is_ok() {
-        crate::store::snapshot::failpoint("journal-synced");
+        crate::failpoints::failpoint("journal-synced");
     }
     for done in callers {
         done(result);

@@ -54,8 +54,9 @@ use std::time::SystemTime;
 use crate::namespace::{Body, Ino, InoMap, InoSet, Inode, Kind, Namespace};
 use crate::store::storage::{Storage, Syncer};
 
-pub use super::records::{crc32, Enc, Extra};
 use super::records::{scan, scan_each, Rec, Scan};
+pub use super::records::{Enc, Extra};
+use crate::failpoints::{failpoint, injected, pausepoint};
 
 /// The first journal file in the state directory (generation 0 starts there).
 pub const JOURNAL: &str = "namespace.journal";
@@ -163,49 +164,6 @@ impl Recovered {
             }
         }
     }
-}
-
-/// Crash here when the named failpoint is armed (`LEASEFS_FAILPOINT`), to
-/// test recovery from every step of a flush or compaction. Compiled out of
-/// release builds.
-pub fn failpoint(name: &str) {
-    #[cfg(debug_assertions)]
-    if std::env::var("LEASEFS_FAILPOINT").is_ok_and(|v| v == name) {
-        tracing::warn!(failpoint = name, "failpoint: killing the daemon");
-        // SAFETY: sending SIGKILL to ourselves, as `kill -9` would.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
-    }
-    #[cfg(not(debug_assertions))]
-    let _ = name;
-}
-
-/// Stall here for a while when `LEASEFS_PAUSE=NAME:MILLISECONDS` names this
-/// point (debug builds only): tests widen a window (appends landing while a
-/// snapshot is written) that is otherwise too short to hit.
-pub fn pausepoint(name: &str) {
-    #[cfg(debug_assertions)]
-    if let Some(ms) = std::env::var("LEASEFS_PAUSE")
-        .ok()
-        .and_then(|v| v.strip_prefix(name).and_then(|r| r.strip_prefix(':')).and_then(|ms| ms.parse().ok()))
-    {
-        // A test waits for this file to know the pause began.
-        if let Some(mark) = std::env::var_os("LEASEFS_PAUSE_MARK") {
-            let _ = std::fs::write(mark, name);
-        }
-        std::thread::sleep(std::time::Duration::from_millis(ms));
-    }
-    #[cfg(not(debug_assertions))]
-    let _ = name;
-}
-
-/// An injected I/O error for a named failpoint (debug builds only).
-pub(crate) fn injected(name: &str) -> io::Result<()> {
-    #[cfg(debug_assertions)]
-    if std::env::var("LEASEFS_FAILPOINT").is_ok_and(|v| v == name) {
-        return Err(io::Error::from_raw_os_error(libc::EIO));
-    }
-    let _ = name;
-    Ok(())
 }
 
 /// The namespace journal and snapshot of a state directory.

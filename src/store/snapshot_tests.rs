@@ -12,10 +12,10 @@ fn crc32_matches_the_reference_definition() {
         }
         !crc
     }
-    assert_eq!(super::crc32(b"123456789"), 0xCBF4_3926);
+    assert_eq!(crate::store::records::crc32(b"123456789"), 0xCBF4_3926);
     let data: Vec<u8> = (0..100_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
     for len in [0, 1, 7, 64, 4095, 4096, 100_000] {
-        assert_eq!(super::crc32(&data[..len]), reference(&data[..len]), "length {len}");
+        assert_eq!(crate::store::records::crc32(&data[..len]), reference(&data[..len]), "length {len}");
     }
 }
 

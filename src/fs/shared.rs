@@ -1,0 +1,291 @@
+//! A namespace shared with other hosts (`--etcd`): reads caught up through
+//! the replica's barrier, changes decided on the table and stored by the
+//! replica in one compared step (decided again when another host won),
+//! readers held back from what is on its way to the store, and what a
+//! change that did not land must let go of. The store is never asked
+//! under the state lock.
+
+use super::*;
+
+impl State {
+    /// Bring a shared namespace up to `target` (from its barrier): every
+    /// change other hosts committed before the barrier was asked; when its
+    /// store cannot be reached, reads answer from the table as it is
+    /// (SPEC 10).
+    pub(super) fn catch_up_to(&mut self, target: Result<i64>) {
+        let Some(r) = self.replica.as_mut() else { return };
+        match r.catch_up_to(&mut self.ns, target) {
+            Ok(c) => self.caught(c),
+            Err(e) => tracing::debug!("answering from the local copy of the namespace: {e:?}"),
+        }
+    }
+
+    /// Undo what a change that did not land opened and made: its handles
+    /// and the references it handed to the kernel (which never heard of
+    /// either).
+    pub(super) fn let_go(&mut self, opened: Vec<Handle>, referenced: Vec<Ino>) {
+        for h in opened {
+            if let Some(f) = self.handles.remove(&h) {
+                let _ = self.lease.release_handle(f.ino, h.0, None);
+                if let Ok(i) = self.ns.get_mut(f.ino) {
+                    i.opens = i.opens.saturating_sub(1);
+                }
+            }
+        }
+        for ino in referenced {
+            self.ns.forget(ino, 1);
+            self.collect(ino);
+        }
+    }
+
+    /// Lease settings and names another host changed.
+    pub(super) fn caught(&mut self, c: crate::namespace::replica::Caught) {
+        for (ino, x) in c.extras {
+            if self.lease.lease(ino).and_then(|l| l.ttl()) != x.ttl_ms {
+                // Effects of a changed TTL reach waiters at the next tick.
+                let _ = self.lease.set_ttl(ino, x.ttl_ms);
+            }
+            match x.guard {
+                Some(g) if self.lease.guard(ino).as_ref() != Some(&g) => self.lease.set_guard(ino, g),
+                Some(_) => {}
+                None => {
+                    self.lease.remove_guard(ino);
+                }
+            }
+        }
+        for (dir, name, ino) in c.removed_names {
+            if let Some(p) = self.path_of(dir, &name) {
+                self.lease.views().name_removed(p, ino);
+            }
+        }
+        for (dir, name, ino) in c.added_names {
+            if let Some(old) = self.path_of(dir, &name).and_then(|p| self.lease.views().take_removed(&p)) {
+                if old != ino {
+                    self.succeed(old, ino);
+                }
+            }
+        }
+        for ino in c.unlinked {
+            self.collect(ino);
+        }
+    }
+}
+
+impl Fs {
+    /// The state, after catching up with the other hosts of a shared
+    /// namespace: for every operation that reads names, attributes or
+    /// contents of `inos`. The store is asked without the state lock, and
+    /// a reader of an inode whose change is on its way to the store waits
+    /// until that change is stored or undone (it never sees a change that
+    /// may not land).
+    pub(super) fn fresh(&self, inos: &[Ino]) -> parking_lot::MutexGuard<'_, State> {
+        self.fresh_unless(|st| inos.iter().any(|i| st.in_flight.contains(i)))
+    }
+
+    /// As [`Fs::fresh`], for a listing of directory `dir`: it waits for
+    /// changes of the directory's names.
+    pub(super) fn fresh_listing(&self, dir: Ino) -> parking_lot::MutexGuard<'_, State> {
+        self.fresh_unless(|st| st.in_flight_names.iter().any(|(d, _)| *d == dir))
+    }
+
+    /// As [`Fs::fresh`], for a lookup of `name` in `dir`: it waits for a
+    /// change of that name or of the inode it leads to, not of other names
+    /// of the directory.
+    pub(super) fn fresh_name(&self, dir: Ino, name: &OsStr) -> parking_lot::MutexGuard<'_, State> {
+        self.fresh_unless(|st| {
+            (!st.in_flight.is_empty() || !st.in_flight_names.is_empty())
+                && (st.in_flight_names.contains(&(dir, name.to_owned()))
+                    || st.ns.child(dir, name).is_ok_and(|c| st.in_flight.contains(&c)))
+        })
+    }
+
+    /// The state caught up, once `waits` says nothing the caller reads is
+    /// on its way to the store. After a wait it catches up again: a change
+    /// that did not land leaves the table to be brought up to the target
+    /// (another host's change that won may have been held back meanwhile).
+    pub(super) fn fresh_unless(&self, waits: impl Fn(&State) -> bool) -> parking_lot::MutexGuard<'_, State> {
+        let target = self.barrier.get().map(|b| b.target());
+        let mut st = self.state.lock();
+        let Some(target) = target else { return st };
+        loop {
+            st.catch_up_to(target);
+            if !waits(&st) {
+                return st;
+            }
+            while waits(&st) {
+                self.settled.wait(&mut st);
+            }
+        }
+    }
+
+    /// Run `op`, which changes the namespace. On a shared namespace it runs
+    /// on a table caught up with every other host, and its change is stored
+    /// before its caller is answered (`EIO` when it could not be; the change
+    /// is then undone). When another host changed what `op` decided on
+    /// first, nothing was stored: what `op` opened and made is let go, and
+    /// `op` runs again on the fresh copy (at most [`CONFLICT_TRIES`] times),
+    /// so it answers as if it had come after the other host's change.
+    ///
+    /// The state lock is not held while etcd is asked (the barrier of a
+    /// retry, the check of an answer that stores nothing, the store step):
+    /// other requests are served meanwhile; this host's changes wait for
+    /// each other ([`Fs::changing`]).
+    pub(super) fn change<T>(&self, mut op: impl FnMut(&mut State) -> Result<T>) -> Result<T> {
+        let Some(barrier) = self.barrier.get() else {
+            let mut st = self.state.lock();
+            let out = op(&mut st);
+            self.write_back(&mut st);
+            return out;
+        };
+        let _one_at_a_time = self.changing.lock();
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            // The first attempt is decided on what this host knows (its
+            // watch applied): what it stores is compared anyway.
+            let fresh = tries > 1;
+            let target = fresh.then(|| barrier.target_now());
+            let mut st = self.state.lock();
+            let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+            let c = match r.begin(&mut st.ns, target) {
+                Ok(c) => c,
+                Err(e) => {
+                    st.replica = Some(r);
+                    return Err(e);
+                }
+            };
+            st.caught(c);
+            st.referenced_now = Some(Vec::new());
+            st.opened_now = Some(Vec::new());
+            let out = op(&mut st);
+            let referenced = st.referenced_now.take().unwrap_or_default();
+            let opened = st.opened_now.take().unwrap_or_default();
+            let (dirty, freed) = st.ns.dirty();
+            if !fresh && dirty.is_empty() && freed.is_empty() && st.conditions.is_empty() {
+                // Nothing to store, so nothing compared: an answer that
+                // changes nothing (an error, an existing file opened) stands
+                // only if the namespace had not moved on before the call.
+                let before = r.applied();
+                st.replica = Some(r);
+                drop(st);
+                let target = barrier.target_now();
+                let mut st = self.state.lock();
+                let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+                let caught = r.catch_up_to(&mut st.ns, target);
+                let moved = r.applied() != before;
+                st.replica = Some(r);
+                match caught {
+                    Ok(c) if !moved => {
+                        st.caught(c);
+                        return out;
+                    }
+                    Ok(c) => {
+                        st.let_go(opened, referenced);
+                        st.caught(c);
+                        continue;
+                    }
+                    Err(e) => {
+                        st.let_go(opened, referenced);
+                        return Err(e);
+                    }
+                }
+            }
+            // Readers wait for the files and names the change touches. A
+            // directory's own attributes (times, link count) are not waited
+            // for: every lookup walks through them.
+            let mut in_flight = std::collections::HashSet::new();
+            let mut in_flight_names = std::collections::HashSet::new();
+            for &ino in dirty.iter().chain(freed.iter()) {
+                match st.ns.get(ino).map(|i| &i.body) {
+                    Ok(Body::Dir(d)) => in_flight_names.extend(d.dirty_names().map(|n| (ino, n.clone()))),
+                    _ => {
+                        in_flight.insert(ino);
+                    }
+                }
+            }
+            let conditions = std::mem::take(&mut st.conditions);
+            let st_ref = &mut *st;
+            let lease = &*st_ref.lease;
+            let prepared = r.prepare(&mut st_ref.ns, &|ino| extra_of(lease, ino), &conditions);
+            let mut publication = match prepared {
+                Ok(Some(p)) => p,
+                Ok(None) => {
+                    st.replica = Some(r);
+                    return out;
+                }
+                Err(e) => {
+                    st.let_go(opened, referenced);
+                    st.replica = Some(r);
+                    return Err(e);
+                }
+            };
+            st.in_flight = in_flight;
+            st.in_flight_names = in_flight_names;
+            st.replica = Some(r);
+            drop(st);
+            if !conditions.is_empty() {
+                crate::failpoints::pausepoint("guarded-publish");
+            }
+            if tries == 1 {
+                crate::failpoints::pausepoint("publish");
+            }
+            // Whatever happens while it is sent, the change settles below
+            // (a panic is taken as no answer: the change is undone), or its
+            // readers would wait for ever.
+            let sent = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| publication.send()));
+            if sent.is_err() {
+                tracing::error!("sending a change to the shared store panicked; it is undone");
+            }
+            let mut st = self.state.lock();
+            st.in_flight.clear();
+            st.in_flight_names.clear();
+            self.settled.notify_all();
+            let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+            let published = r.settle(&mut st.ns, publication);
+            st.replica = Some(r);
+            match (out, published) {
+                (Ok(v), Ok(())) => return Ok(v),
+                (_, Err(Error::Conflict)) if tries < CONFLICT_TRIES => st.let_go(opened, referenced),
+                (_, Err(e)) => {
+                    st.let_go(opened, referenced);
+                    return Err(e);
+                }
+                (Err(e), Ok(())) => return Err(e),
+            }
+        }
+    }
+
+    /// On a shared namespace, `check` before the change asks etcd anything:
+    /// a refusal that needs no other host (a fenced holder) is answered
+    /// even while the shared store cannot be reached.
+    pub(super) fn precheck(&self, check: impl FnOnce(&mut State) -> Result<()>) -> Result<()> {
+        let mut st = self.state.lock();
+        if st.replica.is_some() {
+            check(&mut st)?;
+        }
+        Ok(())
+    }
+
+    /// Share the namespace through `replica`: the table is replaced by the
+    /// shared namespace as it is now.
+    pub fn set_replica(&self, mut replica: Box<dyn crate::namespace::replica::Replica>) -> Result<()> {
+        let _ = self.barrier.set(replica.barrier());
+        let mut st = self.state.lock();
+        st.ns.set_tracking();
+        let c = replica.catch_up(&mut st.ns)?;
+        st.caught(c);
+        st.max_file = replica.max_file_size();
+        st.replica = Some(replica);
+        st.names_cached = false;
+        Ok(())
+    }
+
+    /// Start the pool that runs request handlers of a shared mount
+    /// ([`HANDLER_THREADS`] threads, at most [`HANDLERS_HELD`] requests
+    /// queued or running); `status` shows it.
+    pub fn start_handlers(&self) -> std::io::Result<crate::fuse::workers::Workers> {
+        let w = crate::fuse::workers::Workers::start(HANDLER_THREADS, HANDLERS_HELD)?;
+        self.state.lock().handlers = Some(w.clone());
+        Ok(w)
+    }
+}

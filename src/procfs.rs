@@ -1,0 +1,126 @@
+//! Everything leasefs reads from `/proc`, and the only place its formats
+//! are parsed. A process that is gone reads as `None` (or the documented
+//! default), never as an error: the caller goes on without it.
+
+use std::io::Read;
+
+/// A small `/proc` file, read with one buffer large enough for all of it
+/// (`read_to_string` would start small and grow, one `read` per doubling).
+pub fn read(path: &str) -> Option<String> {
+    let mut text = String::with_capacity(4096);
+    std::fs::File::open(path).ok()?.read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// The fields of `/proc/PID/stat` after the command name (which may hold
+/// spaces and parentheses): field 3 of proc(5), the state, comes first.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = read(&format!("/proc/{pid}/stat"))?;
+    Some(stat.rsplit_once(')')?.1.split_whitespace().map(str::to_string).collect())
+}
+
+/// The state letter of a process (`R`, `S`, `T`, `Z`...).
+pub fn state(pid: u32) -> Option<char> {
+    stat_fields(pid)?.first()?.chars().next()
+}
+
+/// The parent of a process.
+pub fn parent(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// The parent and process group of a process.
+pub fn parent_and_group(pid: u32) -> Option<(u32, u32)> {
+    let f = stat_fields(pid)?;
+    Some((f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?))
+}
+
+/// When a process started, in clock ticks after boot (with the pid, it
+/// names one process: a pid is reused, the pair is not).
+pub fn start_time(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+/// The thread-group id (the process) of thread `tid`.
+pub fn tgid(tid: u32) -> Option<u32> {
+    let status = read(&format!("/proc/{tid}/status"))?;
+    status.lines().find_map(|l| l.strip_prefix("Tgid:"))?.trim().parse().ok()
+}
+
+/// Whether thread `tid` has `gid` among its supplementary groups.
+pub fn in_supplementary_group(tid: u32, gid: u32) -> bool {
+    read(&format!("/proc/{tid}/status")).is_some_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|g| g.split_whitespace().any(|x| x.parse() == Ok(gid)))
+    })
+}
+
+/// A process's command name.
+pub fn comm(pid: u32) -> Option<String> {
+    Some(read(&format!("/proc/{pid}/comm"))?.trim_end().to_string())
+}
+
+/// Whether a process exists (a zombie does).
+pub fn exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// How many threads a process has (0 when it is gone).
+pub fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Every pid now alive or a zombie.
+pub fn pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect()
+}
+
+/// The machine's memory (`MemTotal`), in bytes.
+pub fn memory_total() -> Option<u64> {
+    let text = read("/proc/meminfo")?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The host name (empty when unknown).
+pub fn hostname() -> String {
+    read("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default()
+}
+
+/// This process's mount table (`/proc/self/mountinfo`).
+pub fn mountinfo() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+}
+
+/// This process's cgroup membership (`/proc/self/cgroup`).
+pub fn own_cgroup() -> std::io::Result<String> {
+    std::fs::read_to_string("/proc/self/cgroup")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_reads_as_itself() {
+        let me = std::process::id();
+        assert_eq!(tgid(me), Some(me));
+        assert_eq!(parent(me), Some(std::os::unix::process::parent_id()));
+        assert!(start_time(me).is_some());
+        assert!(matches!(state(me), Some('R' | 'S')));
+        assert!(comm(me).is_some_and(|c| !c.is_empty()));
+        assert!(threads(me) >= 1 && exists(me));
+        assert!(pids().contains(&me));
+        assert!(memory_total().is_some_and(|m| m > 0));
+        // A pid beyond pid_max is never a process.
+        assert_eq!((state(1 << 23), comm(1 << 23), threads(1 << 23)), (None, None, 0));
+    }
+}
