@@ -398,7 +398,17 @@ def main():
             for p in procs:
                 p.wait(timeout=a.seconds + 60)
         except subprocess.TimeoutExpired:
-            # A worker never came back: show where each daemon is.
+            # A worker never came back: show where the workers wait and
+            # where each daemon is.
+            for p in procs:
+                if p.poll() is None:
+                    def proc(name):
+                        try:
+                            return open(f"/proc/{p.pid}/{name}").read().strip()
+                        except OSError as e:
+                            return str(e)
+                    print(f"--- worker {p.args[3]} (pid {p.pid}): state {proc('stat').split(')')[-1].split()[:1]}, "
+                          f"wchan {proc('wchan')}\n{proc('stack')}", file=sys.stderr)
             if shutil.which("gdb"):
                 for host, pid in h.daemons.items():
                     bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
