@@ -490,7 +490,9 @@ fn on_disk(dir: &std::path::Path) -> u64 {
 /// at the end.
 fn settles_within_the_bound(dir: &std::path::Path, live: u64) -> u64 {
     let bound = 6 * live + (4 << 20);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Compaction runs off the request path, at its own pace: on a loaded
+    // machine (etcd clusters fsyncing beside it) it can take a while.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let size = on_disk(dir);
         if size <= bound || std::time::Instant::now() > deadline {
@@ -511,7 +513,7 @@ fn a_removed_large_file_leaves_the_state_directory_without_any_later_fsync() {
     // Removed, then small changes; nothing syncs again.
     sh_ok(&m.path, "rm big && touch a b c");
     let size = settles_within_the_bound(state.path(), 4096);
-    assert!(size <= 4 * 4096 + (4 << 20), "{size} bytes in the state directory 10 s after the last change");
+    assert!(size <= 4 * 4096 + (4 << 20), "{size} bytes in the state directory 30 s after the last change");
     // What was synced is still there after a crash; the compaction kept
     // the later changes too.
     kill_9(&mut m);
