@@ -3,7 +3,7 @@
 //! "hosts" sharing one lease namespace), and drives them from separate
 //! processes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use leasefs::cluster::client::{prefix_end, Client};
@@ -704,6 +704,18 @@ fn pausing_host(cluster: &Cluster, p: &str, ms: u32, mark: &Path) -> Mount {
     )
 }
 
+/// Host b, prepared by `setup` (a shell command run on it), then host a,
+/// whose first attempt at each change stalls `ms` before its transaction;
+/// the directory holding a's pause mark, and the mark's path.
+fn paused_and_plain(cluster: &Cluster, p: &str, ms: u32, setup: &str) -> (tempfile::TempDir, PathBuf, Mount, Mount) {
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("paused");
+    let b = host(cluster, p, &[]);
+    sh_ok(&b.path, setup);
+    let a = pausing_host(cluster, p, ms, &mark);
+    (marks, mark, a, b)
+}
+
 /// Wait until the daemon writes `mark` (a change of it is paused).
 fn await_mark(mark: &Path) {
     let deadline = Instant::now() + STEP;
@@ -726,11 +738,7 @@ fn conflicts(m: &Mount) -> u64 {
 fn a_change_that_loses_a_race_is_decided_again_with_the_single_host_errno() {
     let cluster = Cluster::start();
     let p = prefix("race");
-    let marks = tempfile::tempdir().unwrap();
-    let mark = marks.path().join("paused");
-    let b = host(&cluster, &p, &[]);
-    sh_ok(&b.path, "echo old > gone");
-    let a = pausing_host(&cluster, &p, 1500, &mark);
+    let (_marks, mark, a, b) = paused_and_plain(&cluster, &p, 1500, "echo old > gone");
     // An exclusive create on a, paused before it is stored; b creates the
     // same name meanwhile.
     let creator = "import errno, os\ntry:\n    os.close(os.open('l', os.O_CREAT | os.O_EXCL | os.O_WRONLY))\n    print('created')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])";
@@ -1420,11 +1428,7 @@ while p.poll(20000):
 fn a_request_waiting_for_etcd_holds_up_no_other_request_on_its_host() {
     let cluster = Cluster::start();
     let p = prefix("stall");
-    let marks = tempfile::tempdir().unwrap();
-    let mark = marks.path().join("paused");
-    let b = host(&cluster, &p, &[]);
-    sh_ok(&b.path, "echo kept > other && touch lk && mkdir d");
-    let a = pausing_host(&cluster, &p, 8000, &mark);
+    let (_marks, mark, a, b) = paused_and_plain(&cluster, &p, 8000, "echo kept > other && touch lk && mkdir d");
     let _ = std::fs::remove_file(&mark);
     let mut slow = Bg::capture(&a.path, "sh", &["-c", "echo new > d/slow && echo stored"]);
     await_mark(&mark);
