@@ -51,7 +51,7 @@ use super::client::{Client, EtcdError};
 use super::session::HostSession;
 use super::watcher::QueueWatcher;
 use crate::error::{Error, Result};
-use crate::lease::authority::{LeaseAuthority, Wake};
+use crate::lease::authority::{Answer, Errand, LeaseAuthority, Question, Step, Wake};
 use crate::lease::floors::Floors;
 use crate::lease::local::LocalAuthority;
 use crate::lease::machine::{
@@ -107,7 +107,7 @@ struct Delayed {
 /// Deletes queue entries whose release failed, retrying until etcd takes
 /// it or the session they hang on is gone (etcd then deletes them itself).
 /// An entry left behind would stand in every later request's way.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Leftovers {
     tx: std::sync::mpsc::Sender<Ticket>,
     pending: Arc<std::sync::atomic::AtomicUsize>,
@@ -173,13 +173,53 @@ pub struct EtcdAuthority {
     /// renewal (key, mod revision): its TTL runs from there on this host's
     /// clock, so it is never broken earlier than the holder's own host
     /// would let it lapse.
-    seen: HashMap<(Vec<u8>, i64), Instant>,
+    seen: Seen,
     /// Held entries with a TTL, flagged by the queue watch when another
     /// host breaks them.
     broken_flags: HashMap<Vec<u8>, Arc<AtomicBool>>,
     /// Holders of other hosts broken here, and holders here broken by others.
     ttl_breaks: (u64, u64),
+    /// etcd calls whose outcome nobody waits on here (releases, renewals),
+    /// left for the caller to run without the state lock.
+    errands: Vec<Errand>,
+    /// Waiters taken from `parked` while their tick decides them again
+    /// without the state lock; true once a signal interrupted one.
+    deciding: HashMap<WaitId, bool>,
 }
+
+/// When this host first saw a holder entry at a given renewal, shared with
+/// the questions sent without the state lock.
+type Seen = Arc<parking_lot::Mutex<HashMap<(Vec<u8>, i64), Instant>>>;
+
+/// When the TTL of the holder entry `key`, renewed at revision `renewed`,
+/// runs out as this host measures it: from when this host first saw that
+/// renewal, so it is never broken earlier than the holder's own host would
+/// let it lapse.
+fn lapses_at(seen: &Seen, key: &[u8], renewed: i64, ttl_ms: u64) -> Instant {
+    let mut seen = seen.lock();
+    if seen.len() >= 4096 {
+        seen.clear();
+    }
+    let first = *seen.entry((key.to_vec(), renewed)).or_insert_with(Instant::now);
+    first + Duration::from_millis(ttl_ms)
+}
+
+/// A lock request's question: join the queue and decide, without the
+/// state lock.
+struct Asked {
+    ino: Ino,
+    req: Request,
+    wait: Option<WaitId>,
+    ticket: Ticket,
+    decided: std::result::Result<Decision, EtcdError>,
+    /// A lapsed holder of another host was broken on the way.
+    broke: bool,
+    /// Effects decided before the question was sent.
+    effects: Vec<Effect>,
+}
+
+/// A tick's question: waiters decided again, without the state lock.
+struct Redecided(Vec<(WaitId, Parked, std::result::Result<Decision, EtcdError>, bool)>);
 
 impl std::fmt::Debug for EtcdAuthority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -261,9 +301,11 @@ impl EtcdAuthority {
             watcher: None,
             losses: 0,
             lost_holders: Vec::new(),
-            seen: HashMap::new(),
+            seen: Seen::default(),
             broken_flags: HashMap::new(),
             ttl_breaks: (0, 0),
+            errands: Vec::new(),
+            deciding: HashMap::new(),
         })
     }
 
@@ -278,24 +320,32 @@ impl EtcdAuthority {
         &self.session
     }
 
-    /// Leave the queue; a failed release is retried on the next ticks.
-    /// Waiters of this host that queued right behind the entry decide again
-    /// at once instead of waiting for their watch.
+    /// Leave the queue, as an errand (sent without the state lock); a
+    /// failed release is retried off the request path. Waiters of this host
+    /// that queued right behind the entry decide again at once instead of
+    /// waiting for their watch.
     fn release_ticket(&mut self, t: Ticket) {
         if let (Some(flag), Some(w)) = (self.broken_flags.remove(&t.key), &self.watcher) {
             w.unregister(&t.key, &flag);
         }
-        match self.arbiter.release(&t) {
-            Ok(()) => {
-                for p in self.parked.values().filter(|p| p.predecessor == t.key) {
-                    p.ready.store(true, Ordering::Relaxed);
+        let behind: Vec<Arc<AtomicBool>> =
+            self.parked.values().filter(|p| p.predecessor == t.key).map(|p| p.ready.clone()).collect();
+        let (arbiter, leftover, wake) = (self.arbiter.clone(), self.leftover.clone(), self.wake.clone());
+        self.errands.push(Errand::new(move || {
+            match arbiter.release(&t) {
+                Ok(()) => {
+                    for ready in behind {
+                        ready.store(true, Ordering::Relaxed);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(lease = %t.name, "leaving the etcd queue failed, retrying: {e}");
+                    leftover.push(t);
                 }
             }
-            Err(e) => {
-                tracing::warn!(lease = %t.name, "leaving the etcd queue failed, retrying: {e}");
-                self.leftover.push(t);
-            }
-        }
+            wake.wake();
+        }));
+        // Run by the next tick if no request path runs it first.
         self.wake.wake();
     }
 
@@ -417,26 +467,15 @@ impl EtcdAuthority {
         }
     }
 
-    /// When the TTL of the holder entry `key`, renewed at revision
-    /// `renewed`, runs out as this host measures it.
-    fn lapses_at(&mut self, key: &[u8], renewed: i64, ttl_ms: u64) -> Instant {
-        if self.seen.len() >= 4096 {
-            self.seen.clear();
-        }
-        let first = *self.seen.entry((key.to_vec(), renewed)).or_insert_with(Instant::now);
-        first + Duration::from_millis(ttl_ms)
-    }
-
     /// Break the holder entry `key` if its TTL ran out unrenewed since
     /// revision `renewed` (as this host measured it); true if it did.
-    fn break_if_lapsed(&mut self, name: &str, key: &[u8], renewed: i64, ttl_ms: u64) -> bool {
-        if self.lapses_at(key, renewed, ttl_ms) > Instant::now() {
+    fn break_if_lapsed(arbiter: &Arbiter, seen: &Seen, name: &str, key: &[u8], renewed: i64, ttl_ms: u64) -> bool {
+        if lapses_at(seen, key, renewed, ttl_ms) > Instant::now() {
             return false;
         }
-        match self.arbiter.break_held(key, renewed) {
+        match arbiter.break_held(key, renewed) {
             Ok(true) => {
                 tracing::info!(lease = %name, ttl_ms, "the TTL of another host's holder ran out: broken");
-                self.ttl_breaks.0 += 1;
                 true
             }
             Ok(false) => false,
@@ -451,16 +490,20 @@ impl EtcdAuthority {
     /// so other hosts see the renewal.
     fn touch(&mut self, ino: Ino) {
         let epoch = self.local.epoch(ino).0;
-        for ((i, _), t) in &self.held {
-            if *i != ino || !self.broken_flags.contains_key(&t.key) {
-                continue;
-            }
-            match self.arbiter.touch(t, epoch) {
+        let renewed: Vec<Ticket> = self
+            .held
+            .iter()
+            .filter(|((i, _), t)| *i == ino && self.broken_flags.contains_key(&t.key))
+            .map(|(_, t)| t.clone())
+            .collect();
+        for t in renewed {
+            let arbiter = self.arbiter.clone();
+            self.errands.push(Errand::new(move || match arbiter.touch(&t, epoch) {
                 Ok(true) => {}
                 // Broken meanwhile: the queue watch reports it.
                 Ok(false) => {}
                 Err(e) => tracing::warn!(lease = %t.name, "renewing in etcd failed: {e}"),
-            }
+            }));
         }
     }
 
@@ -522,7 +565,7 @@ impl EtcdAuthority {
         revision: i64,
         breakable: Option<(u64, i64)>,
     ) {
-        let breakable = breakable.map(|(ttl, renewed)| (self.lapses_at(&predecessor, renewed, ttl), renewed));
+        let breakable = breakable.map(|(ttl, renewed)| (lapses_at(&self.seen, &predecessor, renewed, ttl), renewed));
         if breakable.is_some() {
             self.wake.wake();
         }
@@ -548,10 +591,26 @@ impl EtcdAuthority {
         }
     }
 
-    /// Decide a parked request again; its answer, if it has one now.
-    fn redecide(&mut self, id: WaitId, p: Parked, effects: &mut Vec<Effect>) {
-        let released = self.watcher.as_ref().and_then(|w| w.last_release(&self.arbiter.queue_prefix(&p.ticket.name)));
-        match self.arbiter.decide_after(&p.ticket, released) {
+    /// Carry out a parked request's new decision; its answer, if it has
+    /// one now.
+    fn redecided(
+        &mut self,
+        id: WaitId,
+        p: Parked,
+        decided: std::result::Result<Decision, EtcdError>,
+        effects: &mut Vec<Effect>,
+    ) {
+        if self.deciding.remove(&id) == Some(true) {
+            // A signal came while etcd was asked: whatever it decided goes.
+            self.release_ticket(p.ticket);
+            effects.push(Effect::Refuse(id, Error::Interrupted));
+            return;
+        }
+        if self.session.alive() != Some(p.ticket.session) {
+            effects.push(Effect::Refuse(id, Error::Unreachable));
+            return;
+        }
+        match decided {
             Ok(Decision::Granted { epoch, lost_holder }) => {
                 self.answer_grant(p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
             }
@@ -696,6 +755,13 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
+        match self.begin_request(ino, req, wait)? {
+            Step::Done(outcome, effects) => Ok((outcome, effects)),
+            Step::Ask(q) => self.finish_request(q.send()),
+        }
+    }
+
+    fn begin_request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<Step> {
         let mut effects = Vec::new();
         self.on_session_loss(&mut effects);
         let record = record_range(&req);
@@ -703,7 +769,7 @@ impl LeaseAuthority for EtcdAuthority {
             let (outcome, more) = self.local.request(ino, req, wait)?;
             effects.extend(more);
             self.reconcile(ino);
-            return Ok((outcome, effects));
+            return Ok(Step::Done(outcome, effects));
         };
         if let Some(t) = self.held.get(&(ino, req.owner)).filter(|_| record.is_none()) {
             if t.mode == mode {
@@ -714,7 +780,7 @@ impl LeaseAuthority for EtcdAuthority {
                 if outcome == Outcome::Granted {
                     self.touch(ino);
                 }
-                return Ok((outcome, effects));
+                return Ok(Step::Done(outcome, effects));
             }
             // A conversion is not atomic, as flock(2) says: the old entry
             // goes first, the new one queues behind whoever came before.
@@ -724,13 +790,13 @@ impl LeaseAuthority for EtcdAuthority {
         }
         // A conflict on this host answers a non-blocking request without a round trip.
         if wait.is_none() && self.local.test(ino, &req).is_some() {
-            return Ok((Outcome::Refused(Error::WouldBlock), effects));
+            return Ok(Step::Done(Outcome::Refused(Error::WouldBlock), effects));
         }
         let Some(name) = self.names.get(&ino).cloned() else {
             // A file that never had a name is arbitrated on this host only.
             let (outcome, more) = self.local.request(ino, req, wait)?;
             effects.extend(more);
-            return Ok((outcome, effects));
+            return Ok(Step::Done(outcome, effects));
         };
         let asker = Asker {
             pid: req.pid,
@@ -738,30 +804,53 @@ impl LeaseAuthority for EtcdAuthority {
             owner: super::arbiter::owner_key(req.kind, req.owner),
             ttl_ms: self.local.effective_ttl(ino),
         };
-        let mut ticket =
-            self.arbiter.ticket(&name, mode, &asker).map_err(|e| unreachable("joining an etcd queue", &e))?;
+        let mut ticket = match self.arbiter.ticket(&name, mode, &asker) {
+            Ok(t) => t,
+            Err(e) => {
+                // No session: the fences of its loss still go out.
+                return Ok(Step::Done(Outcome::Refused(unreachable("joining an etcd queue", &e)), effects));
+            }
+        };
         if let Some((_, r)) = record {
             ticket = ticket.with_ranges(vec![(r.start, r.end)]);
         }
-        let mut decided = match self.arbiter.join_and_decide(&mut ticket) {
-            Err(e @ (EtcdError::Indeterminate(_) | EtcdError::Unavailable(_))) => {
-                let err = unreachable("joining an etcd queue", &e);
-                // It may be queued, even granted: delete it, retrying until
-                // it is gone, off the request path (etcd is evidently not
-                // answering).
-                self.leftover.push(ticket);
-                return Err(err);
+        // Releases this request caused (a conversion) go first.
+        let before = std::mem::take(&mut self.errands);
+        let (arbiter, seen) = (self.arbiter.clone(), self.seen.clone());
+        Ok(Step::Ask(Question::new(move || {
+            for e in before {
+                e.run();
             }
-            d => d,
+            crate::failpoints::pausepoint(&format!("lock-step/{name}"));
+            let mut decided = arbiter.join_and_decide(&mut ticket);
+            let mut broke = false;
+            // A non-blocking contender breaks a holder whose TTL it saw run out.
+            if let (None, Ok(Decision::Behind { predecessor, breakable: Some((ttl, renewed)), .. })) = (wait, &decided)
+            {
+                let (predecessor, ttl, renewed) = (predecessor.clone(), *ttl, *renewed);
+                if Self::break_if_lapsed(&arbiter, &seen, &name, &predecessor, renewed, ttl) {
+                    broke = true;
+                    decided = arbiter.decide(&ticket);
+                }
+            }
+            Answer(Box::new(Asked { ino, req, wait, ticket, decided, broke, effects }))
+        })))
+    }
+
+    fn finish_request(&mut self, answer: Answer) -> Result<(Outcome, Vec<Effect>)> {
+        let Ok(asked) = answer.0.downcast::<Asked>() else {
+            return Err(Error::Io);
         };
-        // A non-blocking contender breaks a holder whose TTL it saw run out.
-        if let (None, Ok(Decision::Behind { predecessor, breakable: Some((ttl, renewed)), .. })) = (wait, &decided) {
-            let predecessor = predecessor.clone();
-            if self.break_if_lapsed(&name, &predecessor, *renewed, *ttl) {
-                decided = self.arbiter.decide(&ticket);
-            }
+        let Asked { ino, req, wait, ticket, decided, broke, mut effects } = *asked;
+        if broke {
+            self.ttl_breaks.0 += 1;
         }
+        self.on_session_loss(&mut effects);
         match decided {
+            Ok(Decision::Granted { .. } | Decision::Behind { .. }) if self.session.alive() != Some(ticket.session) => {
+                // The session went while etcd was asked: its entries went with it.
+                Ok((Outcome::Refused(Error::Unreachable), effects))
+            }
             Ok(Decision::Granted { epoch, lost_holder }) => {
                 let outcome = self.answer_grant(ino, req, ticket, epoch, lost_holder, wait, false, &mut effects);
                 Ok((outcome, effects))
@@ -771,9 +860,8 @@ impl LeaseAuthority for EtcdAuthority {
                     self.release_ticket(ticket);
                     Ok((Outcome::Refused(Error::WouldBlock), effects))
                 }
-                Some(id) if req.kind == LockKind::Posix && self.would_deadlock(req.owner, &predecessor) => {
+                Some(_) if req.kind == LockKind::Posix && self.would_deadlock(req.owner, &predecessor) => {
                     self.release_ticket(ticket);
-                    let _ = id;
                     Ok((Outcome::Refused(Error::Deadlock), effects))
                 }
                 Some(id) => {
@@ -784,6 +872,9 @@ impl LeaseAuthority for EtcdAuthority {
             Ok(Decision::Gone) => Err(Error::Unreachable),
             Err(e) => {
                 let err = unreachable("deciding a lock request", &e);
+                // It may be queued, even granted: delete it, retrying until
+                // it is gone, off the request path (etcd is evidently not
+                // answering).
                 self.leftover.push(ticket);
                 Err(err)
             }
@@ -827,8 +918,15 @@ impl LeaseAuthority for EtcdAuthority {
     fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
         if let Some(p) = self.parked.remove(&id) {
             self.unpark(&p);
-            self.release_ticket(p.ticket);
+            // Off the request path: an interrupt is handled on the thread
+            // that reads the kernel's requests.
+            self.leftover.push(p.ticket);
             return Some(vec![Effect::Refuse(id, Error::Interrupted)]);
+        }
+        if let Some(interrupted) = self.deciding.get_mut(&id) {
+            // Answered when etcd's decision comes back.
+            *interrupted = true;
+            return Some(Vec::new());
         }
         if let Some(pos) = self.delayed.iter().position(|d| d.wait == Some(id)) {
             let d = self.delayed.remove(pos);
@@ -999,36 +1097,6 @@ impl LeaseAuthority for EtcdAuthority {
         self.broken_elsewhere(&mut effects);
         let (more, mut next) = self.local.tick();
         effects.extend(more);
-        // Waiters behind a holder whose TTL ran out break it, then decide again.
-        let now = Instant::now();
-        let lapsed: Vec<(WaitId, Vec<u8>, i64)> = self
-            .parked
-            .iter()
-            .filter_map(|(id, p)| {
-                p.breakable.filter(|(at, _)| *at <= now).map(|(_, r)| (*id, p.predecessor.clone(), r))
-            })
-            .collect();
-        for (id, key, renewed) in lapsed {
-            let name = self.parked.get(&id).map(|p| p.ticket.name.clone()).unwrap_or_default();
-            match self.arbiter.break_held(&key, renewed) {
-                Ok(true) => {
-                    tracing::info!(lease = %name, "the TTL of another host's holder ran out: broken");
-                    self.ttl_breaks.0 += 1;
-                }
-                Ok(false) => {}
-                Err(e) => tracing::warn!(lease = %name, "breaking a lapsed holder failed: {e}"),
-            }
-            if let Some(p) = self.parked.get(&id) {
-                p.ready.store(true, Ordering::Relaxed);
-            }
-        }
-        let ready: Vec<WaitId> =
-            self.parked.iter().filter(|(_, p)| p.ready.load(Ordering::Relaxed)).map(|(id, _)| *id).collect();
-        for id in ready {
-            if let Some(p) = self.parked.remove(&id) {
-                self.redecide(id, p, &mut effects);
-            }
-        }
         let now = Instant::now();
         let (due, later): (Vec<Delayed>, Vec<Delayed>) = self.delayed.drain(..).partition(|d| d.until <= now);
         self.delayed = later;
@@ -1054,6 +1122,72 @@ impl LeaseAuthority for EtcdAuthority {
             next = soonest(next, millis_until(at));
         }
         (effects, next)
+    }
+
+    fn begin_tick(&mut self) -> Option<Question> {
+        // Waiters behind a holder whose TTL ran out break it, then decide
+        // again; so do waiters whose predecessor left.
+        let now = Instant::now();
+        let due: Vec<(WaitId, Option<i64>)> = self
+            .parked
+            .iter()
+            .filter_map(|(id, p)| match p.breakable {
+                Some((at, renewed)) if at <= now => Some((*id, Some(renewed))),
+                _ if p.ready.load(Ordering::Relaxed) => Some((*id, None)),
+                _ => None,
+            })
+            .collect();
+        if due.is_empty() {
+            return None;
+        }
+        let mut asks = Vec::new();
+        for (id, lapsed) in due {
+            let Some(p) = self.parked.remove(&id) else { continue };
+            let released =
+                self.watcher.as_ref().and_then(|w| w.last_release(&self.arbiter.queue_prefix(&p.ticket.name)));
+            self.deciding.insert(id, false);
+            asks.push((id, p, lapsed, released));
+        }
+        let arbiter = self.arbiter.clone();
+        Some(Question::new(move || {
+            let mut out = Vec::new();
+            for (id, p, lapsed, released) in asks {
+                let mut broke = false;
+                if let Some(renewed) = lapsed {
+                    match arbiter.break_held(&p.predecessor, renewed) {
+                        Ok(true) => {
+                            tracing::info!(lease = %p.ticket.name, "the TTL of another host's holder ran out: broken");
+                            broke = true;
+                        }
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(lease = %p.ticket.name, "breaking a lapsed holder failed: {e}"),
+                    }
+                }
+                crate::failpoints::pausepoint(&format!("lock-step/{}", p.ticket.name));
+                let decided = arbiter.decide_after(&p.ticket, released);
+                out.push((id, p, decided, broke));
+            }
+            Answer(Box::new(Redecided(out)))
+        }))
+    }
+
+    fn finish_tick(&mut self, answer: Answer) -> Vec<Effect> {
+        let Ok(r) = answer.0.downcast::<Redecided>() else {
+            return Vec::new();
+        };
+        let mut effects = Vec::new();
+        self.on_session_loss(&mut effects);
+        for (id, p, decided, broke) in r.0 {
+            if broke {
+                self.ttl_breaks.0 += 1;
+            }
+            self.redecided(id, p, decided, &mut effects);
+        }
+        effects
+    }
+
+    fn take_errands(&mut self) -> Vec<Errand> {
+        std::mem::take(&mut self.errands)
     }
 
     fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
@@ -1231,6 +1365,9 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn shutdown(&mut self) {
+        for e in std::mem::take(&mut self.errands) {
+            e.run();
+        }
         let parked: Vec<Parked> = std::mem::take(&mut self.parked).into_values().collect();
         for p in &parked {
             self.unpark(p);

@@ -337,6 +337,7 @@ impl Client {
         self.calls[call_kind(path)].fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.timeout;
         let body = body.to_string();
+        tracing::trace!(path, %body, "etcd request");
         let mut why = String::from("no endpoint");
         for _ in 0..self.endpoints.len() * 2 {
             if Instant::now() >= deadline {

@@ -166,6 +166,8 @@ impl Fs {
         }
         st.ns.maybe_drop(f.ino);
         st.collect(f.ino);
+        // The locks' releases are done before the close returns.
+        Self::run_errands(st);
         Ok(effects)
     }
 
@@ -182,6 +184,7 @@ impl Fs {
         }
         st.account(&effects);
         st.collect(ino);
+        Self::run_errands(st);
         effects
     }
 

@@ -27,7 +27,14 @@ impl Fs {
                 return (Vec::new(), Some(std::time::Duration::from_millis(100)));
             }
         }
-        let (effects, next) = st.lease.tick();
+        let (mut effects, next) = st.lease.tick();
+        if let Some(question) = st.lease.begin_tick() {
+            // Waiters decided again in etcd, without the state lock.
+            drop(st);
+            let answer = question.send();
+            st = self.state.lock();
+            effects.extend(st.lease.finish_tick(answer));
+        }
         st.account(&effects);
         let remote = st.lease.remote_events();
         if !remote.is_empty() {
@@ -48,10 +55,12 @@ impl Fs {
         // Files the kernel holds past its bound, once new ones stop coming
         // (sent by the caller with `take_entry_drops`).
         let bound = st.limits.kernel_inodes;
-        let st = &mut *st;
-        if let Some(again) = st.kernel.trim(&st.ns, bound, std::time::Instant::now()) {
+        let parts = &mut *st;
+        if let Some(again) = parts.kernel.trim(&parts.ns, bound, std::time::Instant::now()) {
             next = Some(next.map_or(again, |n| n.min(again)));
         }
+        // Releases and renewals no request path sent.
+        Self::run_errands(st);
         (effects, next)
     }
 
@@ -138,7 +147,17 @@ impl Fs {
             tracing::error!(ino = ino.0, "cannot make the next epoch durable: {e}");
         }
         let released = if req.mode.is_none() { st.releases(ino, |l| l.owner == req.owner) } else { Vec::new() };
-        let (outcome, effects) = st.lease.request(ino, req, wait)?;
+        let (outcome, effects) = match st.lease.begin_request(ino, req, wait)? {
+            Step::Done(outcome, effects) => (outcome, effects),
+            Step::Ask(question) => {
+                // etcd is asked without the state lock: other requests go on
+                // (requests on this file wait: they are keyed to its thread).
+                drop(st);
+                let answer = question.send();
+                st = self.state.lock();
+                st.lease.finish_request(answer)?
+            }
+        };
         match outcome {
             Outcome::Granted if req.mode.is_some() => {
                 st.metrics.acquisitions += 1;
@@ -175,7 +194,19 @@ impl Fs {
         }
         st.account(&effects);
         st.collect(ino);
+        // An unlock's release is done before the unlock returns.
+        Self::run_errands(st);
         Ok((outcome, effects))
+    }
+
+    /// Run what the lease authority left to send without the state lock
+    /// (releases and renewals in etcd), after letting the lock go.
+    pub(super) fn run_errands(mut st: parking_lot::MutexGuard<'_, State>) {
+        let errands = st.lease.take_errands();
+        drop(st);
+        for e in errands {
+            e.run();
+        }
     }
 
     /// The lock that would block `req` (`F_GETLK`).

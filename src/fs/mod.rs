@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::control::{self, ControlFile, Metrics};
 use crate::error::{Error, Result};
-use crate::lease::authority::{LeaseAuthority, Wake};
+use crate::lease::authority::{LeaseAuthority, Step, Wake};
 use crate::lease::local::LocalAuthority;
 use crate::lease::observe::Proc;
 use crate::lease::{Effect, Epoch, Lock, Outcome, Owner, Request, WaitId};

@@ -139,6 +139,11 @@ struct Waits {
     parked: HashMap<WaitId, ReplyEmpty>,
     /// Interrupts that arrived before their request was parked.
     early: VecDeque<u64>,
+    /// Answers (`None`: granted) that arrived before their request was
+    /// parked: a lock request's handler parks its reply only after the
+    /// lease core answered it, without this lock, and a grant may come
+    /// from the lease timer in between.
+    answered: VecDeque<(WaitId, Option<Error>)>,
     /// `lk_flags` of lock requests, by request id (fuser does not expose them).
     lk_flags: HashMap<u64, u32>,
     /// Where to send page-cache invalidations.
@@ -159,13 +164,12 @@ impl Waits {
             match e {
                 Effect::Grant(id) => match self.parked.remove(&id) {
                     Some(r) => r.ok(),
-                    None => warn!(wait = id.0, "grant for a request that is not parked"),
+                    None => self.answer_early(id, None),
                 },
-                Effect::Refuse(id, err) => {
-                    if let Some(r) = self.parked.remove(&id) {
-                        r.error(errno(err));
-                    }
-                }
+                Effect::Refuse(id, err) => match self.parked.remove(&id) {
+                    Some(r) => r.error(errno(err)),
+                    None => self.answer_early(id, Some(err)),
+                },
                 Effect::Epoch(ino, epoch) => {
                     debug!(path = %fs.describe(ino), ino = ino.0, epoch = epoch.0, "lease acquired: new epoch")
                 }
@@ -196,6 +200,35 @@ impl Waits {
                 // A poll wake-up only wakes a wait queue in the kernel:
                 // safe from any thread, unlike invalidations.
                 let _ = p.notify();
+            }
+        }
+    }
+
+    /// Keep the answer of a request not parked yet for its handler.
+    fn answer_early(&mut self, id: WaitId, answer: Option<Error>) {
+        if self.answered.len() >= EARLY_INTERRUPTS {
+            if let Some((old, _)) = self.answered.pop_front() {
+                warn!(wait = old.0, "answer for a request that was never parked");
+            }
+        }
+        self.answered.push_back((id, answer));
+    }
+
+    /// Park the reply of the lock request `id`, or answer it at once if its
+    /// answer or an interrupt came first.
+    fn park(&mut self, id: WaitId, reply: ReplyEmpty, fs: &Fs) {
+        if let Some(i) = self.answered.iter().position(|(a, _)| *a == id) {
+            match self.answered.remove(i).and_then(|(_, a)| a) {
+                None => reply.ok(),
+                Some(err) => reply.error(errno(err)),
+            }
+            return;
+        }
+        self.parked.insert(id, reply);
+        if self.take_early(id.0) {
+            if let Some(effects) = fs.interrupt(id) {
+                debug!(unique = id.0, "lock wait interrupted by a signal");
+                self.deliver(effects, fs);
             }
         }
     }
@@ -275,8 +308,10 @@ impl Intercept for Interceptor {
                 return;
             };
             let next = {
-                let mut w = waits.lock();
+                // Without the `Waits` lock: a tick may ask etcd (answers
+                // that come before their request is parked are kept).
                 let (effects, next) = fs.tick();
+                let mut w = waits.lock();
                 send_entry_drops(&fs, &w);
                 w.deliver(effects, &fs);
                 w.deliver_events(&fs);
@@ -686,15 +721,12 @@ impl fuser::Filesystem for LeaseFs {
             });
         }
         if crate::control::is_control(Ino(ino.0)) {
-            return guarded("control write", || {
-                let mut w = self.waits.lock();
-                match self.fs.control_write(Ino(ino.0), data, caller(req)) {
-                    Ok((n, effects)) => {
-                        reply.written(n);
-                        w.deliver(effects, &self.fs);
-                    }
-                    Err(e) => reply.error(errno(e)),
+            return guarded("control write", || match self.fs.control_write(Ino(ino.0), data, caller(req)) {
+                Ok((n, effects)) => {
+                    reply.written(n);
+                    self.waits.lock().deliver(effects, &self.fs);
                 }
+                Err(e) => reply.error(errno(e)),
             });
         }
         let how = WriteOpts {
@@ -713,10 +745,9 @@ impl fuser::Filesystem for LeaseFs {
 
     fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         guarded("flush", || {
-            let mut w = self.waits.lock();
             let effects = self.fs.flush(Ino(ino.0), Owner(lock_owner.0));
             reply.ok();
-            w.deliver(effects, &self.fs);
+            self.waits.lock().deliver(effects, &self.fs);
         });
     }
 
@@ -730,15 +761,12 @@ impl fuser::Filesystem for LeaseFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("release", || {
-            let mut w = self.waits.lock();
-            match self.fs.release(Handle(fh.0), lock_owner.map(|o| Owner(o.0))) {
-                Ok(effects) => {
-                    reply.ok();
-                    w.deliver(effects, &self.fs);
-                }
-                Err(e) => reply.error(errno(e)),
+        guarded("release", || match self.fs.release(Handle(fh.0), lock_owner.map(|o| Owner(o.0))) {
+            Ok(effects) => {
+                reply.ok();
+                self.waits.lock().deliver(effects, &self.fs);
             }
+            Err(e) => reply.error(errno(e)),
         });
     }
 
@@ -891,16 +919,23 @@ impl fuser::Filesystem for LeaseFs {
     ) {
         guarded("setlk", || {
             let unique = req.unique().0;
-            let mut w = self.waits.lock();
-            let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
-                Ok(r) => r,
-                Err(e) => return reply.error(errno(e)),
+            let lreq = {
+                let mut w = self.waits.lock();
+                let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
+                    Ok(r) => r,
+                    Err(e) => return reply.error(errno(e)),
+                };
+                if sleep && w.take_early(unique) {
+                    return reply.error(errno(Error::Interrupted));
+                }
+                lreq
             };
-            if sleep && w.take_early(unique) {
-                return reply.error(errno(Error::Interrupted));
-            }
             let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
-            match self.fs.setlk(Ino(ino.0), lreq, wait) {
+            // Without the `Waits` lock: the lease core may ask etcd, and
+            // interrupts and other lock requests must not wait for that.
+            let answer = self.fs.setlk(Ino(ino.0), lreq, wait);
+            let mut w = self.waits.lock();
+            match answer {
                 Ok((Outcome::Granted, effects)) => {
                     debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = self.fs.epoch(Ino(ino.0)).0, "lock granted");
                     // Hand the lock on before answering the releaser, as the
@@ -910,8 +945,8 @@ impl fuser::Filesystem for LeaseFs {
                 }
                 Ok((Outcome::Parked, effects)) => {
                     debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");
-                    w.parked.insert(WaitId(unique), reply);
                     w.deliver(effects, &self.fs);
+                    w.park(WaitId(unique), reply, &self.fs);
                 }
                 Ok((Outcome::Refused(e), effects)) => {
                     reply.error(errno(e));

@@ -71,6 +71,50 @@ impl Wake {
     }
 }
 
+/// What an authority must ask another party (etcd) before it can answer:
+/// the caller sends it **without the state lock**, so other requests go on
+/// meanwhile, and hands the answer back to the `finish_` call that matches
+/// the `begin_` call that returned it.
+pub struct Question(Box<dyn FnOnce() -> Answer + Send>);
+
+impl Question {
+    pub fn new(ask: impl FnOnce() -> Answer + Send + 'static) -> Question {
+        Question(Box::new(ask))
+    }
+
+    /// Ask (blocks for as long as the other party takes).
+    pub fn send(self) -> Answer {
+        (self.0)()
+    }
+}
+
+/// The answer to a [`Question`], meaningful only to the authority that
+/// asked it.
+pub struct Answer(pub Box<dyn std::any::Any + Send>);
+
+/// Work an authority leaves to run without the state lock, whose outcome
+/// it needs to hear nothing of (a release, a renewal seen by other hosts).
+/// The caller runs it before it answers the request that caused it, so a
+/// release is done when the unlock or close returns; what no request path
+/// runs, the next tick does.
+pub struct Errand(Box<dyn FnOnce() + Send>);
+
+impl Errand {
+    pub fn new(run: impl FnOnce() + Send + 'static) -> Errand {
+        Errand(Box::new(run))
+    }
+
+    pub fn run(self) {
+        (self.0)()
+    }
+}
+
+/// How a lock request goes on: answered, or a question to send first.
+pub enum Step {
+    Done(Outcome, Vec<Effect>),
+    Ask(Question),
+}
+
 /// Everything the filesystem core asks about leases.
 pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// Milliseconds on the lease clock (advances the authority's clock).
@@ -84,6 +128,22 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// Ask for a lock (or unlock). `wait` names the request when it may
     /// block: the answer is then either now or a later effect for `wait`.
     fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)>;
+    /// [`LeaseAuthority::request`] in two halves, for the caller to send
+    /// the question in between without its state lock. An authority that
+    /// never asks anyone answers at once.
+    fn begin_request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<Step> {
+        let (outcome, effects) = self.request(ino, req, wait)?;
+        Ok(Step::Done(outcome, effects))
+    }
+    /// The answer to the question [`LeaseAuthority::begin_request`] returned.
+    fn finish_request(&mut self, answer: Answer) -> Result<(Outcome, Vec<Effect>)> {
+        let _ = answer;
+        Err(crate::error::Error::Io)
+    }
+    /// Errands left by the calls so far, to run without the state lock.
+    fn take_errands(&mut self) -> Vec<Errand> {
+        Vec::new()
+    }
     /// The lock that would conflict with `req` (`F_GETLK`).
     fn test(&self, ino: Ino, req: &Request) -> Option<Lock>;
     /// A parked request was interrupted by a signal: forget it.
@@ -180,6 +240,17 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool;
     /// Expire what is due; the next deadline on the lease clock.
     fn tick(&mut self) -> (Vec<Effect>, Option<u64>);
+    /// What the tick must ask another party (waiters to decide again), to
+    /// send without the state lock; its answer goes to
+    /// [`LeaseAuthority::finish_tick`].
+    fn begin_tick(&mut self) -> Option<Question> {
+        None
+    }
+    /// Carry out the answer to [`LeaseAuthority::begin_tick`]'s question.
+    fn finish_tick(&mut self, answer: Answer) -> Vec<Effect> {
+        let _ = answer;
+        Vec::new()
+    }
     /// Break the lease now (administrator): holders are fenced.
     fn break_now(&mut self, ino: Ino) -> Vec<Effect>;
     /// Every lease with a holder on this host.
