@@ -697,10 +697,16 @@ fn open_gate(ms: &[&Mount]) {
 /// Host `a` of a pair that pauses every change for `ms` after deciding it
 /// and before storing it (writing `mark` when it starts pausing).
 fn pausing_host(cluster: &Cluster, p: &str, ms: u32, mark: &Path) -> Mount {
+    pausing_host_at(cluster, p, "publish", ms, mark)
+}
+
+/// A host that stalls `ms` each time it passes the pause point `point`,
+/// writing `mark` as it does.
+fn pausing_host_at(cluster: &Cluster, p: &str, point: &str, ms: u32, mark: &Path) -> Mount {
     let eps = cluster.endpoints().join(",");
     Mount::with_args_env(
         &["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", p],
-        &[("LEASEFS_PAUSE", &format!("publish:{ms}")), ("LEASEFS_PAUSE_MARK", mark.to_str().unwrap())],
+        &[("LEASEFS_PAUSE", &format!("{point}:{ms}")), ("LEASEFS_PAUSE_MARK", mark.to_str().unwrap())],
     )
 }
 
@@ -1443,4 +1449,35 @@ fn a_request_waiting_for_etcd_holds_up_no_other_request_on_its_host() {
     assert_eq!(slow.output(), ["stored"]);
     assert_eq!(sh_ok(&b.path, "cat d/slow"), "new\n");
     assert_eq!(status(&a)["handlers"]["refused"], 0);
+}
+
+/// While one lock step waits for etcd (host a's request for the lease
+/// `slow`, stalled before its transaction), host a goes on serving
+/// everything else: reads and writes of other files, lock steps of another
+/// lease, a wait ended by a signal, the hand-off of a lease from a holder
+/// on host b to a waiter on a (decided by a's lease timer) and `status`.
+#[test]
+fn a_lock_step_waiting_for_etcd_holds_up_no_other_request_on_its_host() {
+    let cluster = Cluster::start();
+    let p = prefix("lockstall");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("paused");
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&b.path, "echo kept > other && touch slow lk handed");
+    let a = pausing_host_at(&cluster, &p, "lock-step/slow", 10_000, &mark);
+    let mut slow = Bg::capture(&a.path, "flock", &["slow", "echo", "granted"]);
+    await_mark(&mark);
+    // a's request for `slow` is stalled for 10 s; all of this is served meanwhile.
+    assert_eq!(sh_ok(&a.path, "cat other; echo more >> other; stat -c %s other"), "kept\n10\n");
+    assert_eq!(sh_ok(&a.path, "flock -n lk getfattr --only-values -n user.leasefs.epoch lk"), "1");
+    let holder = Bg::ready(&b.path, "exec flock handed sh -c 'echo ready; sleep 2'");
+    assert_eq!(sh_ok(&a.path, "timeout -s INT 0.3 flock handed true; echo $?"), "124\n");
+    assert_eq!(sh_ok(&a.path, "flock handed getfattr --only-values -n user.leasefs.epoch handed"), "2");
+    assert!(slow.running(), "the requests above must have been served while the lock step was stalled");
+    let h = &status(&a)["handlers"];
+    assert!(h["held"].as_u64().unwrap() >= 2, "the status read ran beside the stalled lock step: {h}");
+    assert!(slow.wait(STEP).success());
+    assert_eq!(slow.output(), ["granted"]);
+    assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch slow"), "1");
+    drop(holder);
 }
