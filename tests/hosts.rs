@@ -1481,3 +1481,28 @@ fn a_lock_step_waiting_for_etcd_holds_up_no_other_request_on_its_host() {
     assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch slow"), "1");
     drop(holder);
 }
+
+/// An `O_EXCL` create takes its epoch in the transaction that stores it,
+/// compared on the epoch counter as this host last saw it: after another
+/// host took epochs of the same lease, the create is decided again on the
+/// counter as it is and takes the next epoch (never one given out already);
+/// on a host whose sight of the counter is current it costs that one
+/// transaction.
+#[test]
+fn an_exclusive_create_takes_its_epoch_in_its_own_transaction_and_is_decided_again_when_the_counter_moved() {
+    let cluster = Cluster::start();
+    let p = prefix("claim");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    let create = "python3 -c \"import os; os.close(os.open('l', os.O_CREAT | os.O_EXCL | os.O_WRONLY))\"";
+    let excl = format!("{create} && getfattr --only-values -n user.leasefs.epoch l && rm l");
+    assert_eq!(sh_ok(&a.path, &excl), "1");
+    assert_eq!(sh_ok(&b.path, &format!("{excl}; {excl}")), "23");
+    let before = conflicts(&a);
+    assert_eq!(sh_ok(&a.path, &excl), "4");
+    assert!(conflicts(&a) > before, "a decided on the counter it had seen (epoch 1) and must have lost the compare");
+    let txns = |m: &Mount| status(m)["etcd"]["requests"]["txn"].as_u64().unwrap();
+    let t0 = txns(&a);
+    sh_ok(&a.path, create);
+    assert_eq!(txns(&a) - t0, 1, "the create, its name and its epoch are one transaction");
+    assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch l"), "5");
+}

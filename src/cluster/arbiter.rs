@@ -48,6 +48,7 @@ use serde_json::{json, Value};
 use super::client::{prefix_end, Client, Compare, EtcdError, Kv, Op, Result, WatchMsg};
 use super::session::HostSession;
 use crate::lease::{LockKind, Owner};
+use crate::namespace::replica::{Condition, Seen};
 
 /// Shared or exclusive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -650,44 +651,29 @@ impl Arbiter {
         }
     }
 
-    /// A new holder acquired `name` without the queue (a file created with
-    /// `O_EXCL`, a name made by `link`): epoch + 1 on the counter, by a
-    /// transaction compared on the counter it read. The new epoch.
-    pub fn bump(&self, name: &str) -> Result<u64> {
-        if crate::failpoints::injected("etcd-bump").is_err() {
-            return Err(EtcdError::Unavailable("failpoint etcd-bump".into()));
-        }
-        let ek = self.epoch_key(name);
-        // The counter as this host last saw it; a wrong guess costs the
-        // read the failed transaction returns.
-        let (mut epoch, mut holder, mut rev) = self.counters.lock().get(name).cloned().unwrap_or_default();
-        for _ in 0..16 {
-            match self.client.txn(
-                &[Compare::unchanged(ek.clone(), rev)],
-                &[Op::put(ek.clone(), counter_value(epoch + 1, holder.as_bytes()), 0)],
-                &[Op::get(ek.clone())],
-            ) {
-                Ok(r) if r.succeeded => {
-                    self.remember(name, epoch + 1, &holder, r.revision);
-                    return Ok(epoch + 1);
+    /// A new holder acquires `name` without the queue (a file created with
+    /// `O_EXCL`, a name made by `link`) in the transaction that stores the
+    /// change: the epoch it takes (one above the counter as this host last
+    /// saw it) and the condition that writes it there, compared on that
+    /// counter. When the counter had moved, the change is decided again on
+    /// the counter as the failed transaction read it.
+    pub fn claim(self: &Arc<Self>, name: &str) -> (u64, Condition) {
+        let (epoch, holder, rev) = self.counters.lock().get(name).cloned().unwrap_or_default();
+        let key = self.epoch_key(name);
+        let me = Arc::downgrade(self);
+        let name = name.to_string();
+        let seen: Seen = Arc::new(move |kv: Option<(&[u8], i64)>| {
+            let Some(a) = me.upgrade() else { return };
+            match kv {
+                Some((value, rev)) => {
+                    let v: Value = serde_json::from_slice(value).unwrap_or(Value::Null);
+                    a.remember(&name, v["epoch"].as_u64().unwrap_or(0), v["holder"].as_str().unwrap_or(""), rev);
                 }
-                // Someone else moved the counter: go on from it as read.
-                Ok(r) => {
-                    let kv = match r.responses.first() {
-                        Some(super::client::OpResult::Range(kvs)) => kvs.first().cloned(),
-                        _ => None,
-                    };
-                    (epoch, holder, rev) = epoch_of(kv.as_ref());
-                }
-                // This write may have landed: read again; the epoch only goes up either way.
-                Err(EtcdError::Indeterminate(_)) => {
-                    let (kv, _) = self.client.get(&ek)?;
-                    (epoch, holder, rev) = epoch_of(kv.as_ref());
-                }
-                Err(e) => return Err(e),
+                None => a.remember(&name, 0, "", 0),
             }
-        }
-        Err(EtcdError::Unavailable("the epoch counter kept changing; try again".into()))
+        });
+        let value = counter_value(epoch + 1, holder.as_bytes()).into_bytes();
+        (epoch + 1, Condition::Claim { key, mod_revision: rev, value, seen })
     }
 
     /// The host name other hosts see.

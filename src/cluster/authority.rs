@@ -185,6 +185,9 @@ pub struct EtcdAuthority {
     /// Waiters taken from `parked` while their tick decides them again
     /// without the state lock; true once a signal interrupted one.
     deciding: HashMap<WaitId, bool>,
+    /// Epochs taken by acquisitions by create or link, for the transaction
+    /// that stores the change to write.
+    claims: Vec<crate::namespace::replica::Condition>,
 }
 
 /// When this host first saw a holder entry at a given renewal, shared with
@@ -306,6 +309,7 @@ impl EtcdAuthority {
             ttl_breaks: (0, 0),
             errands: Vec::new(),
             deciding: HashMap::new(),
+            claims: Vec::new(),
         })
     }
 
@@ -715,24 +719,30 @@ impl EtcdAuthority {
 }
 
 impl EtcdAuthority {
+    /// A lease held (or fenced) here keeps the epoch of its grant here: a
+    /// holder reads the token it was granted (SPEC 5), never that of a host
+    /// that took the lease over while this one was cut off.
+    fn keeps_its_epoch(&self, ino: Ino) -> bool {
+        self.local.lease(ino).is_some_and(|l| !l.locks().is_empty()) || self.local.has_fenced(ino)
+    }
+
     /// Take the next epoch of `ino` from etcd's counter for an
-    /// acquisition by `how` (O_EXCL, link), so the local acquisition
-    /// (+1) lands on it. `EIO` when etcd did not hand it out.
-    fn bumped(&mut self, ino: Ino, how: &str) -> Result<()> {
-        let Some(name) = self.names.get(&ino) else {
+    /// acquisition by `how` (O_EXCL, link) in the transaction that stores
+    /// the change ([`Arbiter::claim`]), so the local acquisition (+1) lands
+    /// on it; the change is not stored unless etcd hands out that epoch.
+    fn claimed(&mut self, ino: Ino, how: &str) -> Result<()> {
+        let Some(name) = self.names.get(&ino).cloned() else {
             tracing::warn!(ino = ino.0, "{how} acquisition of a lease without a name: refused");
             return Err(Error::Io);
         };
-        match self.arbiter.bump(name) {
-            Ok(epoch) => {
-                self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
-                Ok(())
-            }
-            Err(e) => {
-                tracing::warn!(lease = %name, "{how} acquisition refused: etcd did not hand out its epoch: {e}");
-                Err(Error::Io)
-            }
+        if crate::failpoints::injected("etcd-bump").is_err() {
+            tracing::warn!(lease = %name, "{how} acquisition refused: etcd did not hand out its epoch (failpoint)");
+            return Err(Error::Io);
         }
+        let (epoch, claim) = self.arbiter.claim(&name);
+        self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
+        self.claims.push(claim);
+        Ok(())
     }
 }
 
@@ -882,37 +892,52 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
+        match self.begin_test(ino, req) {
+            Ok(found) => found,
+            Err(q) => q.send().0.downcast::<Option<Lock>>().map(|b| *b).unwrap_or(None),
+        }
+    }
+
+    fn begin_test(&self, ino: Ino, req: &Request) -> std::result::Result<Option<Lock>, Question> {
         if let Some(l) = self.local.test(ino, req) {
-            return Some(l);
+            return Ok(Some(l));
         }
         // A holder on another host: reported with pid 0 (its pid means
         // nothing here; `leasefs leases` names it and its host).
         let record = record_range(req);
-        let mode = cluster_mode(req).or(record.map(|(m, _)| m))?;
+        let Some(mode) = cluster_mode(req).or(record.map(|(m, _)| m)) else { return Ok(None) };
         let wanted = record.map(|(_, r)| vec![(r.start, r.end)]);
-        let name = self.names.get(&ino)?;
-        let (entries, _) = self.arbiter.entries(name).map_err(|e| tracing::warn!("F_GETLK of {name}: {e}")).ok()?;
-        let mine: Vec<&[u8]> =
-            self.held.values().chain(self.ranges.values().flatten()).map(|t| t.key.as_slice()).collect();
-        let other = entries.into_iter().find(|e| {
-            e.held
-                && !mine.contains(&e.key.as_slice())
-                && e.mode.conflicts(mode)
-                && super::arbiter::overlap(&e.ranges, &wanted)
-        })?;
-        let range = match &other.ranges {
-            Some(rs) => rs.first().map_or(Range::WHOLE, |&(start, end)| Range { start, end }),
-            None => Range::WHOLE,
-        };
-        Some(Lock {
-            owner: Owner(0),
-            kind: super::arbiter::owner_kind(&other.asker.owner),
-            mode: if other.mode == QMode::Shared { Mode::Shared } else { Mode::Exclusive },
-            range,
-            pid: 0,
-            handle: 0,
-            since: 0,
-        })
+        let Some(name) = self.names.get(&ino).cloned() else { return Ok(None) };
+        let mine: Vec<Vec<u8>> =
+            self.held.values().chain(self.ranges.values().flatten()).map(|t| t.key.clone()).collect();
+        let arbiter = self.arbiter.clone();
+        Err(Question::new(move || {
+            let found = match arbiter.entries(&name) {
+                Ok((entries, _)) => entries.into_iter().find(|e| {
+                    e.held
+                        && !mine.contains(&e.key)
+                        && e.mode.conflicts(mode)
+                        && super::arbiter::overlap(&e.ranges, &wanted)
+                }),
+                Err(e) => {
+                    tracing::warn!("F_GETLK of {name}: {e}");
+                    None
+                }
+            };
+            let lock = found.map(|other| Lock {
+                owner: Owner(0),
+                kind: super::arbiter::owner_kind(&other.asker.owner),
+                mode: if other.mode == QMode::Shared { Mode::Shared } else { Mode::Exclusive },
+                range: match &other.ranges {
+                    Some(rs) => rs.first().map_or(Range::WHOLE, |&(start, end)| Range { start, end }),
+                    None => Range::WHOLE,
+                },
+                pid: 0,
+                handle: 0,
+                since: 0,
+            });
+            Answer(Box::new(lock))
+        }))
     }
 
     fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
@@ -953,23 +978,44 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn refresh_epochs(&mut self, inos: &[Ino]) -> Result<()> {
-        // A lease held (or fenced) here keeps the epoch of its grant here:
-        // a holder reads the token it was granted (SPEC 5), never that of
-        // a host that took the lease over while this one was cut off.
-        let local = &self.local;
-        let mine = |i: &Ino| local.lease(*i).is_some_and(|l| !l.locks().is_empty()) || local.has_fenced(*i);
-        let named: Vec<(Ino, String)> =
-            inos.iter().filter(|i| !mine(i)).filter_map(|i| self.names.get(i).map(|n| (*i, n.clone()))).collect();
-        if named.is_empty() {
-            return Ok(());
+        match self.begin_refresh(inos) {
+            Some(q) => self.finish_refresh(q.send()),
+            None => Ok(()),
         }
-        let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();
-        let epochs = self.arbiter.epochs(&names).map_err(|e| {
+    }
+
+    fn begin_refresh(&mut self, inos: &[Ino]) -> Option<Question> {
+        let named: Vec<(Ino, String)> = inos
+            .iter()
+            .filter(|i| !self.keeps_its_epoch(**i))
+            .filter_map(|i| self.names.get(i).map(|n| (*i, n.clone())))
+            .collect();
+        if named.is_empty() {
+            return None;
+        }
+        let arbiter = self.arbiter.clone();
+        Some(Question::new(move || {
+            let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();
+            let epochs = arbiter.epochs(&names);
+            Answer(Box::new((named, epochs)))
+        }))
+    }
+
+    fn finish_refresh(&mut self, answer: Answer) -> Result<()> {
+        type Read = (Vec<(Ino, String)>, std::result::Result<Vec<u64>, EtcdError>);
+        let Ok(read) = answer.0.downcast::<Read>() else {
+            return Err(Error::Io);
+        };
+        let (named, epochs) = *read;
+        let epochs = epochs.map_err(|e| {
             tracing::warn!("cannot read the current epochs from etcd: {e}");
             Error::Io
         })?;
         for ((ino, _), e) in named.iter().zip(epochs) {
-            self.local.raise_epoch(*ino, Epoch(e));
+            // Granted here while etcd was read: it keeps its own epoch.
+            if !self.keeps_its_epoch(*ino) {
+                self.local.raise_epoch(*ino, Epoch(e));
+            }
         }
         Ok(())
     }
@@ -979,12 +1025,12 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
-        self.bumped(ino, "O_EXCL")?;
+        self.claimed(ino, "O_EXCL")?;
         self.local.acquire_by_create(ino)
     }
 
     fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>> {
-        self.bumped(ino, "link")?;
+        self.claimed(ino, "link")?;
         self.local.acquire_by_link(ino, floor)
     }
 
@@ -1190,6 +1236,10 @@ impl LeaseAuthority for EtcdAuthority {
         std::mem::take(&mut self.errands)
     }
 
+    fn take_claims(&mut self) -> Vec<crate::namespace::replica::Condition> {
+        std::mem::take(&mut self.claims)
+    }
+
     fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
         let effects = self.local.break_now(ino);
         self.reconcile(ino);
@@ -1310,7 +1360,7 @@ impl LeaseAuthority for EtcdAuthority {
 
     fn hold_condition(&self, ino: Ino) -> Option<crate::namespace::replica::Condition> {
         self.held.iter().find(|((i, _), t)| *i == ino && t.mode == QMode::Exclusive).map(|(_, t)| {
-            crate::namespace::replica::Condition { key: t.key.clone(), create_revision: t.create_revision }
+            crate::namespace::replica::Condition::Held { key: t.key.clone(), create_revision: t.create_revision }
         })
     }
 

@@ -236,6 +236,8 @@ pub struct Client {
     timeout: Duration,
     /// Requests sent, by kind ([`CALLS`]), for `status`.
     calls: [AtomicU64; CALLS.len()],
+    /// Answers received from any member (see [`Client::answered`]).
+    answered: AtomicU64,
 }
 
 /// The kinds of request counted: the gateway paths, and watches opened.
@@ -299,6 +301,7 @@ impl Client {
             idle: Mutex::new(Vec::new()),
             timeout,
             calls: Default::default(),
+            answered: AtomicU64::new(0),
         }
     }
 
@@ -310,6 +313,12 @@ impl Client {
     /// The per-call timeout.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// How many answers any member has given so far: when it moved since a
+    /// failure, etcd is reachable again.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
     }
 
     /// The endpoint requests go to first now.
@@ -370,6 +379,7 @@ impl Client {
                     }
                 }
                 Ok(r) => {
+                    self.answered.fetch_add(1, Ordering::Relaxed);
                     self.idle.lock().push(conn);
                     let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
                     if r.status == 200 {

@@ -113,8 +113,10 @@ struct EtcdBarrier {
     rev_key: Vec<u8>,
     feed: parking_lot::Mutex<Option<Arc<Feed>>>,
     /// After a failed read, reads do not wait for etcd again before this
-    /// instant (each would wait a whole request timeout).
-    retry_at: parking_lot::Mutex<Option<Instant>>,
+    /// instant (each would wait a whole request timeout), unless the client
+    /// heard from etcd since (its [`Client::answered`] count at the failure
+    /// moved): a lock granted meanwhile is followed by fresh reads.
+    retry_at: parking_lot::Mutex<Option<(Instant, u64)>>,
 }
 
 impl std::fmt::Debug for EtcdBarrier {
@@ -125,7 +127,8 @@ impl std::fmt::Debug for EtcdBarrier {
 
 impl Barrier for EtcdBarrier {
     fn target(&self) -> Result<i64> {
-        if self.retry_at.lock().is_some_and(|t| Instant::now() < t) {
+        let backing_off = *self.retry_at.lock();
+        if backing_off.is_some_and(|(t, answered)| Instant::now() < t && self.client.answered() == answered) {
             return Err(Error::Unreachable);
         }
         self.target_now()
@@ -143,7 +146,7 @@ impl Barrier for EtcdBarrier {
                 Ok(rev)
             }
             Err(e) => {
-                *self.retry_at.lock() = Some(Instant::now() + self.client.timeout());
+                *self.retry_at.lock() = Some((Instant::now() + self.client.timeout(), self.client.answered()));
                 Err(unreachable(e))
             }
         }
@@ -695,9 +698,17 @@ impl Replica for EtcdNamespace {
             ops.push(Op::put(self.key("rev"), self.tag.clone(), 0));
         }
         for c in conditions {
-            cmp.push(Compare::new(c.key.clone(), CmpOp::Equal, Target::Create(c.create_revision)));
+            match c {
+                Condition::Held { key, create_revision } => {
+                    cmp.push(Compare::new(key.clone(), CmpOp::Equal, Target::Create(*create_revision)));
+                }
+                Condition::Claim { key, mod_revision, value, .. } => {
+                    cmp.push(Compare::unchanged(key.clone(), *mod_revision));
+                    ops.push(Op::put(key.clone(), value.clone(), 0));
+                }
+            }
         }
-        let reads: Vec<Op> = conditions.iter().map(|c| Op::get(c.key.clone())).collect();
+        let reads: Vec<Op> = conditions.iter().map(|c| Op::get(c.key().to_vec())).collect();
         self.in_flight = written.iter().map(|(k, _)| k.clone()).collect();
         self.skipped.clear();
         Ok(Some(Box::new(EtcdPublication {
@@ -728,6 +739,11 @@ impl Replica for EtcdNamespace {
         }
         match answer {
             Some(Ok(t)) if t.succeeded => {
+                for c in &conditions {
+                    if let Condition::Claim { value, seen, .. } = c {
+                        seen(Some((value, t.revision)));
+                    }
+                }
                 for (k, v) in written {
                     // The feed may have brought a later change of the key
                     // while the answer was on its way.
@@ -741,9 +757,20 @@ impl Replica for EtcdNamespace {
                 Ok(())
             }
             Some(Ok(t)) => {
-                let lost = conditions.iter().zip(&t.responses).any(|(c, r)| {
-                    !matches!(r, OpResult::Range(kvs) if kvs.first().is_some_and(|k| k.create_revision == c.create_revision))
-                });
+                let mut lost = false;
+                for (c, r) in conditions.iter().zip(&t.responses) {
+                    let kv = match r {
+                        OpResult::Range(kvs) => kvs.first(),
+                        _ => None,
+                    };
+                    match c {
+                        Condition::Held { create_revision, .. } => {
+                            lost |= kv.is_none_or(|k| k.create_revision != *create_revision);
+                        }
+                        // Decided again on the counter as it is now.
+                        Condition::Claim { seen, .. } => seen(kv.map(|k| (k.value.as_slice(), k.mod_revision))),
+                    }
+                }
                 if lost {
                     // The guarding lease is no longer held.
                     tracing::warn!("shared namespace: a guarded write came after its lease was lost; refused");

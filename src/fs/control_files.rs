@@ -61,7 +61,7 @@ impl Fs {
         let mut st = self.state.lock();
         let listing = (ControlFile::by_ino(ino) == Some(ControlFile::Leases)).then(|| Box::new(Listing::of(&st, "/")));
         if let Some(l) = &listing {
-            refresh_listed(&mut st, l)?;
+            st = self.refreshed_listing(st, l)?;
         }
         st.room_for_handle(true)?;
         let h = st.new_handle();
@@ -150,9 +150,9 @@ impl Fs {
     pub fn listing_filter(&self, h: Handle, offset: u64, data: &[u8]) -> Result<u32> {
         let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?;
         let p = control::path_prefix(text)?;
-        let mut st = self.state.lock();
+        let st = self.state.lock();
         let mut fresh = Listing::of(&st, p);
-        refresh_listed(&mut st, &fresh)?;
+        let mut st = self.refreshed_listing(st, &fresh)?;
         fresh.base = offset + data.len() as u64;
         fresh.at = fresh.base;
         let f = st.handles.get_mut(&h).filter(|f| f.listing.is_some()).ok_or(Error::BadHandle)?;
@@ -281,18 +281,24 @@ impl Fs {
     }
 }
 
-/// The epochs of the leases `l` lists, brought up to what the whole
-/// namespace knows (one quorum read across hosts; see
-/// [`crate::lease::LeaseAuthority::refresh_epochs`]).
-fn refresh_listed(st: &mut State, l: &Listing) -> Result<()> {
-    if !st.lease.wants_paths() || l.rows.is_empty() {
-        return Ok(());
+impl Fs {
+    /// The epochs of the leases `l` lists, brought up to what the whole
+    /// namespace knows (one quorum read across hosts, without the state
+    /// lock; see [`crate::lease::LeaseAuthority::refresh_epochs`]).
+    fn refreshed_listing<'a>(
+        &'a self,
+        mut st: parking_lot::MutexGuard<'a, State>,
+        l: &Listing,
+    ) -> Result<parking_lot::MutexGuard<'a, State>> {
+        if !st.lease.wants_paths() || l.rows.is_empty() {
+            return Ok(st);
+        }
+        for (path, ino) in &l.rows {
+            st.lease.bind_path(*ino, path);
+        }
+        let inos: Vec<Ino> = l.rows.iter().map(|(_, i)| *i).collect();
+        self.refreshed(st, &inos)
     }
-    for (path, ino) in &l.rows {
-        st.lease.bind_path(*ino, path);
-    }
-    let inos: Vec<Ino> = l.rows.iter().map(|(_, i)| *i).collect();
-    st.lease.refresh_epochs(&inos)
 }
 
 /// Whether `.leasefs/leases` lists a lease: held, awaited, or with a TTL.

@@ -214,7 +214,14 @@ impl Fs {
         let mut st = self.state.lock();
         st.ns.get(ino)?;
         st.name_lease(ino);
-        Ok(st.lease.test(ino, req))
+        match st.lease.begin_test(ino, req) {
+            Ok(found) => Ok(found),
+            Err(read) => {
+                // Other hosts' holders are read without the state lock.
+                drop(st);
+                Ok(read.send().0.downcast::<Option<Lock>>().map(|b| *b).unwrap_or(None))
+            }
+        }
     }
 
     /// A signal interrupted a parked lock request.

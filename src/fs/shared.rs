@@ -158,6 +158,8 @@ impl Fs {
             st.referenced_now = Some(Vec::new());
             st.opened_now = Some(Vec::new());
             let out = op(&mut st);
+            let claims = st.lease.take_claims();
+            st.conditions.extend(claims);
             let referenced = st.referenced_now.take().unwrap_or_default();
             let opened = st.opened_now.take().unwrap_or_default();
             let (dirty, freed) = st.ns.dirty();
@@ -253,6 +255,23 @@ impl Fs {
                 (Err(e), Ok(())) => return Err(e),
             }
         }
+    }
+
+    /// The state with the epochs of `inos` brought up to what the whole
+    /// namespace knows (see [`LeaseAuthority::refresh_epochs`]), read
+    /// without the state lock: the lock is let go and taken again, so the
+    /// caller looks up what it needs after this.
+    pub(super) fn refreshed<'a>(
+        &'a self,
+        mut st: parking_lot::MutexGuard<'a, State>,
+        inos: &[Ino],
+    ) -> Result<parking_lot::MutexGuard<'a, State>> {
+        let Some(read) = st.lease.begin_refresh(inos) else { return Ok(st) };
+        drop(st);
+        let answer = read.send();
+        let mut st = self.state.lock();
+        st.lease.finish_refresh(answer)?;
+        Ok(st)
     }
 
     /// On a shared namespace, `check` before the change asks etcd anything:

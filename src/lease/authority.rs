@@ -140,12 +140,23 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
         let _ = answer;
         Err(crate::error::Error::Io)
     }
+    /// What the transaction storing the current change must also compare
+    /// and write (the epochs of acquisitions by create or link on a shared
+    /// namespace).
+    fn take_claims(&mut self) -> Vec<crate::namespace::replica::Condition> {
+        Vec::new()
+    }
     /// Errands left by the calls so far, to run without the state lock.
     fn take_errands(&mut self) -> Vec<Errand> {
         Vec::new()
     }
     /// The lock that would conflict with `req` (`F_GETLK`).
     fn test(&self, ino: Ino, req: &Request) -> Option<Lock>;
+    /// [`LeaseAuthority::test`], or the read to send without the state
+    /// lock first; its answer is the `Option<Lock>` to report.
+    fn begin_test(&self, ino: Ino, req: &Request) -> std::result::Result<Option<Lock>, Question> {
+        Ok(self.test(ino, req))
+    }
     /// A parked request was interrupted by a signal: forget it.
     fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>>;
     /// POSIX locks of `owner` on the file are released (close of any of
@@ -167,6 +178,17 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// quorum read, and fails (`EIO`) rather than show an epoch it could
     /// not check.
     fn refresh_epochs(&mut self, _inos: &[Ino]) -> Result<()> {
+        Ok(())
+    }
+    /// [`LeaseAuthority::refresh_epochs`] in two halves: the read to send
+    /// without the state lock (none when there is nothing to ask), whose
+    /// answer goes to [`LeaseAuthority::finish_refresh`].
+    fn begin_refresh(&mut self, _inos: &[Ino]) -> Option<Question> {
+        None
+    }
+    /// Raise the epochs as [`LeaseAuthority::begin_refresh`]'s read found them.
+    fn finish_refresh(&mut self, answer: Answer) -> Result<()> {
+        let _ = answer;
         Ok(())
     }
     /// Make the next epoch of `ino` durable before anything may hand it out.

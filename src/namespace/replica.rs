@@ -19,13 +19,44 @@ use super::{Ino, Namespace};
 use crate::error::Result;
 use crate::store::records::Extra;
 
-/// A key of the shared store that must still exist as it was created at
-/// `create_revision` for a change to be stored (a lease holder's entry: a
-/// write through a guarded file lands only while its lease is held).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Condition {
-    pub key: Vec<u8>,
-    pub create_revision: i64,
+/// What a change's store step compares and writes beyond the keys of the
+/// namespace it changed.
+#[derive(Clone)]
+pub enum Condition {
+    /// A key that must still exist as it was created at `create_revision`
+    /// (a lease holder's entry: a write through a guarded file lands only
+    /// while its lease is held); `Stale` when it does not.
+    Held { key: Vec<u8>, create_revision: i64 },
+    /// An acquisition by create or link takes the next epoch in the same
+    /// step: the counter `key` must still be at `mod_revision` (0: absent)
+    /// and is written `value`. When it moved, the change is decided again
+    /// (`Conflict`). `seen` hears the counter as the step left it (its value
+    /// and revision; `None` when absent).
+    Claim { key: Vec<u8>, mod_revision: i64, value: Vec<u8>, seen: Seen },
+}
+
+/// Told what a [`Condition::Claim`]'s counter holds after the store step.
+pub type Seen = std::sync::Arc<dyn Fn(Option<(&[u8], i64)>) + Send + Sync>;
+
+impl std::fmt::Debug for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Condition::Held { key, create_revision } => {
+                write!(f, "Held({}, {create_revision})", String::from_utf8_lossy(key))
+            }
+            Condition::Claim { key, mod_revision, .. } => {
+                write!(f, "Claim({}, {mod_revision})", String::from_utf8_lossy(key))
+            }
+        }
+    }
+}
+
+impl Condition {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Condition::Held { key, .. } | Condition::Claim { key, .. } => key,
+        }
+    }
 }
 
 /// What catching up changed besides the table itself.
