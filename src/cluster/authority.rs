@@ -57,6 +57,7 @@ use crate::lease::local::LocalAuthority;
 use crate::lease::machine::{
     Effect, Epoch, Fenced, Lease, Lock, LockKind, Mode, Outcome, Owner, Range, Request, WaitId,
 };
+use crate::lease::rows::{kind_name, HolderRow, LeaseRow};
 use crate::lease::views::Views;
 use crate::namespace::Ino;
 
@@ -1368,7 +1369,7 @@ impl LeaseAuthority for EtcdAuthority {
         self.lost_holders.contains(&(ino, fenced.handle)).then_some("host_lost")
     }
 
-    fn remote_leases(&self, prefix: &str) -> Vec<serde_json::Value> {
+    fn remote_leases(&self, prefix: &str) -> Vec<LeaseRow> {
         let all = match self.arbiter.all_entries() {
             Ok(all) => all,
             Err(e) => {
@@ -1387,29 +1388,26 @@ impl LeaseAuthority for EtcdAuthority {
                 if theirs.is_empty() {
                     return None;
                 }
-                let holders: Vec<serde_json::Value> = theirs
+                let holders = theirs
                     .iter()
                     .filter(|e| e.held)
-                    .map(|e| {
-                        json!({
-                            "pid": e.asker.pid,
-                            "comm": e.asker.comm,
-                            "kind": match super::arbiter::owner_kind(&e.asker.owner) {
-                                LockKind::Flock => "flock",
-                                LockKind::Posix => "posix",
-                            },
-                            "mode": if e.mode == QMode::Shared { "shared" } else { "exclusive" },
-                            "host": e.host,
-                        })
+                    .map(|e| HolderRow {
+                        comm: Some(e.asker.comm.clone()),
+                        host: Some(e.host.clone()),
+                        kind: kind_name(super::arbiter::owner_kind(&e.asker.owner)),
+                        mode: if e.mode == QMode::Shared { "shared" } else { "exclusive" },
+                        pid: e.asker.pid,
+                        ..HolderRow::default()
                     })
                     .collect();
-                Some(json!({
-                    "path": format!("/{name}"),
-                    "epoch": epoch,
-                    "holders": holders,
-                    "waiters": theirs.iter().filter(|e| !e.held).count(),
-                    "hosts": "other",
-                }))
+                Some(LeaseRow {
+                    epoch,
+                    holders,
+                    hosts: Some("other"),
+                    path: format!("/{name}"),
+                    waiters: theirs.iter().filter(|e| !e.held).count(),
+                    ..LeaseRow::default()
+                })
             })
             .collect()
     }

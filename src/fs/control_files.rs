@@ -362,7 +362,7 @@ impl Listing {
         rows.sort();
         // Leases held or awaited on other hosts (etcd), after this host's.
         let remote = st.lease.remote_leases(if prefix.is_empty() { "/" } else { &prefix });
-        let remote = remote.into_iter().rev().map(|r| r.to_string()).collect();
+        let remote = remote.into_iter().rev().map(|r| serde_json::to_string(&r).unwrap_or_default()).collect();
         Listing { rows, next: 0, buf: Vec::new(), at: 0, base: 0, prefix, remote }
     }
 
@@ -371,18 +371,18 @@ impl Listing {
         while let Some((path, ino)) = self.rows.get(self.next) {
             self.next += 1;
             let Some(l) = st.lease.lease(*ino).filter(|_| listed(st, *ino)) else { continue };
-            let holders: Vec<serde_json::Value> = l.locks().iter().map(|k| holder_value(k, now)).collect();
-            let row = serde_json::json!({
-                "path": path,
-                "inode": ino.0,
-                "epoch": l.epoch().0,
-                "version": st.ns.get(*ino).map(|i| i.version).unwrap_or(0),
-                "holders": holders,
-                "waiters": l.waiters(),
-                "ttl_ms": st.lease.effective_ttl(*ino),
-                "expires_in_ms": l.expires().map(|e| e as i64 - now as i64),
-            });
-            out.extend_from_slice(row.to_string().as_bytes());
+            let row = LeaseRow {
+                epoch: l.epoch().0,
+                expires_in_ms: Some(l.expires().map(|e| e as i64 - now as i64)),
+                holders: l.locks().iter().map(|k| HolderRow::local(k, now)).collect(),
+                hosts: None,
+                inode: Some(ino.0),
+                path: path.clone(),
+                ttl_ms: Some(st.lease.effective_ttl(*ino)),
+                version: Some(st.ns.get(*ino).map(|i| i.version).unwrap_or(0)),
+                waiters: l.waiters(),
+            };
+            out.extend_from_slice(serde_json::to_string(&row).unwrap_or_default().as_bytes());
             out.push(b'\n');
             return true;
         }

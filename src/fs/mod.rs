@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::lease::authority::{LeaseAuthority, Step, Wake};
 use crate::lease::local::LocalAuthority;
 use crate::lease::observe::Proc;
+use crate::lease::rows::{HolderRow, LeaseRow};
 use crate::lease::{Effect, Epoch, Lock, Outcome, Owner, Request, WaitId};
 use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
 use tracing::debug;
@@ -891,22 +892,10 @@ fn refuse_control_name(parent: Ino, name: &OsStr) -> Result<()> {
 }
 
 /// One holder as JSON (for `user.leasefs.holder` and `.leasefs/leases`).
-fn holder_value(k: &Lock, now: u64) -> serde_json::Value {
-    serde_json::json!({
-        "pid": k.pid,
-        "comm": crate::procfs::comm(k.pid),
-        "kind": match k.kind { crate::lease::LockKind::Flock => "flock", crate::lease::LockKind::Posix => "posix" },
-        "mode": match k.mode { crate::lease::Mode::Shared => "shared", crate::lease::Mode::Exclusive => "exclusive" },
-        "start": k.range.start,
-        "end": k.range.end,
-        "since_ms_ago": now.saturating_sub(k.since),
-    })
-}
-
 /// `user.leasefs.holder`: the holders as JSON.
 fn holder_json(locks: &dyn LeaseAuthority, ino: Ino, now: u64) -> String {
-    let holders: Vec<serde_json::Value> =
-        locks.lease(ino).map(|l| l.locks().iter().map(|k| holder_value(k, now)).collect()).unwrap_or_default();
+    let holders: Vec<HolderRow> =
+        locks.lease(ino).map(|l| l.locks().iter().map(|k| HolderRow::local(k, now)).collect()).unwrap_or_default();
     serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
 }
 

@@ -350,7 +350,7 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// Leases held or awaited on other hosts (a remote arbiter), at or
     /// under the mount-relative `prefix`: one row each, shaped like the
     /// rows of `.leasefs/leases`, with each holder's `host`.
-    fn remote_leases(&self, _prefix: &str) -> Vec<serde_json::Value> {
+    fn remote_leases(&self, _prefix: &str) -> Vec<super::rows::LeaseRow> {
         Vec::new()
     }
     /// The mount goes away: leave the arbiter cleanly, so other hosts'

@@ -15,6 +15,7 @@ pub mod floors;
 pub mod local;
 pub mod machine;
 pub mod observe;
+pub mod rows;
 pub mod views;
 
 pub use machine::*;
