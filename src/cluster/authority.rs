@@ -9,8 +9,14 @@
 //! etcd lease) and is granted here only once etcd granted that entry by a
 //! transaction compared on the revisions it was decided on; the local
 //! grant then carries the epoch that transaction wrote. A request that
-//! must wait is parked; a thread watches only its predecessor's entry and
-//! wakes the lease timer, whose tick decides again. Leases are named by
+//! must wait is parked; the host's one queue watch notes when its
+//! predecessor's entry goes and wakes the lease timer, whose tick decides
+//! again. No etcd call of a lock step is made under the core's state lock:
+//! a request and a tick return a [`Question`] the core sends without it
+//! (`begin_request`/`finish_request`, `begin_tick`/`finish_tick`), and
+//! releases and renewals are [`Errand`]s the core runs after letting it go
+//! (only shrinking a byte-range entry and listing other hosts' leases still
+//! ask under it). Leases are named by
 //! their mount-relative path (the core names each lease before asking),
 //! so a lease keeps its queue and epoch counter across unlink, re-create
 //! and rename over, as SPEC 4 asks.
