@@ -10,7 +10,7 @@
 //! change as it commits). This is the "consistent read from cache" of
 //! Kubernetes' watch cache.
 //!
-//! The queue is bounded: past [`MAX_QUEUED`] events or [`MAX_BYTES`] of
+//! The queue is bounded: past `MAX_QUEUED` events or `MAX_BYTES` of
 //! values it is dropped and marked broken, and so is a watch whose next
 //! revision etcd compacted away. A broken feed tells the table to read the
 //! namespace whole and restart the feed after that read.

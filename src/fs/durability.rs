@@ -296,7 +296,7 @@ impl Fs {
     }
 
     /// Clean unmount: fold everything into a snapshot. Changes never
-    /// synced (at most [`WRITEBACK`] inodes) are flushed to the journal
+    /// synced (at most `WRITEBACK` inodes) are flushed to the journal
     /// first, so a crash during the snapshot keeps them too. Nothing is
     /// written when nothing changed since the last snapshot.
     pub fn shutdown(&self) {

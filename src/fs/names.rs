@@ -8,7 +8,7 @@ impl Fs {
     /// Resolve `name` in `parent` for thread `tid` and take a kernel
     /// reference on it; false when the kernel must not keep the entry (the
     /// source of a pending rename over a live lease, a file younger than
-    /// [`YOUNG`]). Every entry of a file the kernel may keep is recorded.
+    /// `YOUNG`). Every entry of a file the kernel may keep is recorded.
     pub fn lookup(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<(Attr, bool)> {
         if let Some(a) = self.control_lookup(parent, name)? {
             return Ok((a, true));

@@ -300,7 +300,7 @@ impl Fs {
     }
 
     /// Start the pool that runs request handlers of a shared mount
-    /// ([`HANDLER_THREADS`] threads, at most [`HANDLERS_HELD`] requests
+    /// (`HANDLER_THREADS` threads, at most `HANDLERS_HELD` requests
     /// queued or running); `status` shows it.
     pub fn start_handlers(&self) -> std::io::Result<crate::fuse::workers::Workers> {
         let w = crate::fuse::workers::Workers::start(HANDLER_THREADS, HANDLERS_HELD)?;

@@ -4,7 +4,7 @@
 //! once: at a million inodes that is about 30 ms during one request, and
 //! the namespace keeps several tables of that size (inodes, name hints,
 //! idle leases), which all grow at the same count. Once large, the map
-//! splits its entries over [`SHARDS`] tables that each grow on their own,
+//! splits its entries over `SHARDS` tables that each grow on their own,
 //! a 64th of the work at a time.
 
 use std::collections::hash_map::{Entry, HashMap};

@@ -519,7 +519,7 @@ impl Store {
     }
 
     /// A second handle on the store's files for [`write_snapshot`] on
-    /// another thread (none: write snapshots with [`Store::snapshot`]).
+    /// another thread (none: write snapshots with `Store::snapshot`).
     pub fn fork_storage(&self) -> Option<Box<dyn Storage>> {
         self.storage.fork()
     }
@@ -735,7 +735,7 @@ pub fn encode_all(e: Enc, ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u
 }
 
 /// Encode the whole namespace after `e` (the snapshot's head), handing the
-/// image to `out` a piece of about [`PIECE`] bytes at a time through one
+/// image to `out` a piece of about `PIECE` bytes at a time through one
 /// reused buffer, so no buffer as large as the namespace is allocated (at a
 /// million leases the image is over 200 MB, and touching that much fresh
 /// memory costs more than encoding it). The lock is held throughout: the
