@@ -1425,6 +1425,17 @@ while p.poll(20000):
     reader.kill_all();
 }
 
+/// The stalled request `slow` on host `a` (a `what`) is still running
+/// after the requests before this were served, a `status` read runs beside
+/// it, and it then ends printing `printed`.
+fn ends_after_the_others(slow: &mut Bg, a: &Mount, what: &str, printed: &str) {
+    assert!(slow.running(), "the requests above must have been served while the {what} was stalled");
+    let h = &status(a)["handlers"];
+    assert!(h["held"].as_u64().unwrap() >= 2, "the status read ran beside the stalled {what}: {h}");
+    assert!(slow.wait(STEP).success());
+    assert_eq!(slow.output(), [printed]);
+}
+
 /// While one change waits for etcd (its store step stalled on host a),
 /// host a goes on serving everything else: reads, `stat` and listings of
 /// other files and lock steps of another lease (each also asks etcd). The
@@ -1442,11 +1453,7 @@ fn a_request_waiting_for_etcd_holds_up_no_other_request_on_its_host() {
     assert_eq!(sh_ok(&a.path, "cat other; stat -c %s other; ls"), "kept\n5\nd\nlk\nother\n");
     assert_eq!(sh_ok(&a.path, "flock -n lk getfattr --only-values -n user.leasefs.epoch lk"), "1");
     assert_eq!(sh_ok(&b.path, "ls d"), "", "the stalled create is not stored yet");
-    assert!(slow.running(), "the requests above must have been served while the change was stalled");
-    let h = &status(&a)["handlers"];
-    assert!(h["held"].as_u64().unwrap() >= 2, "the status read ran beside the stalled create: {h}");
-    assert!(slow.wait(STEP).success());
-    assert_eq!(slow.output(), ["stored"]);
+    ends_after_the_others(&mut slow, &a, "create", "stored");
     assert_eq!(sh_ok(&b.path, "cat d/slow"), "new\n");
     assert_eq!(status(&a)["handlers"]["refused"], 0);
 }
@@ -1473,11 +1480,7 @@ fn a_lock_step_waiting_for_etcd_holds_up_no_other_request_on_its_host() {
     let holder = Bg::ready(&b.path, "exec flock handed sh -c 'echo ready; sleep 2'");
     assert_eq!(sh_ok(&a.path, "timeout -s INT 0.3 flock handed true; echo $?"), "124\n");
     assert_eq!(sh_ok(&a.path, "flock handed getfattr --only-values -n user.leasefs.epoch handed"), "2");
-    assert!(slow.running(), "the requests above must have been served while the lock step was stalled");
-    let h = &status(&a)["handlers"];
-    assert!(h["held"].as_u64().unwrap() >= 2, "the status read ran beside the stalled lock step: {h}");
-    assert!(slow.wait(STEP).success());
-    assert_eq!(slow.output(), ["granted"]);
+    ends_after_the_others(&mut slow, &a, "lock step", "granted");
     assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch slow"), "1");
     drop(holder);
 }

@@ -481,12 +481,15 @@ impl EtcdAuthority {
     /// Break the holder entry `key` if its TTL ran out unrenewed since
     /// revision `renewed` (as this host measured it); true if it did.
     fn break_if_lapsed(arbiter: &Arbiter, seen: &Seen, name: &str, key: &[u8], renewed: i64, ttl_ms: u64) -> bool {
-        if lapses_at(seen, key, renewed, ttl_ms) > Instant::now() {
-            return false;
-        }
+        lapses_at(seen, key, renewed, ttl_ms) <= Instant::now() && Self::break_lapsed(arbiter, name, key, renewed)
+    }
+
+    /// Break the holder entry `key` unless it was renewed since revision
+    /// `renewed`; true if it was broken.
+    fn break_lapsed(arbiter: &Arbiter, name: &str, key: &[u8], renewed: i64) -> bool {
         match arbiter.break_held(key, renewed) {
             Ok(true) => {
-                tracing::info!(lease = %name, ttl_ms, "the TTL of another host's holder ran out: broken");
+                tracing::info!(lease = %name, "the TTL of another host's holder ran out: broken");
                 true
             }
             Ok(false) => false,
@@ -901,7 +904,7 @@ impl LeaseAuthority for EtcdAuthority {
     fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
         match self.begin_test(ino, req) {
             Ok(found) => found,
-            Err(q) => q.send().0.downcast::<Option<Lock>>().map(|b| *b).unwrap_or(None),
+            Err(q) => q.send().found_lock(),
         }
     }
 
@@ -1205,17 +1208,8 @@ impl LeaseAuthority for EtcdAuthority {
         Some(Question::new(move || {
             let mut out = Vec::new();
             for (id, p, lapsed, released) in asks {
-                let mut broke = false;
-                if let Some(renewed) = lapsed {
-                    match arbiter.break_held(&p.predecessor, renewed) {
-                        Ok(true) => {
-                            tracing::info!(lease = %p.ticket.name, "the TTL of another host's holder ran out: broken");
-                            broke = true;
-                        }
-                        Ok(false) => {}
-                        Err(e) => tracing::warn!(lease = %p.ticket.name, "breaking a lapsed holder failed: {e}"),
-                    }
-                }
+                let broke =
+                    lapsed.is_some_and(|renewed| Self::break_lapsed(&arbiter, &p.ticket.name, &p.predecessor, renewed));
                 crate::failpoints::pausepoint(&format!("lock-step/{}", p.ticket.name));
                 let decided = arbiter.decide_after(&p.ticket, released);
                 out.push((id, p, decided, broke));

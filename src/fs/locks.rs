@@ -219,7 +219,7 @@ impl Fs {
             Err(read) => {
                 // Other hosts' holders are read without the state lock.
                 drop(st);
-                Ok(read.send().0.downcast::<Option<Lock>>().map(|b| *b).unwrap_or(None))
+                Ok(read.send().found_lock())
             }
         }
     }

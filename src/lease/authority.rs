@@ -92,6 +92,14 @@ impl Question {
 /// asked it.
 pub struct Answer(pub Box<dyn std::any::Any + Send>);
 
+impl Answer {
+    /// The answer to [`LeaseAuthority::begin_test`]'s question: the lock
+    /// that would conflict, if any.
+    pub fn found_lock(self) -> Option<Lock> {
+        self.0.downcast::<Option<Lock>>().map(|b| *b).unwrap_or(None)
+    }
+}
+
 /// Work an authority leaves to run without the state lock, whose outcome
 /// it needs to hear nothing of (a release, a renewal seen by other hosts).
 /// The caller runs it before it answers the request that caused it, so a
