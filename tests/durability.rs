@@ -522,6 +522,39 @@ fn a_removed_large_file_leaves_the_state_directory_without_any_later_fsync() {
 }
 
 #[test]
+fn a_large_journal_left_behind_by_a_compaction_is_compacted_away_too() {
+    let state = tempfile::tempdir().unwrap();
+    let sd = state.path().to_str().unwrap();
+    let mut m = Mount::with_args(&["--state-dir", sd]);
+    // 40 MB synced: the journal outgrows the snapshot, which then holds
+    // `a`. 30 MB more appended to the new journal and removed: less than
+    // the snapshot, so no compaction yet.
+    sh_ok(&m.path, "dd if=/dev/zero of=a bs=1M count=40 conv=fsync status=none");
+    let compacted = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !sh_ok(&m.path, "cat .leasefs/status").contains("\"compaction\":null") {
+        assert!(std::time::Instant::now() < compacted, "the compaction did not end");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    sh_ok(&m.path, "dd if=/dev/zero of=b bs=1M count=30 conv=fsync status=none && rm b && touch c && sync c");
+    // Removing `a` leaves almost nothing live: the compaction that follows
+    // keeps the 30 MB journal for recovery, so it must be replaced too.
+    sh_ok(&m.path, "rm a");
+    let size = settles_within_the_bound(state.path(), 4096);
+    let files: Vec<_> = std::fs::read_dir(state.path())
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| (e.file_name(), e.metadata().unwrap().len()))
+        .collect();
+    let status = sh_ok(&m.path, "cat .leasefs/status");
+    assert!(size <= 6 * 4096 + (4 << 20), "{size} bytes for an almost empty mount: {files:?}\n{status}");
+    assert!(status.contains("\"older_journal_bytes\":"), "{status}");
+    // The compactions kept everything.
+    kill_9(&mut m);
+    let m = Mount::with_args(&["--state-dir", sd]);
+    assert_eq!(sh_ok(&m.path, "ls"), "c\n");
+}
+
+#[test]
 fn churn_without_fsync_leaves_the_state_directory_within_the_bound() {
     let state = tempfile::tempdir().unwrap();
     let sd = state.path().to_str().unwrap();

@@ -238,6 +238,7 @@ impl Fs {
                     "snapshot": st.store.as_ref().map(|s| serde_json::json!({
                         "generation": s.generation(),
                         "bytes": s.snapshot_bytes(),
+                        "older_journal_bytes": s.other_bytes(),
                         "written_at": s.last_snapshot.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs()),
                         "compaction": st.compaction_phase(),
                     })),

@@ -177,6 +177,11 @@ pub struct Store {
     journal_gen: u64,
     journal_bytes: u64,
     snapshot_bytes: u64,
+    /// Bytes in the other journal file: the journal a background snapshot
+    /// continues from (recovery replays its tail), kept until the next
+    /// snapshot starts its journal there. It counts towards the state
+    /// directory's bound like the rest.
+    other_bytes: u64,
     /// When the last snapshot was written (by this daemon or before).
     pub last_snapshot: Option<SystemTime>,
     /// Set after the first I/O error, also by a group sync that failed on
@@ -404,6 +409,7 @@ impl Store {
                 (name, start_journal(&mut *storage, name, generation).map_err(|e| io(name, e))?)
             }
         };
+        let other_bytes = found.iter().find(|f| f.name == other_journal(journal)).map_or(0, |f| f.data.len() as u64);
         let store = Store {
             storage,
             generation,
@@ -411,6 +417,7 @@ impl Store {
             journal_gen: generation,
             journal_bytes: keep,
             snapshot_bytes,
+            other_bytes,
             last_snapshot: written_at,
             failed: Default::default(),
             flushes: 0,
@@ -439,6 +446,19 @@ impl Store {
     /// Bytes in the last snapshot.
     pub fn snapshot_bytes(&self) -> u64 {
         self.snapshot_bytes
+    }
+
+    /// Bytes of the namespace in the state directory: the snapshot, the
+    /// journal and the other journal file (see [`Store::other_bytes`]).
+    pub fn disk_bytes(&self) -> u64 {
+        self.snapshot_bytes + self.journal_bytes + self.other_bytes
+    }
+
+    /// Bytes in the journal file appends do not go to: the one the last
+    /// background snapshot continues from, which only the next snapshot
+    /// replaces (0 after a snapshot written in line, which removes it).
+    pub fn other_bytes(&self) -> u64 {
+        self.other_bytes
     }
 
     /// Snapshot generation.
@@ -587,6 +607,9 @@ impl Store {
         match w.journal {
             Ok(bytes) => {
                 // The new journal is durable: appends go there from now on.
+                // The old one stays until the next snapshot: recovery
+                // replays what was appended to it while this one was written.
+                self.other_bytes = self.journal_bytes;
                 self.journal = other_journal(self.journal);
                 self.journal_gen = w.generation;
                 self.journal_bytes = bytes;
@@ -677,7 +700,17 @@ impl Store {
         let journal = other_journal(self.journal);
         match start_journal(&mut *self.storage, journal, generation) {
             Ok(bytes) => {
-                (self.journal, self.journal_gen, self.journal_bytes) = (journal, generation, bytes);
+                let old = std::mem::replace(&mut self.journal, journal);
+                (self.journal_gen, self.journal_bytes) = (generation, bytes);
+                // The snapshot names no older journal: the old one is
+                // obsolete (a crash that keeps it keeps an ignored file).
+                self.other_bytes = match self.storage.remove(old) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        tracing::warn!(file = old, "cannot remove the obsolete journal: {e}");
+                        self.storage.len(old)
+                    }
+                };
                 Ok(())
             }
             Err(e) => {

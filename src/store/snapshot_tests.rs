@@ -531,6 +531,46 @@ fn only_a_store_that_changed_since_its_snapshot_wants_one_at_unmount() {
     assert_eq!(view(&recover(img)), view(&ns));
 }
 
+/// The journal a background snapshot continues from stays on disk and
+/// counts in `disk_bytes` until the next snapshot replaces it; an in-line
+/// snapshot names no older journal and removes it; a reopened store finds
+/// its size again.
+#[test]
+fn the_old_journal_counts_until_the_next_snapshot_replaces_it() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    file(&mut ns, Ino::ROOT, "a", &[7; 3 * 4096]);
+    flush(&mut ns, &mut store);
+    let old = store.journal_bytes();
+    assert_eq!(store.other_bytes(), 0);
+    let job = background_job(&mut store, &ns);
+    let written = write_snapshot(recording_mut(&mut store), &job);
+    store.finish_snapshot(written).unwrap();
+    assert_eq!(store.other_bytes(), old, "the journal the snapshot continues from");
+    let (journal, other) = (store.journal, other_journal(store.journal));
+    assert_eq!(store.disk_bytes(), store.snapshot_bytes() + store.journal_bytes() + old);
+    assert_eq!(recording_mut(&mut store).len(other), old);
+    let (reopened, _) = Store::open(Box::new(recording_mut(&mut store).clone())).unwrap();
+    assert_eq!((reopened.journal, reopened.other_bytes()), (journal, old), "found again at start-up");
+    // The next (background) snapshot starts its journal in that file.
+    let job = background_job(&mut store, &ns);
+    let written = write_snapshot(recording_mut(&mut store), &job);
+    store.finish_snapshot(written).unwrap();
+    assert_eq!(store.journal, other);
+    assert_eq!(store.other_bytes(), recording_mut(&mut store).len(journal));
+    assert!(store.other_bytes() < old);
+    // In line: the other file is gone.
+    file(&mut ns, Ino::ROOT, "b", b"2");
+    flush(&mut ns, &mut store);
+    let img = encode_all(store.head(), &ns, |_| Extra::default());
+    store.snapshot(img).unwrap();
+    assert_eq!(store.other_bytes(), 0);
+    let other = other_journal(store.journal);
+    assert_eq!(recording_mut(&mut store).len(other), 0);
+    assert_eq!(view(&recover(recording_mut(&mut store).clone())), view(&ns));
+}
+
 /// A slice reads the clock after every few dozen records, entries and
 /// pages included: a run of small directories (each encoded whole right
 /// after its inode) must not make one slice of thousands of records.
