@@ -654,6 +654,66 @@ fn names_attributes_xattrs_settings_and_contents_are_the_same_on_every_host_at_o
     assert!(ns["replayed"].as_u64().unwrap() > 0, "changes reached b by replay: {ns}");
 }
 
+/// Run `script` with `sh` in `dir` as the user nobody; its exit code and
+/// standard error.
+fn as_nobody(dir: &Path, script: &str) -> (i32, String) {
+    let o = sh(dir, &format!("setpriv --reuid=65534 --regid=65534 --clear-groups sh -c '{script}'"));
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+/// Linearizable reads (`range`) host `m` sent to etcd so far.
+fn ranges(m: &Mount) -> u64 {
+    status(m)["etcd"]["requests"]["range"].as_u64().expect("etcd.requests.range in status")
+}
+
+#[test]
+fn on_a_shared_namespace_the_daemon_checks_permissions_and_a_stat_costs_two_reads() {
+    let cluster = Cluster::start();
+    let p = prefix("perms");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    // Made on b, checked on a: the daemon decides on the shared state.
+    sh_ok(
+        &b.path,
+        "mkdir -m 700 private && echo s > private/f && echo s > secret && chmod 600 secret \
+         && echo p > public && chmod 644 public && mkdir -m 1777 tmp && mkdir -m 755 ro",
+    );
+    let denied = |script: &str, what: &str| {
+        let (code, err) = as_nobody(&a.path, script);
+        assert_ne!(code, 0, "{script} succeeded");
+        assert!(err.contains(what), "{script}: {err}");
+    };
+    denied("cat private/f", "Permission denied");
+    denied("ls private", "Permission denied");
+    denied("cat secret", "Permission denied");
+    denied("echo x >> public", "Permission denied");
+    denied("touch ro/new", "Permission denied");
+    denied("mkdir ro/new", "Permission denied");
+    denied("rm public", "Permission denied");
+    denied("chmod 777 public", "Operation not permitted");
+    denied("python3 -c \"import os; os.utime(\\\"public\\\", (1, 1))\"", "Operation not permitted");
+    denied("truncate -s 0 public", "Permission denied");
+    denied("setfattr -n user.a -v 1 public", "Permission denied");
+    denied("cd private", "can't cd");
+    assert_eq!(as_nobody(&a.path, "test -r secret").0, 1, "access(2) says no");
+    assert_eq!(as_nobody(&a.path, "test -r public && cat public").0, 0);
+    // The sticky directory: nobody's own file is nobody's to remove, root's is not.
+    sh_ok(&b.path, "touch tmp/roots");
+    assert_eq!(as_nobody(&a.path, "echo n > tmp/mine && mv tmp/mine tmp/moved && rm tmp/moved").0, 0);
+    denied("rm -f tmp/roots", "Operation not permitted");
+    // A permission change on b applies on a at once.
+    sh_ok(&b.path, "chmod 755 private");
+    assert_eq!(as_nobody(&a.path, "cat private/f").0, 0);
+    sh_ok(&b.path, "chmod 700 private");
+    denied("cat private/f", "Permission denied");
+    // No directory attributes asked on the way: a stat is a lookup and an
+    // attribute read, one etcd read each.
+    // (Reading `status` costs reads of its own: counted once and taken off.)
+    let (r0, r1) = (ranges(&a), ranges(&a));
+    sh_ok(Path::new("/"), &format!("for i in $(seq 30); do stat {}/public >/dev/null; done", a.path.display()));
+    let reads = ranges(&a) - r1 - (r1 - r0);
+    assert!(reads <= 60, "{reads} etcd reads for 30 stats");
+}
+
 #[test]
 fn a_file_of_one_mib_is_shared_and_a_larger_one_is_refused_with_efbig() {
     let cluster = Cluster::start();

@@ -104,7 +104,13 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
     // A root mount is a host's lock directory: every user may use it (with
     // the kernel's permission checks) unless --private.
     let allow_other = args.allow_other || (uid == 0 && !args.private);
-    let mut opts = MountOptions { nonempty: args.nonempty, allow_other, source: args.source.clone(), handlers: None };
+    let mut opts = MountOptions {
+        nonempty: args.nonempty,
+        allow_other,
+        source: args.source.clone(),
+        handlers: None,
+        kernel_permissions: true,
+    };
     let ttl = args.lease_ttl.and_then(|t| t.0);
     let fs = if args.etcd.is_empty() {
         Arc::new(Fs::with_lease_ttl(uid, gid, ttl))
@@ -213,6 +219,8 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
     }
     handle_signals(signals, mountpoint.clone());
     fs.set_mount_point(mountpoint.clone(), &args.source, allow_other);
+    // On a shared namespace the daemon checks permissions (see fs/access.rs).
+    opts.kernel_permissions = !fs.checks_access();
     if fs.is_shared() {
         // Requests that wait for etcd must not hold up the others.
         match fs.start_handlers() {

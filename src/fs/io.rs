@@ -32,6 +32,7 @@ impl Fs {
             self.precheck(|st| Self::check_handle(st, ino, h, "truncate"))?;
         }
         self.change(|st| {
+            let mode = st.permit_setattr(caller, ino, set)?;
             st.clock();
             if set.size.is_some() {
                 match set.handle {
@@ -59,7 +60,7 @@ impl Fs {
                     i.perm = after_unprivileged_change(i.perm, i.gid, caller);
                 }
             }
-            if let Some(mode) = set.mode {
+            if let Some(mode) = mode {
                 i.perm = (mode & 0o7777) as u16;
             }
             if let Some(uid) = set.uid {
@@ -129,12 +130,14 @@ impl Fs {
         Ok(h)
     }
 
-    /// `open` / `opendir` by thread `tid` (an observation).
-    pub fn open(&self, ino: Ino, flags: i32, tid: u32) -> Result<Handle> {
+    /// `open` / `opendir` (an observation by the caller's thread).
+    pub fn open(&self, ino: Ino, flags: i32, caller: Caller) -> Result<Handle> {
+        let tid = caller.pid;
         if control::is_control(ino) {
             return self.control_open(ino, flags);
         }
         let mut st = self.fresh(&[ino]);
+        st.permit(caller, ino, access::wanted_by_open(flags))?;
         let h = Self::open_locked(&mut st, ino, flags, tid)?;
         st.observe(tid, ino);
         Ok(h)

@@ -2,8 +2,10 @@
 //!
 //! Every method takes the caller's identity and returns `Result<_, Error>`;
 //! the FUSE adapter only decodes requests and encodes replies. Permission
-//! checks are the kernel's (`default_permissions`); this layer enforces what
-//! the kernel cannot know: names, emptiness, types, ownership inheritance.
+//! checks are the kernel's (`default_permissions`) on a single host and the
+//! daemon's on a shared namespace (see `fs/access.rs`); this layer also enforces
+//! what the kernel cannot know: names, emptiness, types, ownership
+//! inheritance.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -23,6 +25,7 @@ use crate::lease::{Effect, Epoch, Lock, Outcome, Owner, Request, WaitId};
 use crate::namespace::{check_name, Attr, Body, Ino, Kind, Namespace, NewInode, PAGE};
 use tracing::debug;
 
+mod access;
 mod cache;
 mod control_files;
 mod durability;
@@ -255,6 +258,9 @@ struct State {
     kernel: KernelCache,
     /// The kernel caches names of files (not on a shared namespace).
     names_cached: bool,
+    /// The daemon checks permissions, not the kernel (a shared namespace:
+    /// see [`access`]).
+    checks_access: bool,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
     /// them their first name (the kernel allows it unless `O_EXCL`).
     tmpfiles: std::collections::HashSet<Ino>,
@@ -799,6 +805,7 @@ impl Fs {
                 parked_req: HashMap::new(),
                 breaking: "ttl",
                 comms: HashMap::new(),
+                checks_access: false,
                 replica: None,
                 max_file: crate::namespace::MAX_FILE_SIZE,
                 conditions: Vec::new(),
@@ -828,6 +835,19 @@ impl Fs {
     /// then cache nothing: another host's change could not reach it in time).
     pub fn is_shared(&self) -> bool {
         self.state.lock().replica.is_some()
+    }
+
+    /// True when the daemon checks permissions itself: mount without
+    /// `default_permissions` (a shared namespace, see `fs/access.rs`).
+    pub fn checks_access(&self) -> bool {
+        self.state.lock().checks_access
+    }
+
+    /// Check permissions in the daemon from now on (tests of a single-host
+    /// table; [`Fs::set_replica`] does it for a shared namespace).
+    #[cfg(test)]
+    pub(crate) fn check_access_here(&self) {
+        self.state.lock().checks_access = true;
     }
 
     /// Bound what callers may make the daemon keep.

@@ -9,14 +9,15 @@ impl Fs {
     /// reference on it; false when the kernel must not keep the entry (the
     /// source of a pending rename over a live lease, a file younger than
     /// `YOUNG`). Every entry of a file the kernel may keep is recorded.
-    pub fn lookup(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<(Attr, bool)> {
+    pub fn lookup(&self, parent: Ino, name: &OsStr, caller: Caller) -> Result<(Attr, bool)> {
         if let Some(a) = self.control_lookup(parent, name)? {
             return Ok((a, true));
         }
         let mut st = self.fresh_name(parent, name);
+        st.permit(caller, parent, access::X)?;
         let ino = st.ns.child(parent, name)?;
         st.referenced(ino);
-        let mut keep = !st.pending_renames.looked_up(parent, name, tid);
+        let mut keep = !st.pending_renames.looked_up(parent, name, caller.pid);
         let a = st.ns.get(ino)?.attr();
         if keep && st.names_cached && a.kind != Kind::Dir {
             keep = SystemTime::now().duration_since(a.crtime).is_ok_and(|age| age >= YOUNG);
@@ -64,6 +65,8 @@ impl Fs {
         if p.dir()?.get(name).is_some() {
             return Err(Error::Exists);
         }
+        st.permit(caller, parent, access::W | access::X)?;
+        let p = st.ns.get(parent)?;
         let mut perm = (perm & 0o7777) as u16;
         let mut gid = caller.gid;
         // A setgid directory hands its group down, and its setgid bit to subdirectories.
@@ -166,6 +169,7 @@ impl Fs {
                 Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
                     // The kernel raced with another creator: open the existing file.
                     let ino = st.ns.child(parent, name)?;
+                    st.permit(caller, ino, access::wanted_by_open(flags))?;
                     st.referenced(ino);
                     st.ns.get(ino)?.attr()
                 }
@@ -185,6 +189,8 @@ impl Fs {
         if p.nlink == 0 {
             return Err(Error::NotFound);
         }
+        st.permit(caller, parent, access::W | access::X)?;
+        let p = st.ns.get(parent)?;
         let mut gid = caller.gid;
         if p.perm & libc::S_ISGID as u16 != 0 {
             gid = p.gid;
@@ -203,11 +209,13 @@ impl Fs {
         Ok((st.ns.get(ino)?.attr(), h))
     }
 
-    /// `unlink` by thread `tid`; `ESTALE` when it acts on an old view.
-    pub fn unlink(&self, parent: Ino, name: &OsStr, tid: u32) -> Result<()> {
+    /// `unlink`; `ESTALE` when it acts on an old view.
+    pub fn unlink(&self, parent: Ino, name: &OsStr, caller: Caller) -> Result<()> {
+        let tid = caller.pid;
         refuse_control_name(parent, name)?;
         self.change(|st| {
             let ino = st.ns.child(parent, name)?;
+            st.permit_removal(caller, parent, ino)?;
             if st.ns.get(ino)?.kind == Kind::Dir {
                 return Err(Error::IsDir);
             }
@@ -234,7 +242,7 @@ impl Fs {
     }
 
     /// `rmdir`.
-    pub fn rmdir(&self, parent: Ino, name: &OsStr) -> Result<()> {
+    pub fn rmdir(&self, parent: Ino, name: &OsStr, caller: Caller) -> Result<()> {
         refuse_control_name(parent, name)?;
         self.change(|st| {
             if name == "." {
@@ -244,6 +252,7 @@ impl Fs {
                 return Err(Error::NotEmpty);
             }
             let ino = st.ns.child(parent, name)?;
+            st.permit_removal(caller, parent, ino)?;
             let d = st.ns.get(ino)?.dir()?;
             if !d.is_empty() {
                 return Err(Error::NotEmpty);
@@ -257,7 +266,7 @@ impl Fs {
     }
 
     /// `link`: a new name for an existing non-directory.
-    pub fn link(&self, ino: Ino, parent: Ino, name: &OsStr) -> Result<Attr> {
+    pub fn link(&self, ino: Ino, parent: Ino, name: &OsStr, caller: Caller) -> Result<Attr> {
         check_name(name)?;
         refuse_control_name(parent, name)?;
         if control::is_control(ino) {
@@ -278,6 +287,8 @@ impl Fs {
             if p.dir()?.get(name).is_some() {
                 return Err(Error::Exists);
             }
+            st.permit(caller, parent, access::W | access::X)?;
+            st.permit_hardlink(caller, ino)?;
             let now = now();
             let path = st.path_of(parent, name);
             st.ns.link(parent, name, ino)?;
@@ -317,8 +328,9 @@ impl Fs {
         newparent: Ino,
         newname: &OsStr,
         flags: u32,
-        tid: u32,
+        caller: Caller,
     ) -> Result<()> {
+        let tid = caller.pid;
         check_name(name)?;
         check_name(newname)?;
         refuse_control_name(parent, name)?;
@@ -329,6 +341,7 @@ impl Fs {
             return Err(Error::Invalid);
         }
         self.change(|st| {
+            st.permit_rename(caller, (parent, name), (newparent, newname), flags)?;
             let src = st.ns.child(parent, name)?;
             let dst = match st.ns.child(newparent, newname) {
                 Ok(i) => Some(i),

@@ -296,6 +296,7 @@ impl Fs {
         st.max_file = replica.max_file_size();
         st.replica = Some(replica);
         st.names_cached = false;
+        st.checks_access = true;
         Ok(())
     }
 

@@ -7,18 +7,23 @@ fn fs() -> Fs {
 }
 const C: Caller = Caller::ROOT;
 
+/// Root, as thread `pid`.
+fn by(pid: u32) -> Caller {
+    Caller { pid, ..Caller::ROOT }
+}
+
 #[test]
 fn hard_links_share_nlink_and_content() {
     let fs = fs();
     let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0o022, libc::O_RDWR).unwrap();
     assert_eq!(a.perm, 0o644);
     fs.write(a.ino, h, 0, b"hello", WriteOpts::default()).unwrap();
-    let b = fs.link(a.ino, Ino::ROOT, OsStr::new("b")).unwrap();
+    let b = fs.link(a.ino, Ino::ROOT, OsStr::new("b"), C).unwrap();
     assert_eq!(b.nlink, 2);
-    fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
-    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("b"), 0).unwrap().0.nlink, 1);
+    fs.unlink(Ino::ROOT, OsStr::new("a"), by(0)).unwrap();
+    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("b"), by(0)).unwrap().0.nlink, 1);
     assert_eq!(fs.read(a.ino, h, 0, 10, 0).unwrap(), b"hello");
-    assert_eq!(fs.link(a.ino, Ino::ROOT, OsStr::new("b")), Err(Error::Exists));
+    assert_eq!(fs.link(a.ino, Ino::ROOT, OsStr::new("b"), C), Err(Error::Exists));
 }
 
 #[test]
@@ -29,20 +34,20 @@ fn rename_error_cases() {
     fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
     fs.mknod(C, e.ino, OsStr::new("g"), libc::S_IFREG | 0o644, 0, 0).unwrap();
     let r = Ino::ROOT;
-    assert_eq!(fs.rename(r, OsStr::new("d"), e.ino, OsStr::new("x"), 0, 0), Err(Error::Invalid));
-    assert_eq!(fs.rename(r, OsStr::new("d"), r, OsStr::new("f"), 0, 0), Err(Error::NotDir));
-    assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), 0, 0), Err(Error::IsDir));
+    assert_eq!(fs.rename(r, OsStr::new("d"), e.ino, OsStr::new("x"), 0, by(0)), Err(Error::Invalid));
+    assert_eq!(fs.rename(r, OsStr::new("d"), r, OsStr::new("f"), 0, by(0)), Err(Error::NotDir));
+    assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), 0, by(0)), Err(Error::IsDir));
     fs.mkdir(C, r, OsStr::new("z"), 0o755, 0).unwrap();
-    assert_eq!(fs.rename(r, OsStr::new("z"), d.ino, OsStr::new("e"), 0, 0), Err(Error::NotEmpty));
-    assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("z"), RENAME_NOREPLACE, 0), Err(Error::Exists));
-    assert_eq!(fs.rename(r, OsStr::new("nope"), r, OsStr::new("q"), 0, 0), Err(Error::NotFound));
+    assert_eq!(fs.rename(r, OsStr::new("z"), d.ino, OsStr::new("e"), 0, by(0)), Err(Error::NotEmpty));
+    assert_eq!(fs.rename(r, OsStr::new("f"), r, OsStr::new("z"), RENAME_NOREPLACE, by(0)), Err(Error::Exists));
+    assert_eq!(fs.rename(r, OsStr::new("nope"), r, OsStr::new("q"), 0, by(0)), Err(Error::NotFound));
     // Moving a directory across parents moves the ".." link count.
     assert_eq!(fs.getattr(r, 0).unwrap().nlink, 4);
-    fs.rename(d.ino, OsStr::new("e"), r, OsStr::new("e2"), 0, 0).unwrap();
+    fs.rename(d.ino, OsStr::new("e"), r, OsStr::new("e2"), 0, by(0)).unwrap();
     assert_eq!(fs.getattr(r, 0).unwrap().nlink, 5);
     assert_eq!(fs.getattr(d.ino, 0).unwrap().nlink, 2);
-    fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), RENAME_EXCHANGE, 0).unwrap();
-    assert_eq!(fs.lookup(r, OsStr::new("f"), 0).unwrap().0.kind, Kind::Dir);
+    fs.rename(r, OsStr::new("f"), r, OsStr::new("d"), RENAME_EXCHANGE, by(0)).unwrap();
+    assert_eq!(fs.lookup(r, OsStr::new("f"), by(0)).unwrap().0.kind, Kind::Dir);
 }
 
 #[test]
@@ -65,10 +70,10 @@ fn xattr_flags_and_errors() {
     assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_REPLACE, C), Err(Error::NoAttr));
     fs.setxattr(f.ino, n, b"v", XATTR_CREATE, C).unwrap();
     assert_eq!(fs.setxattr(f.ino, n, b"v", XATTR_CREATE, C), Err(Error::Exists));
-    assert_eq!(fs.getxattr(f.ino, n).unwrap(), b"v");
+    assert_eq!(fs.getxattr(f.ino, n, C).unwrap(), b"v");
     assert_eq!(fs.listxattr(f.ino).unwrap(), b"user.k\0");
-    fs.removexattr(f.ino, n, 0).unwrap();
-    assert_eq!(fs.getxattr(f.ino, n), Err(Error::NoAttr));
+    fs.removexattr(f.ino, n, by(0)).unwrap();
+    assert_eq!(fs.getxattr(f.ino, n, C), Err(Error::NoAttr));
     assert_eq!(fs.setxattr(f.ino, OsStr::new("bogus.k"), b"v", 0, C), Err(Error::NotSupported));
 }
 
@@ -98,34 +103,34 @@ fn rename_over_keeps_identity_only_while_live() {
     // the kernel only got from its create has no cached entry: renamed at
     // the first try.
     let (fresh, _) = fs.create(C, r, OsStr::new("fresh"), 0o640, 0, libc::O_RDWR).unwrap();
-    assert!(!fs.lookup(r, OsStr::new("fresh"), 7).unwrap().1, "a young file's name is not cached");
-    fs.rename(r, OsStr::new("fresh"), r, OsStr::new("dst"), 0, 7).unwrap();
-    assert_eq!(fs.lookup(r, OsStr::new("dst"), 7).unwrap().0.ino, dst.ino);
+    assert!(!fs.lookup(r, OsStr::new("fresh"), by(7)).unwrap().1, "a young file's name is not cached");
+    fs.rename(r, OsStr::new("fresh"), r, OsStr::new("dst"), 0, by(7)).unwrap();
+    assert_eq!(fs.lookup(r, OsStr::new("dst"), by(7)).unwrap().0.ino, dst.ino);
     assert_ne!(fresh.ino, dst.ino);
     // A source the kernel looked up may have a cached entry. As the kernel
     // does it: the first try is refused with ESTALE, the kernel looks the
     // source up again (an entry it must not keep) and retries. A retry
     // without that lookup, or by another thread, is refused again.
     let (src, _) = fs.create(C, r, OsStr::new("src"), 0o640, 0, libc::O_RDWR).unwrap();
-    assert!(!fs.lookup(r, OsStr::new("src"), 9).unwrap().1, "a young file's name is not cached");
+    assert!(!fs.lookup(r, OsStr::new("src"), by(9)).unwrap().1, "a young file's name is not cached");
     fs.state.lock().ns.get_mut(src.ino).unwrap().crtime -= YOUNG;
-    assert!(fs.lookup(r, OsStr::new("src"), 9).unwrap().1, "an older one's is");
-    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 7), Err(Error::Stale));
-    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 7), Err(Error::Stale));
-    assert!(!fs.lookup(r, OsStr::new("src"), 8).unwrap().1, "any lookup of a pending source expires at once");
-    assert!(!fs.lookup(r, OsStr::new("src"), 7).unwrap().1, "the source of a pending rename");
-    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 8), Err(Error::Stale));
-    assert!(!fs.lookup(r, OsStr::new("src"), 8).unwrap().1);
-    fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 8).unwrap();
-    assert!(fs.lookup(r, OsStr::new("dst"), 8).unwrap().1, "nothing pending any more (and the lease is old)");
-    assert_eq!(fs.lookup(r, OsStr::new("dst"), 0).unwrap().0.ino, dst.ino);
+    assert!(fs.lookup(r, OsStr::new("src"), by(9)).unwrap().1, "an older one's is");
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(7)), Err(Error::Stale));
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(7)), Err(Error::Stale));
+    assert!(!fs.lookup(r, OsStr::new("src"), by(8)).unwrap().1, "any lookup of a pending source expires at once");
+    assert!(!fs.lookup(r, OsStr::new("src"), by(7)).unwrap().1, "the source of a pending rename");
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(8)), Err(Error::Stale));
+    assert!(!fs.lookup(r, OsStr::new("src"), by(8)).unwrap().1);
+    fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(8)).unwrap();
+    assert!(fs.lookup(r, OsStr::new("dst"), by(8)).unwrap().1, "nothing pending any more (and the lease is old)");
+    assert_eq!(fs.lookup(r, OsStr::new("dst"), by(0)).unwrap().0.ino, dst.ino);
     assert_eq!(fs.epoch(dst.ino), Epoch(2));
     assert_ne!(src.ino, dst.ino);
     // Released: POSIX, the source's inode and mode arrive at the name.
     fs.setlk(dst.ino, flock(h, None), None).unwrap();
     let (src, _) = fs.create(C, r, OsStr::new("src"), 0o640, 0, libc::O_RDWR).unwrap();
-    fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, 0).unwrap();
-    let now = fs.lookup(r, OsStr::new("dst"), 0).unwrap().0;
+    fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(0)).unwrap();
+    let now = fs.lookup(r, OsStr::new("dst"), by(0)).unwrap().0;
     assert_eq!((now.ino, now.perm), (src.ino, 0o640));
     assert!(fs.epoch(src.ino) >= Epoch(2), "the path's epoch never goes back");
 }
@@ -150,7 +155,7 @@ fn entry_deadlines_expire_and_are_pruned() {
 fn unlinked_open_file_lives_until_forget_and_release() {
     let fs = fs();
     let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("a"), 0o644, 0, libc::O_RDWR).unwrap();
-    fs.unlink(Ino::ROOT, OsStr::new("a"), 0).unwrap();
+    fs.unlink(Ino::ROOT, OsStr::new("a"), by(0)).unwrap();
     fs.write(a.ino, h, 0, b"x", WriteOpts::default()).unwrap();
     fs.forget(a.ino, 1);
     assert_eq!(fs.getattr(a.ino, 0).unwrap().nlink, 0);
@@ -191,7 +196,7 @@ fn size_and_inode_limits_refuse_with_enospc_change_nothing_and_free_up() {
         fs.mknod(user, Ino::ROOT, OsStr::new(&format!("f{i}")), libc::S_IFREG | 0o644, 0, 0).unwrap();
     }
     assert_eq!(fs.mkdir(user, Ino::ROOT, OsStr::new("d"), 0o755, 0), Err(Error::NoSpace));
-    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("d"), 0).map(|a| a.0), Err(Error::NotFound));
+    assert_eq!(fs.lookup(Ino::ROOT, OsStr::new("d"), by(0)).map(|a| a.0), Err(Error::NotFound));
     fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o755, 0).unwrap();
     assert_eq!(fs.statfs().ffree, 0);
     // Freeing makes room again, and the running count matches a recount.
@@ -218,8 +223,8 @@ fn xattrs_are_bounded_per_file_in_count_and_bytes() {
     assert_eq!(fs.setxattr(f.ino, OsStr::new("user.d"), b"v", 0, C), Err(Error::NoSpace));
     fs.setxattr(f.ino, OsStr::new("user.a"), b"replaced", 0, C).unwrap();
     assert_eq!(fs.setxattr(f.ino, OsStr::new("user.b"), &[0; 90], 0, C), Err(Error::NoSpace));
-    assert_eq!(fs.getxattr(f.ino, OsStr::new("user.b")).unwrap(), b"v", "refused, unchanged");
-    fs.removexattr(f.ino, OsStr::new("user.c"), 0).unwrap();
+    assert_eq!(fs.getxattr(f.ino, OsStr::new("user.b"), C).unwrap(), b"v", "refused, unchanged");
+    fs.removexattr(f.ino, OsStr::new("user.c"), by(0)).unwrap();
     fs.setxattr(f.ino, OsStr::new("user.d"), b"v", 0, C).unwrap();
 }
 
@@ -282,16 +287,16 @@ fn open_handles_are_bounded_with_enfile_and_control_files_keep_a_few() {
     let fs = fs();
     fs.set_limits(limits::Limits { handles: 2, ..limits::Limits::with_size(1 << 20) }, Default::default());
     let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
-    let a = fs.open(f.ino, libc::O_RDONLY, 0).unwrap();
-    fs.open(f.ino, libc::O_RDONLY, 0).unwrap();
-    let refused = fs.open(f.ino, libc::O_RDONLY, 0);
+    let a = fs.open(f.ino, libc::O_RDONLY, by(0)).unwrap();
+    fs.open(f.ino, libc::O_RDONLY, by(0)).unwrap();
+    let refused = fs.open(f.ino, libc::O_RDONLY, by(0));
     assert_eq!(refused.map_err(Error::errno), Err(libc::ENFILE));
     // `.leasefs/` stays readable for the administrator.
-    let status = fs.open(control::ControlFile::Status.ino(), libc::O_RDONLY, 0).unwrap();
+    let status = fs.open(control::ControlFile::Status.ino(), libc::O_RDONLY, by(0)).unwrap();
     // Closing frees room (the control file's handle counts too).
     fs.release(a, None).unwrap();
     fs.release(status, None).unwrap();
-    fs.open(f.ino, libc::O_RDONLY, 0).unwrap();
+    fs.open(f.ino, libc::O_RDONLY, by(0)).unwrap();
 }
 
 /// Every path with its kind, inode and link count (a directory reachable
@@ -373,9 +378,9 @@ fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed
     let mut slices = 0;
     while fs.state.lock().encoding() {
         let (from, to) = if slices % 2 == 0 { (a, b) } else { (b, a) };
-        fs.rename(from, OsStr::new("sub"), to, OsStr::new("sub"), 0, 1).unwrap();
+        fs.rename(from, OsStr::new("sub"), to, OsStr::new("sub"), 0, by(1)).unwrap();
         let name = format!("f{}", slices * 3);
-        fs.rename(a, OsStr::new(&name), sub, OsStr::new(&format!("g{slices}")), 0, 1).unwrap();
+        fs.rename(a, OsStr::new(&name), sub, OsStr::new(&format!("g{slices}")), 0, by(1)).unwrap();
         seen.push(paths(&fs.state.lock().ns));
         fs.tick();
         slices += 1;
@@ -446,7 +451,7 @@ fn the_timer_compacts_once_what_was_removed_without_fsync_and_then_rests() {
         assert_eq!(run_timer(&fs, 1), settled, "a small change {i} compacted");
     }
     for (i, ino) in inos.iter().enumerate().take(390) {
-        fs.unlink(Ino::ROOT, OsStr::new(&format!("{i:0>255}")), 0).unwrap();
+        fs.unlink(Ino::ROOT, OsStr::new(&format!("{i:0>255}")), by(0)).unwrap();
         // The kernel lets go of the inode.
         fs.forget(*ino, 1);
     }
@@ -492,7 +497,7 @@ fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
     for i in 1..60 {
         fs.mknod(C, Ino::ROOT, &name(i), libc::S_IFREG | 0o644, 0, 0).unwrap();
         if i == 2 {
-            fs.rename(Ino::ROOT, &name(1), Ino::ROOT, OsStr::new("moved"), 0, 0).unwrap();
+            fs.rename(Ino::ROOT, &name(1), Ino::ROOT, OsStr::new("moved"), 0, by(0)).unwrap();
         }
         batches += usize::from(forget_dropped(&mut dropped));
         let held = fs.state.lock().ns.held();
@@ -532,4 +537,95 @@ fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
     assert_eq!(dropped, want, "still oldest first");
     assert!(fs.state.lock().ns.get(f0.ino).unwrap().lookups > 0);
     assert_eq!(trim(later), None, "nothing more to do");
+}
+
+/// Where the daemon checks permissions (a shared namespace), it refuses
+/// what the kernel's `default_permissions` would: search, write and read
+/// of directories and files, the sticky bit, chmod/chown/times by others,
+/// truncation by path, `user.` xattrs, moving another's directory, and
+/// `access`. Where the kernel checks, the daemon refuses none of it.
+#[test]
+fn the_daemon_checks_permissions_as_the_kernel_would_where_it_is_asked_to() {
+    let u = Caller { uid: 1000, gid: 1000, pid: 0 };
+    let v = Caller { uid: 1001, gid: 1001, pid: 0 };
+    let name = OsStr::new;
+    let setup = |fs: &Fs| {
+        let private = fs.mkdir(C, Ino::ROOT, name("private"), 0o700, 0).unwrap();
+        fs.mknod(C, private.ino, name("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        let shared = fs.mkdir(C, Ino::ROOT, name("tmp"), 0o1777, 0).unwrap();
+        let secret = fs.mknod(C, Ino::ROOT, name("secret"), libc::S_IFREG | 0o600, 0, 0).unwrap();
+        let public = fs.mknod(C, Ino::ROOT, name("public"), libc::S_IFREG | 0o644, 0, 0).unwrap();
+        (private.ino, shared.ino, secret.ino, public.ino)
+    };
+    let checked = fs();
+    checked.check_access_here();
+    let (private, tmp, secret, public) = setup(&checked);
+    let fs = &checked;
+    assert_eq!(fs.lookup(private, name("f"), u).map(|_| ()), Err(Error::Access));
+    assert_eq!(fs.lookup(private, name("none"), u).map(|_| ()), Err(Error::Access), "search comes first");
+    assert!(fs.lookup(private, name("f"), C).is_ok());
+    assert_eq!(fs.mknod(u, Ino::ROOT, name("x"), libc::S_IFREG | 0o644, 0, 0).map(|_| ()), Err(Error::Access));
+    assert_eq!(fs.mkdir(u, Ino::ROOT, name("public"), 0o755, 0).map(|_| ()), Err(Error::Exists), "EEXIST first");
+    assert_eq!(fs.create(u, Ino::ROOT, name("x"), 0o644, 0, libc::O_RDWR).map(|_| ()), Err(Error::Access));
+    assert_eq!(fs.create(u, Ino::ROOT, name("secret"), 0o644, 0, libc::O_RDONLY).map(|_| ()), Err(Error::Access));
+    assert_eq!(fs.unlink(Ino::ROOT, name("public"), u), Err(Error::Access));
+    assert_eq!(fs.link(public, tmp, name("l"), u).map(|_| ()), Err(Error::NotPermitted), "protected hard links");
+    // The sticky directory: anyone creates, only the owner removes.
+    let mine = fs.mknod(v, tmp, name("mine"), libc::S_IFREG | 0o666, 0, 0).unwrap();
+    assert_eq!(fs.unlink(tmp, name("mine"), u), Err(Error::NotPermitted));
+    assert_eq!(fs.rename(tmp, name("mine"), tmp, name("yours"), 0, u), Err(Error::NotPermitted));
+    assert!(fs.rename(tmp, name("mine"), tmp, name("still-mine"), 0, v).is_ok());
+    // Moving one's own directory needs write permission on it.
+    fs.mkdir(v, tmp, name("d"), 0o555, 0).unwrap();
+    let d2 = fs.mkdir(v, tmp, name("d2"), 0o777, 0).unwrap();
+    assert_eq!(fs.rename(tmp, name("d"), d2.ino, name("d"), 0, v), Err(Error::Access));
+    assert!(fs.rename(tmp, name("d"), tmp, name("e"), 0, v).is_ok(), "same parent: no '..' to change");
+    // Opening.
+    assert_eq!(fs.open(secret, libc::O_RDONLY, u).map(|_| ()), Err(Error::Access));
+    assert!(fs.open(public, libc::O_RDONLY, u).is_ok());
+    assert_eq!(fs.open(public, libc::O_WRONLY, u).map(|_| ()), Err(Error::Access));
+    assert_eq!(fs.open(public, libc::O_RDONLY | libc::O_TRUNC, u).map(|_| ()), Err(Error::Access));
+    assert_eq!(fs.open(private, libc::O_RDONLY | libc::O_DIRECTORY, u).map(|_| ()), Err(Error::Access));
+    // Attributes.
+    let set = |s: SetAttr, who| fs.setattr(public, &s, who).map(|_| ());
+    assert_eq!(set(SetAttr { mode: Some(0o777), ..SetAttr::default() }, u), Err(Error::NotPermitted));
+    assert_eq!(set(SetAttr { uid: Some(1000), ..SetAttr::default() }, u), Err(Error::NotPermitted));
+    assert_eq!(set(SetAttr { size: Some(0), ..SetAttr::default() }, u), Err(Error::Access));
+    let at = SetTime::At(SystemTime::UNIX_EPOCH);
+    assert_eq!(set(SetAttr { mtime: Some(at), ..SetAttr::default() }, u), Err(Error::NotPermitted));
+    assert_eq!(set(SetAttr { mtime: Some(SetTime::Now), ..SetAttr::default() }, u), Err(Error::Access));
+    assert_eq!(
+        fs.setattr(mine.ino, &SetAttr { mtime: Some(SetTime::Now), ..SetAttr::default() }, u).map(|_| ()),
+        Ok(()),
+        "touch with write permission"
+    );
+    assert_eq!(
+        fs.setattr(mine.ino, &SetAttr { gid: Some(0), ..SetAttr::default() }, v).map(|_| ()),
+        Err(Error::NotPermitted),
+        "chgrp to a group it is not in"
+    );
+    let sgid = fs
+        .setattr(mine.ino, &SetAttr { mode: Some(0o2755), gid: None, ..SetAttr::default() }, Caller { gid: 1001, ..v })
+        .unwrap();
+    assert_eq!(sgid.perm, 0o2755, "its own group");
+    fs.setattr(mine.ino, &SetAttr { gid: Some(5), ..SetAttr::default() }, C).unwrap();
+    let sgid = fs.setattr(mine.ino, &SetAttr { mode: Some(0o2755), ..SetAttr::default() }, v).unwrap();
+    assert_eq!(sgid.perm, 0o755, "setgid dropped outside the file's group");
+    // Extended attributes and access(2).
+    assert_eq!(fs.setxattr(public, name("user.a"), b"1", 0, u), Err(Error::Access));
+    fs.setxattr(secret, name("user.a"), b"1", 0, C).unwrap();
+    assert_eq!(fs.getxattr(secret, name("user.a"), u), Err(Error::Access));
+    assert_eq!(fs.getxattr(public, name("user.none"), u), Err(Error::NoAttr));
+    assert_eq!(fs.access(secret, libc::R_OK, u), Err(Error::Access));
+    assert_eq!(fs.access(secret, libc::F_OK, u), Ok(()));
+    assert_eq!(fs.access(public, libc::R_OK, u), Ok(()));
+    assert_eq!(fs.access(public, libc::X_OK, C), Err(Error::Access), "root executes only with an x bit");
+
+    // The kernel checks: the daemon refuses none of these.
+    let kernel = super::tests::fs();
+    let (private, _, secret, public) = setup(&kernel);
+    assert!(kernel.lookup(private, name("f"), u).is_ok());
+    assert!(kernel.open(secret, libc::O_RDWR, u).is_ok());
+    assert!(kernel.setattr(public, &SetAttr { mode: Some(0o600), ..SetAttr::default() }, u).is_ok());
+    assert!(kernel.unlink(Ino::ROOT, name("public"), u).is_ok());
 }

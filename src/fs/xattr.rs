@@ -4,7 +4,7 @@
 use super::*;
 
 impl Fs {
-    /// `setxattr` by thread `tid`.
+    /// `setxattr`.
     pub fn setxattr(&self, ino: Ino, name: &OsStr, value: &[u8], flags: i32, caller: Caller) -> Result<()> {
         let tid = caller.pid;
         check_xattr_name(name)?;
@@ -17,6 +17,7 @@ impl Fs {
         self.change(|st| {
             st.clock();
             st.ns.get(ino)?;
+            st.permit_xattr(caller, ino, name, true)?;
             st.check_fenced_pid(tid, ino, "setxattr")?;
             if is_leasefs_xattr(name) {
                 let text = std::str::from_utf8(value).map_err(|_| Error::Invalid)?.trim_end_matches('\0');
@@ -83,12 +84,13 @@ impl Fs {
     }
 
     /// `getxattr`.
-    pub fn getxattr(&self, ino: Ino, name: &OsStr) -> Result<Vec<u8>> {
+    pub fn getxattr(&self, ino: Ino, name: &OsStr, caller: Caller) -> Result<Vec<u8>> {
         check_xattr_name(name)?;
         if control::is_control(ino) {
             return Err(Error::NoAttr);
         }
         let mut st = self.fresh(&[ino]);
+        st.permit_xattr(caller, ino, name, false)?;
         let now = st.lease.now();
         let i = st.ns.get(ino)?;
         match name.to_str() {
@@ -132,14 +134,16 @@ impl Fs {
         Ok(out)
     }
 
-    /// `removexattr` by thread `tid`.
-    pub fn removexattr(&self, ino: Ino, name: &OsStr, tid: u32) -> Result<()> {
+    /// `removexattr`.
+    pub fn removexattr(&self, ino: Ino, name: &OsStr, caller: Caller) -> Result<()> {
+        let tid = caller.pid;
         check_xattr_name(name)?;
         if control::is_control(ino) {
             return Err(Error::NotPermitted);
         }
         self.change(|st| {
             st.ns.get(ino)?;
+            st.permit_xattr(caller, ino, name, true)?;
             st.check_fenced_pid(tid, ino, "removexattr")?;
             if is_leasefs_xattr(name) {
                 return match name.to_str() {

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request,
-    TimeOrNow, WriteFlags,
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig,
+    LockOwner, OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyLock, ReplyLseek, ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use tracing::{debug, error, warn};
@@ -506,7 +506,7 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        guarded("lookup", || match self.fs.lookup(Ino(parent.0), name, req.pid()) {
+        guarded("lookup", || match self.fs.lookup(Ino(parent.0), name, caller(req)) {
             // A young file, or the source of a rename over a live lease
             // (the kernel is about to move this entry to the lease's name).
             Ok((a, false)) => reply.entry_with_ttls(self.ttls.attr(&a), &Duration::ZERO, &attr(&a), Generation(0)),
@@ -597,14 +597,14 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("unlink", || match self.fs.unlink(Ino(parent.0), name, req.pid()) {
+        guarded("unlink", || match self.fs.unlink(Ino(parent.0), name, caller(req)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });
     }
 
-    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("rmdir", || match self.fs.rmdir(Ino(parent.0), name) {
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        guarded("rmdir", || match self.fs.rmdir(Ino(parent.0), name, caller(req)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });
@@ -629,15 +629,15 @@ impl fuser::Filesystem for LeaseFs {
         reply: ReplyEmpty,
     ) {
         guarded("rename", || {
-            match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits(), req.pid()) {
+            match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits(), caller(req)) {
                 Ok(()) => self.reply_after_invalidation(reply),
                 Err(e) => reply.error(errno(e)),
             }
         });
     }
 
-    fn link(&self, _req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
-        guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname) {
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname, caller(req)) {
             Ok(a) => self.ttls.reply_made(reply, &a),
             Err(e) => reply.error(errno(e)),
         });
@@ -646,7 +646,7 @@ impl fuser::Filesystem for LeaseFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         guarded("open", || {
-            match self.fs.open(Ino(ino.0), flags.0, req.pid()) {
+            match self.fs.open(Ino(ino.0), flags.0, caller(req)) {
                 // The event stream has no offsets.
                 Ok(h) if Fs::is_events(Ino(ino.0)) => {
                     reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NONSEEKABLE)
@@ -774,8 +774,8 @@ impl fuser::Filesystem for LeaseFs {
         self.sync("fsync", reply);
     }
 
-    fn opendir(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        guarded("opendir", || match self.fs.open(Ino(ino.0), flags.0, 0) {
+    fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        guarded("opendir", || match self.fs.open(Ino(ino.0), flags.0, caller(req)) {
             Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),
         });
@@ -810,6 +810,15 @@ impl fuser::Filesystem for LeaseFs {
         self.fs.shutdown();
     }
 
+    /// `access(2)` and `chdir(2)`: asked only of a mount without
+    /// `default_permissions` (a shared namespace), where the daemon checks.
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        guarded("access", || match self.fs.access(Ino(ino.0), mask.bits(), caller(req)) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        });
+    }
+
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         guarded("statfs", || {
             let s = self.fs.statfs();
@@ -833,8 +842,8 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        guarded("getxattr", || reply_xattr(self.fs.getxattr(Ino(ino.0), name), size, reply));
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        guarded("getxattr", || reply_xattr(self.fs.getxattr(Ino(ino.0), name, caller(req)), size, reply));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -842,7 +851,7 @@ impl fuser::Filesystem for LeaseFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        guarded("removexattr", || match self.fs.removexattr(Ino(ino.0), name, req.pid()) {
+        guarded("removexattr", || match self.fs.removexattr(Ino(ino.0), name, caller(req)) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(errno(e)),
         });

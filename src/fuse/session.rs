@@ -39,6 +39,9 @@ pub struct MountOptions {
     pub source: String,
     /// Run request handlers on this pool instead of the session thread.
     pub handlers: Option<super::workers::Workers>,
+    /// Let the kernel check permissions (`default_permissions`); false when
+    /// the filesystem checks them (`Fs::checks_access`).
+    pub kernel_permissions: bool,
 }
 
 /// The source of a mount made without one.
@@ -366,7 +369,10 @@ pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         // Users mount through the setuid helper, which checks that they may.
-        let mut o = format!("default_permissions,fsname={source},subtype=leasefs");
+        let mut o = format!("fsname={source},subtype=leasefs");
+        if opts.kernel_permissions {
+            o.push_str(",default_permissions");
+        }
         if opts.allow_other {
             o.push_str(",allow_other");
         }
@@ -384,7 +390,10 @@ pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf
     let fd: OwnedFd = dev.into();
     // SAFETY: getuid/getgid/getpid have no preconditions.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let mut data = format!("fd={},rootmode=40000,user_id={uid},group_id={gid},default_permissions", fd.as_raw_fd());
+    let mut data = format!("fd={},rootmode=40000,user_id={uid},group_id={gid}", fd.as_raw_fd());
+    if opts.kernel_permissions {
+        data.push_str(",default_permissions");
+    }
     if opts.allow_other {
         data.push_str(",allow_other");
     }
@@ -456,6 +465,12 @@ fn request_hook(hook: Arc<dyn Intercept>, dev: Arc<OwnedFd>) -> fuser::RequestHo
         }
         let opcode = u32::from_ne_bytes(msg[4..8].try_into().expect("4 bytes"));
         crate::control::count_request(opcode);
+        tracing::trace!(
+            op = crate::control::opcode_name(opcode as usize).unwrap_or("?"),
+            ino = u64::from_ne_bytes(msg[16..24].try_into().expect("8 bytes")),
+            pid = u32::from_ne_bytes(msg[32..36].try_into().expect("4 bytes")),
+            "request"
+        );
         let word = |at: usize| u32::from_ne_bytes(msg[at..at + 4].try_into().expect("4 bytes"));
         if opcode == FUSE_TMPFILE && msg.len() >= IN_HEADER + CREATE_IN {
             let unique = u64::from_ne_bytes(msg[8..16].try_into().expect("8 bytes"));

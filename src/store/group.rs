@@ -239,7 +239,7 @@ mod tests {
         let f = fs.clone();
         finishes(10, move || {
             write_file(&f, "b");
-            f.lookup(Ino::ROOT, OsStr::new("a"), 0).unwrap();
+            f.lookup(Ino::ROOT, OsStr::new("a"), crate::fs::Caller::ROOT).unwrap();
         });
         // A flush with nothing of its own waits for the one before it.
         let f = fs.clone();
