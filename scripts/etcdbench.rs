@@ -1,8 +1,10 @@
 //! Cost of cross-host arbitration on a real etcd cluster (run by
 //! scripts/etcdbench.sh, which starts the cluster): the arbiter's
 //! uncontended acquire+release against a bare etcd transaction cycle
-//! (create-if-absent, delete) through the same client, and two hosts
-//! contending for one lease.
+//! (create-if-absent, delete) through the same client, two hosts
+//! contending for one lease, and what the cluster itself gives two clients
+//! writing disjoint keys at once against one alone (the ceiling of the
+//! mounts' `parallel2/1`).
 //!   etcdbench ENDPOINTS ITERATIONS SECONDS
 
 use std::sync::Arc;
@@ -106,4 +108,25 @@ fn main() {
         .collect();
     let total: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
     println!("contend2_acq_s {:.0}", total as f64 / secs as f64);
+    // Transactions per second from one client, then from two at once
+    // (each its own connection and key, one transaction after another).
+    for clients in [1, 2] {
+        let stop = Instant::now() + Duration::from_secs(secs);
+        let workers: Vec<_> = (0..clients)
+            .map(|c| {
+                let client = Client::new(&endpoints, Duration::from_secs(2));
+                std::thread::spawn(move || {
+                    let key = format!("bench/parallel/{c}").into_bytes();
+                    let mut done = 0u64;
+                    while Instant::now() < stop {
+                        client.txn(&[], &[Op::put(key.clone(), format!("{done}"), 0)], &[]).expect("txn");
+                        done += 1;
+                    }
+                    done
+                })
+            })
+            .collect();
+        let total: u64 = workers.into_iter().map(|w| w.join().expect("worker")).sum();
+        println!("raw_parallel{clients}_txn_s {:.0}", total as f64 / secs as f64);
+    }
 }

@@ -9,7 +9,8 @@
 # - the shared namespace: stat of an unchanged file (a revision check),
 #   creating a 14-byte lease file (O_EXCL, write, close), and a renewal by
 #   rename on one host read back on the other, against a single-host mount;
-#   writes to disjoint files from one host, then from two hosts at once.
+#   writes to disjoint files from one host, then from two hosts at once,
+#   beside what bare transactions from one and from two clients achieve.
 # Needs root (mounts) for the second part; it is skipped otherwise.
 #   scripts/etcdbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 500, 3)
 # Needs etcd (apt-get install etcd-server).
@@ -161,4 +162,5 @@ if 'mount_flock_pair_us' in m:
     print(f"mount renew/raw     {m['mount_renew_read_us'] / m['raw_txn_cycle_us']:>9.2f}x")
     print(f"contend2*raw        {m['mount_contend2_acq_s'] * m['raw_txn_cycle_us'] / 1e6:>9.2f}  (acquisitions per raw cycle)")
     print(f"parallel2/1         {m['mount_parallel2_changes_s'] / m['mount_parallel1_changes_s']:>9.2f}x")
+    print(f"raw parallel2/1     {m['raw_parallel2_txn_s'] / m['raw_parallel1_txn_s']:>9.2f}x  (the cluster's own)")
 PY

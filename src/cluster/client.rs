@@ -344,7 +344,8 @@ impl Client {
 
     fn call(&self, path: &str, body: &Value, retry: Retry) -> Result<Value> {
         self.calls[call_kind(path)].fetch_add(1, Ordering::Relaxed);
-        let deadline = Instant::now() + self.timeout;
+        let started = Instant::now();
+        let deadline = started + self.timeout;
         let body = body.to_string();
         tracing::trace!(path, %body, "etcd request");
         let mut why = String::from("no endpoint");
@@ -382,6 +383,7 @@ impl Client {
                     self.answered.fetch_add(1, Ordering::Relaxed);
                     self.idle.lock().push(conn);
                     let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                    tracing::trace!(path, us = started.elapsed().as_micros() as u64, status = r.status, "etcd answer");
                     if r.status == 200 {
                         return Ok(v);
                     }

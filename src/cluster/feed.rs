@@ -111,11 +111,16 @@ impl Feed {
     /// or the feed broke), taking nothing.
     pub fn wait_through(&self, revision: i64, deadline: Instant) {
         let mut s = self.state.lock();
+        if s.seen >= revision || s.broken {
+            return;
+        }
+        let started = Instant::now();
         while s.seen < revision && !s.broken {
             if self.moved.wait_until(&mut s, deadline).timed_out() {
                 break;
             }
         }
+        tracing::trace!(revision, us = started.elapsed().as_micros() as u64, "waited for the watch");
     }
 
     /// Take what is queued now, without waiting. `None`: the feed is broken.
