@@ -348,44 +348,17 @@ impl Fs {
                 Err(Error::NotFound) => None,
                 Err(e) => return Err(e),
             };
-            let src_dir = st.ns.get(src)?.kind == Kind::Dir;
-            let now = now();
-
+            let m = Move {
+                from: (parent, name),
+                to: (newparent, newname),
+                src,
+                src_dir: st.ns.get(src)?.kind == Kind::Dir,
+                now: now(),
+                tid,
+            };
             if flags & RENAME_EXCHANGE != 0 {
-                let dst = dst.ok_or(Error::NotFound)?;
-                if src == dst {
-                    return Ok(());
-                }
-                // Moving a live lease would let newcomers lock a fresh file at
-                // its old name (SPEC 4).
-                if st.holds_live_lease(src) || st.holds_live_lease(dst) {
-                    return Err(Error::Busy);
-                }
-                let dst_dir = st.ns.get(dst)?.kind == Kind::Dir;
-                // Neither may end up inside itself.
-                if src_dir && st.ns.is_ancestor(src, newparent) || dst_dir && st.ns.is_ancestor(dst, parent) {
-                    return Err(Error::Invalid);
-                }
-                st.ns.get_mut(parent)?.dir_mut()?.insert(name.to_os_string(), dst);
-                st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
-                st.ns.hint(dst, parent, name);
-                st.ns.hint(src, newparent, newname);
-                if parent != newparent {
-                    if src_dir {
-                        Self::reparent(&mut st.ns, src, parent, newparent)?;
-                    }
-                    if dst_dir {
-                        Self::reparent(&mut st.ns, dst, newparent, parent)?;
-                    }
-                }
-                for ino in [src, dst, parent, newparent] {
-                    st.ns.get_mut(ino)?.ctime = now;
-                }
-                st.ns.get_mut(parent)?.mtime = now;
-                st.ns.get_mut(newparent)?.mtime = now;
-                return Ok(());
+                return Self::exchange(st, &m, dst.ok_or(Error::NotFound)?);
             }
-
             if let Some(dst) = dst {
                 if flags & RENAME_NOREPLACE != 0 {
                     return Err(Error::Exists);
@@ -395,14 +368,14 @@ impl Fs {
                     return Ok(());
                 }
                 let d = st.ns.get(dst)?;
-                match (src_dir, d.kind == Kind::Dir) {
+                match (m.src_dir, d.kind == Kind::Dir) {
                     (true, false) => return Err(Error::NotDir),
                     (false, true) => return Err(Error::IsDir),
                     (true, true) if !d.dir()?.is_empty() => return Err(Error::NotEmpty),
                     _ => {}
                 }
             }
-            if src_dir && st.ns.is_ancestor(src, newparent) {
+            if m.src_dir && st.ns.is_ancestor(src, newparent) {
                 return Err(Error::Invalid);
             }
             if st.ns.get(newparent)?.nlink == 0 {
@@ -415,85 +388,133 @@ impl Fs {
             if let Some(dst) = dst {
                 st.check_fenced_pid(tid, dst, "rename over")?;
                 st.check_current(tid, dst, true, "rename over")?;
-            }
-            let old_path = st.path_of(parent, name);
-            let new_path = st.path_of(newparent, newname);
-            if let Some(dst) = dst {
                 st.name_lease(dst);
-                let live = st.lease.held_anywhere(dst);
                 let both_files = st.ns.get(dst)?.kind == Kind::File && st.ns.get(src)?.kind == Kind::File;
-                if live && both_files {
-                    // The kernel moves the source's entry to the lease's
-                    // name once it has the answer. If that entry may still
-                    // be valid (the source was looked up less than
-                    // FILE_ENTRY_TTL + margin ago), it must expire first,
-                    // or the next walk to the name would reach the source.
-                    // Then the first try is answered ESTALE, which makes
-                    // the kernel retry the rename once after looking the
-                    // source up again (LOOKUP_REVAL); that lookup is
-                    // answered with an entry that expires at once, and the
-                    // retry goes ahead. No lock is needed: an entry
-                    // invalidation notice would wait for the directory the
-                    // rename holds. A source the kernel only got from its
-                    // create (the usual renewal) has no valid entry and is
-                    // renamed at the first try.
-                    if st.names_cached
-                        && st.entry_deadlines.cached(src, Instant::now())
-                        && !st.pending_renames.retried(parent, name, tid)
-                    {
-                        st.pending_renames.ask(parent, name, tid);
-                        return Err(Error::Stale);
-                    }
-                    // Rename over a live lease replaces its content and keeps
-                    // its inode, holders, waiters and epoch (SPEC 4). Anything
-                    // else is renamed over exactly as POSIX says.
-                    let data = st.ns.get(src)?.data()?.clone();
-                    st.ns.account(dst, |d| {
-                        d.data_mut()?.replace_with(data);
-                        Ok(())
-                    })?;
-                    st.ns.get_mut(dst)?.change_content(now);
-                    st.remember_epoch(old_path, src);
-                    st.ns.get_mut(src)?.ctime = now;
-                    st.ns.unlink(parent, name)?;
-                    st.ns.get_mut(parent)?.touch_content(now);
-                    st.ns.get_mut(newparent)?.touch_content(now);
-                    st.invalidate.push(dst);
-                    st.repoint(dst);
-                    st.collect(src);
-                    // Its own rename is an observation of the new version.
-                    st.observe(tid, dst);
-                    return Ok(());
+                if st.lease.held_anywhere(dst) && both_files {
+                    return Self::rename_over_live_lease(st, &m, dst);
                 }
-                st.remember_epoch(new_path.clone(), dst);
-                // Whoever looked at the replaced file now has a stale view of
-                // this name (versions count content changes; re-pointing a name
-                // is tracked through predecessors, so other hard links of the
-                // moved file are unaffected).
-                st.succeed(dst, src);
-                st.ns.get_mut(dst)?.ctime = now;
-                st.ns.unlink(newparent, newname)?;
-                st.collect(dst);
             }
-            st.remember_epoch(old_path, src);
-            st.ns.get_mut(parent)?.dir_mut()?.remove(name);
-            st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
-            st.ns.hint(src, newparent, newname);
-            if src_dir && parent != newparent {
+            Self::move_name(st, &m, dst)
+        })
+    }
+
+    /// `RENAME_EXCHANGE`: the two names swap their inodes (never a live
+    /// lease's: `EBUSY`).
+    fn exchange(st: &mut State, m: &Move<'_>, dst: Ino) -> Result<()> {
+        let ((parent, name), (newparent, newname), src) = (m.from, m.to, m.src);
+        if src == dst {
+            return Ok(());
+        }
+        // Moving a live lease would let newcomers lock a fresh file at
+        // its old name (SPEC 4).
+        if st.holds_live_lease(src) || st.holds_live_lease(dst) {
+            return Err(Error::Busy);
+        }
+        let dst_dir = st.ns.get(dst)?.kind == Kind::Dir;
+        // Neither may end up inside itself.
+        if m.src_dir && st.ns.is_ancestor(src, newparent) || dst_dir && st.ns.is_ancestor(dst, parent) {
+            return Err(Error::Invalid);
+        }
+        st.ns.get_mut(parent)?.dir_mut()?.insert(name.to_os_string(), dst);
+        st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+        st.ns.hint(dst, parent, name);
+        st.ns.hint(src, newparent, newname);
+        if parent != newparent {
+            if m.src_dir {
                 Self::reparent(&mut st.ns, src, parent, newparent)?;
             }
-            st.floor_epoch(new_path.as_ref(), src);
-            if dst.is_none() {
-                if let Some(old) = new_path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
-                    st.succeed(old, src);
-                }
+            if dst_dir {
+                Self::reparent(&mut st.ns, dst, newparent, parent)?;
             }
-            st.ns.get_mut(src)?.ctime = now;
-            st.ns.get_mut(parent)?.touch_content(now);
-            st.ns.get_mut(newparent)?.touch_content(now);
-            st.observe(tid, src);
+        }
+        for ino in [src, dst, parent, newparent] {
+            st.ns.get_mut(ino)?.ctime = m.now;
+        }
+        st.ns.get_mut(parent)?.mtime = m.now;
+        st.ns.get_mut(newparent)?.mtime = m.now;
+        Ok(())
+    }
+
+    /// A file renamed over a live lease: the lease keeps its inode,
+    /// holders, waiters and epoch and takes the source's content, and the
+    /// source's name goes (SPEC 4).
+    fn rename_over_live_lease(st: &mut State, m: &Move<'_>, dst: Ino) -> Result<()> {
+        let ((parent, name), (newparent, _), src, tid) = (m.from, m.to, m.src, m.tid);
+        // The kernel moves the source's entry to the lease's name once it
+        // has the answer. If that entry may still be valid (the source was
+        // looked up less than FILE_ENTRY_TTL + margin ago), it must expire
+        // first, or the next walk to the name would reach the source. Then
+        // the first try is answered ESTALE, which makes the kernel retry
+        // the rename once after looking the source up again
+        // (LOOKUP_REVAL); that lookup is answered with an entry that
+        // expires at once, and the retry goes ahead. No lock is needed: an
+        // entry invalidation notice would wait for the directory the
+        // rename holds. A source the kernel only got from its create (the
+        // usual renewal) has no valid entry and is renamed at the first
+        // try.
+        if st.names_cached
+            && st.entry_deadlines.cached(src, Instant::now())
+            && !st.pending_renames.retried(parent, name, tid)
+        {
+            st.pending_renames.ask(parent, name, tid);
+            return Err(Error::Stale);
+        }
+        let old_path = st.path_of(parent, name);
+        let data = st.ns.get(src)?.data()?.clone();
+        st.ns.account(dst, |d| {
+            d.data_mut()?.replace_with(data);
             Ok(())
-        })
+        })?;
+        st.ns.get_mut(dst)?.change_content(m.now);
+        st.remember_epoch(old_path, src);
+        st.ns.get_mut(src)?.ctime = m.now;
+        st.ns.unlink(parent, name)?;
+        st.ns.get_mut(parent)?.touch_content(m.now);
+        st.ns.get_mut(newparent)?.touch_content(m.now);
+        st.invalidate.push(dst);
+        st.repoint(dst);
+        st.collect(src);
+        // Its own rename is an observation of the new version.
+        st.observe(tid, dst);
+        Ok(())
+    }
+
+    /// The POSIX rename: the source's entry moves to the new name,
+    /// replacing `dst` (which goes, and whose observers now hold a stale
+    /// view of the name).
+    fn move_name(st: &mut State, m: &Move<'_>, dst: Option<Ino>) -> Result<()> {
+        let ((parent, name), (newparent, newname), src) = (m.from, m.to, m.src);
+        let old_path = st.path_of(parent, name);
+        let new_path = st.path_of(newparent, newname);
+        if let Some(dst) = dst {
+            st.remember_epoch(new_path.clone(), dst);
+            // Whoever looked at the replaced file now has a stale view of
+            // this name (versions count content changes; re-pointing a name
+            // is tracked through predecessors, so other hard links of the
+            // moved file are unaffected).
+            st.succeed(dst, src);
+            st.ns.get_mut(dst)?.ctime = m.now;
+            st.ns.unlink(newparent, newname)?;
+            st.collect(dst);
+        }
+        st.remember_epoch(old_path, src);
+        st.ns.get_mut(parent)?.dir_mut()?.remove(name);
+        st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+        st.ns.hint(src, newparent, newname);
+        if m.src_dir && parent != newparent {
+            Self::reparent(&mut st.ns, src, parent, newparent)?;
+        }
+        st.floor_epoch(new_path.as_ref(), src);
+        if dst.is_none() {
+            if let Some(old) = new_path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
+                st.succeed(old, src);
+            }
+        }
+        st.ns.get_mut(src)?.ctime = m.now;
+        st.ns.get_mut(parent)?.touch_content(m.now);
+        st.ns.get_mut(newparent)?.touch_content(m.now);
+        st.observe(m.tid, src);
+        Ok(())
     }
 
     pub(super) fn reparent(ns: &mut Namespace, dir: Ino, from: Ino, to: Ino) -> Result<()> {
@@ -502,4 +523,14 @@ impl Fs {
         ns.get_mut(dir)?.dir_mut()?.parent = to;
         Ok(())
     }
+}
+
+/// A rename's two names and what it moves, for the cases of [`Fs::rename`].
+struct Move<'a> {
+    from: (Ino, &'a OsStr),
+    to: (Ino, &'a OsStr),
+    src: Ino,
+    src_dir: bool,
+    now: SystemTime,
+    tid: u32,
 }
