@@ -952,7 +952,18 @@ fn without_etcd_cached_reads_keep_working_changes_fail_with_eio_and_both_recover
     }
     let b = host(&cluster, &p, &[]);
     assert_eq!(sh_ok(&b.path, "cat z z2"), "cached\nagain\n");
-    assert_eq!(status(&a)["etcd"]["namespace"]["stale"], false);
+    // Reads on a ask etcd again and stop answering from the copy (a change
+    // that worked does not tell whether a's copy is caught up: only a
+    // read's revision check does).
+    let deadline = Instant::now() + STEP;
+    loop {
+        assert_eq!(sh_ok(&a.path, "cat z2"), "again\n");
+        if status(&a)["etcd"]["namespace"]["stale"] == false {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reads on a never left the copy: {}", status(&a));
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]

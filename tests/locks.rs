@@ -211,21 +211,28 @@ fn deadlock_cycle_gets_edeadlk() {
     let out = py_locks(
         &m.path,
         r#"
-import errno, signal
+import errno, json, signal
 open("R", "w").write("xx")
 r, w = os.pipe()
+r2, w2 = os.pipe()
 pid = os.fork()
 if pid == 0:
     fd = os.open("R", os.O_RDWR)
     lk(fd, fcntl.F_SETLK, fcntl.F_WRLCK, 1, 1)
     os.write(w, b"1")
+    os.read(r2, 1)   # the parent holds byte 0
     signal.alarm(20)
     lk(fd, fcntl.F_SETLKW, fcntl.F_WRLCK, 0, 1)   # waits for the parent
     os._exit(0)
 fd = os.open("R", os.O_RDWR)
+os.read(r, 1)   # the child holds byte 1
 lk(fd, fcntl.F_SETLK, fcntl.F_WRLCK, 0, 1)
-os.read(r, 1)
-time.sleep(0.3)   # let the child park
+os.write(w2, b"1")
+# Until the child's wait is parked in the daemon.
+deadline = time.time() + 20
+while json.load(open(".leasefs/status"))["leases"]["awaited"] < 1:
+    assert time.time() < deadline, "the child's wait never parked"
+    time.sleep(0.01)
 try:
     lk(fd, fcntl.F_SETLKW, fcntl.F_WRLCK, 1, 1)
     print("no deadlock detected")
