@@ -485,6 +485,11 @@ fn on_disk(dir: &std::path::Path) -> u64 {
     std::fs::read_dir(dir).unwrap().filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum()
 }
 
+/// The files of `dir` with their sizes (for failure messages).
+fn files_in(dir: &std::path::Path) -> Vec<(std::ffi::OsString, u64)> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap()).map(|e| (e.file_name(), e.metadata().unwrap().len())).collect()
+}
+
 /// Wait at most 10 s (SPEC 9: "a few seconds after the last change") for
 /// the state directory to be within 6 x `live` + 4 MiB; returns its size
 /// at the end.
@@ -540,11 +545,7 @@ fn a_large_journal_left_behind_by_a_compaction_is_compacted_away_too() {
     // keeps the 30 MB journal for recovery, so it must be replaced too.
     sh_ok(&m.path, "rm a");
     let size = settles_within_the_bound(state.path(), 4096);
-    let files: Vec<_> = std::fs::read_dir(state.path())
-        .unwrap()
-        .map(|e| e.unwrap())
-        .map(|e| (e.file_name(), e.metadata().unwrap().len()))
-        .collect();
+    let files = files_in(state.path());
     let status = sh_ok(&m.path, "cat .leasefs/status");
     assert!(size <= 6 * 4096 + (4 << 20), "{size} bytes for an almost empty mount: {files:?}\n{status}");
     assert!(status.contains("\"older_journal_bytes\":"), "{status}");
@@ -578,11 +579,7 @@ for r in range(3):
     );
     let live = 100 * (32768 + 256);
     let size = settles_within_the_bound(state.path(), live);
-    let files: Vec<_> = std::fs::read_dir(state.path())
-        .unwrap()
-        .map(|e| e.unwrap())
-        .map(|e| (e.file_name(), e.metadata().unwrap().len()))
-        .collect();
+    let files = files_in(state.path());
     assert!(
         size <= 6 * live + (4 << 20),
         "{size} bytes in the state directory for {live} live: {files:?}\n{}",

@@ -622,6 +622,19 @@ fn the_daemon_checks_permissions_as_the_kernel_would_where_it_is_asked_to() {
     assert_eq!(fs.access(secret, libc::F_OK, u), Ok(()));
     assert_eq!(fs.access(public, libc::R_OK, u), Ok(()));
     assert_eq!(fs.access(public, libc::X_OK, C), Err(Error::Access), "root executes only with an x bit");
+    // user. xattrs only on files and directories; in a sticky directory
+    // only its owner changes them.
+    let fifo = fs.mknod(C, Ino::ROOT, name("fifo"), libc::S_IFIFO | 0o666, 0, 0).unwrap();
+    assert_eq!(fs.getxattr(fifo.ino, name("user.a"), u), Err(Error::NoAttr));
+    assert_eq!(fs.setxattr(fifo.ino, name("user.a"), b"1", 0, u), Err(Error::NotPermitted));
+    assert_eq!(fs.setxattr(tmp, name("user.a"), b"1", 0, u), Err(Error::NotPermitted));
+    // rmdir needs write and search on the parent.
+    fs.mkdir(C, private, name("sub"), 0o777, 0).unwrap();
+    assert_eq!(fs.rmdir(private, name("sub"), u), Err(Error::Access));
+    // An exchange across parents needs write permission on a directory it moves.
+    fs.mkdir(v, d2.ino, name("ro"), 0o555, 0).unwrap();
+    fs.mkdir(v, tmp, name("x"), 0o777, 0).unwrap();
+    assert_eq!(fs.rename(tmp, name("x"), d2.ino, name("ro"), RENAME_EXCHANGE, v), Err(Error::Access));
 
     // The kernel checks: the daemon refuses none of these.
     let kernel = super::tests::fs();
