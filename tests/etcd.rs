@@ -338,8 +338,10 @@ mod arbitration {
     use std::time::{Duration, Instant};
 
     use leasefs::cluster::arbiter::{Arbiter, Asker, Decision, Mode};
-    use leasefs::cluster::client::Client;
+    use leasefs::cluster::client::{prefix_end, Client};
     use leasefs::cluster::session::HostSession;
+    use leasefs::cluster::watcher::QueueWatcher;
+    use leasefs::lease::authority::Wake;
 
     use super::Cluster;
     use crate::util::STEP;
@@ -399,6 +401,67 @@ mod arbitration {
         assert!(a.entries("/L").unwrap().0.is_empty());
         assert_eq!(a.epoch("/L").unwrap(), 3);
         assert_eq!(a.acquire("/L", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap().1, 4);
+    }
+
+    /// A holder's release grants the next exclusive waiter in the same
+    /// transaction (epoch + 1, the counter naming it), from the queue as
+    /// the releasing host knew it; a waiter that left since is not written
+    /// back, and a shared waiter decides for itself.
+    #[test]
+    fn a_release_hands_the_lease_to_the_next_exclusive_waiter_in_its_own_transaction() {
+        let cluster = Cluster::start();
+        let (a, b, c) = (host(&cluster, "a", 10), host(&cluster, "b", 10), host(&cluster, "c", 10));
+        let q = a.queue_prefix("/F");
+        let known = |x: &Arbiter| Some(x.client().range(&q, &prefix_end(&q)).unwrap());
+        let holders =
+            |x: &Arbiter| x.entries("/F").unwrap().0.into_iter().map(|e| (e.host, e.held, e.epoch)).collect::<Vec<_>>();
+        let (ta, e1) = a.acquire("/F", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap();
+        let tb = b.enqueue("/F", Mode::Exclusive, &asker(2)).unwrap();
+        let tc = c.enqueue("/F", Mode::Exclusive, &asker(3)).unwrap();
+        // Known: b first. b leaves before the release: c is handed the
+        // lease, and b's entry is not written back as a holder.
+        let stale = known(&a);
+        b.release(&tb).unwrap();
+        a.release_from(&ta, stale).unwrap();
+        assert_eq!(a.handoffs(), 1);
+        assert_eq!(holders(&a), [("c".to_string(), true, e1 + 1)]);
+        assert_eq!(a.epoch("/F").unwrap(), e1 + 1);
+        assert_eq!(c.decide(&tc).unwrap(), Decision::Granted { epoch: e1 + 1, lost_holder: false });
+
+        // Through a host's watch of the queues: a shared waiter is not
+        // handed the lease (no hand-off counted); it decides for itself.
+        let watch = QueueWatcher::start(c.client().clone(), "leasefs-test", "c", Wake::default());
+        c.set_mirror(watch.mirror());
+        let seen = |n: usize| {
+            let deadline = Instant::now() + STEP;
+            while watch.mirror().queue(&q).map(|(kvs, _)| kvs.len()) != Some(n) {
+                assert!(Instant::now() < deadline, "the watch never saw {n} entries");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let sd = a.enqueue("/F", Mode::Shared, &asker(4)).unwrap();
+        seen(2);
+        c.release(&tc).unwrap();
+        assert_eq!(c.handoffs(), 0);
+        assert_eq!(a.decide(&sd).unwrap(), Decision::Granted { epoch: e1 + 1, lost_holder: false });
+        a.release(&sd).unwrap();
+        // An exclusive waiter is.
+        let (tc2, e3) = c.acquire("/F", Mode::Exclusive, &asker(3), STEP).unwrap().unwrap();
+        assert_eq!(e3, e1 + 2);
+        let tb2 = b.enqueue("/F", Mode::Exclusive, &asker(2)).unwrap();
+        seen(2);
+        c.release(&tc2).unwrap();
+        assert_eq!(c.handoffs(), 1);
+        assert_eq!(holders(&c), [("b".to_string(), true, e1 + 3)]);
+        // b's ticket still says it waits (its host has not seen the grant
+        // yet): leaving the queue then releases the grant, handing it on.
+        let ta3 = a.enqueue("/F", Mode::Exclusive, &asker(1)).unwrap();
+        b.release_from(&tb2, known(&b)).unwrap();
+        assert_eq!(holders(&b), [("a".to_string(), true, e1 + 4)]);
+        assert_eq!(a.decide(&ta3).unwrap(), Decision::Granted { epoch: e1 + 4, lost_holder: false });
+        a.release(&ta3).unwrap();
+        assert!(holders(&a).is_empty());
+        assert_eq!(a.epoch("/F").unwrap(), e1 + 4);
     }
 
     #[test]

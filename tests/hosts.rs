@@ -187,6 +187,75 @@ fn locks_conflict_across_hosts_and_epochs_rise_by_one_per_holder_on_any_host() {
     await_entries(&cluster, &p, "x", 0);
 }
 
+/// A release hands the lease to the waiter on the other host in its own
+/// transaction: that host grants it from its watch without asking etcd,
+/// with the next epoch, and a chain of waiters on both hosts gets one
+/// epoch each, in order.
+#[test]
+fn a_release_hands_the_lease_to_a_waiter_on_another_host_which_grants_it_without_asking_etcd() {
+    let cluster = Cluster::start();
+    let p = prefix("handoff");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let mut holder = Bg::ready(
+        &a.path,
+        "exec flock x sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch x; echo; sleep 60'",
+    );
+    await_lines(&holder, 1, "the holder's epoch");
+    let e1: u64 = holder.output()[0].trim().parse().unwrap();
+    let go = b.dir.path().join("go");
+    let waiter = format!(
+        r#"
+import fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+print("ready", flush=True)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+while not os.path.exists("{go}"):
+    time.sleep(0.02)
+"#,
+        go = go.display()
+    );
+    let mut w = py_ready(&b, &waiter);
+    await_entries(&cluster, &p, "x", 2);
+    let txns = |m: &Mount| status(m)["etcd"]["requests"]["txn"].as_u64().unwrap();
+    let before = txns(&b);
+    holder.kill_all();
+    await_lines(&w, 1, "the waiter's grant");
+    assert_eq!(w.output()[0].trim().parse::<u64>().unwrap(), e1 + 1);
+    assert_eq!(status(&a)["etcd"]["handoffs"]["given"], 1);
+    assert_eq!(status(&b)["etcd"]["handoffs"]["received"], 1);
+    assert_eq!(txns(&b), before, "the waiter's host sent no transaction for its grant");
+    std::fs::write(&go, "").unwrap();
+    assert!(w.wait(STEP).success());
+    await_entries(&cluster, &p, "x", 0);
+    // Four waiters alternating between the hosts, each handed the lease
+    // by the one before: epochs e1+2.., in arrival order.
+    let first = Bg::ready(&a.path, "exec flock x sh -c 'echo ready; sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    let log = a.dir.path().join("chain.log");
+    let mut chain = Vec::new();
+    for (i, m) in [&b, &a, &b, &a].into_iter().enumerate() {
+        let script = format!(
+            "flock -w 30 x sh -c 'echo w{i} $(getfattr --only-values -n user.leasefs.epoch x) >> {}'",
+            log.display()
+        );
+        chain.push(Bg::spawn(&m.path, &script));
+        await_entries(&cluster, &p, "x", i + 2);
+    }
+    let mut first = first;
+    first.kill_all();
+    for w in &mut chain {
+        assert!(w.wait(STEP).success());
+    }
+    let want: String = (0..4).map(|i| format!("w{i} {}\n", e1 + 3 + i as u64)).collect();
+    assert_eq!(std::fs::read_to_string(&log).unwrap(), want);
+    let given = |m: &Mount| status(m)["etcd"]["handoffs"]["given"].as_u64().unwrap();
+    assert_eq!(given(&a) + given(&b), 1 + 4, "every release with a waiter behind it handed over");
+    await_entries(&cluster, &p, "x", 0);
+}
+
 #[test]
 fn waiters_are_served_in_arrival_order_across_hosts() {
     let cluster = Cluster::start();

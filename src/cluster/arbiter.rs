@@ -47,6 +47,7 @@ use serde_json::{json, Value};
 
 use super::client::{prefix_end, Client, Compare, EtcdError, Kv, Op, Result, WatchMsg};
 use super::session::HostSession;
+use super::watcher::Mirror;
 use crate::lease::{LockKind, Owner};
 use crate::namespace::replica::{Condition, Seen};
 
@@ -237,7 +238,16 @@ pub struct Arbiter {
     /// mod revision): a guess for one-transaction grants, checked by
     /// the transaction itself.
     counters: parking_lot::Mutex<std::collections::HashMap<String, (u64, String, i64)>>,
+    /// The host's watch of the queues, once it runs: a release hands the
+    /// lease to the next waiter from it without reading the queue first.
+    mirror: parking_lot::Mutex<Option<Mirror>>,
+    /// Releases that handed the lease to the next waiter.
+    handoffs: AtomicU64,
 }
+
+/// Attempts at a direct hand-off before a release only leaves the queue
+/// (the waiters then decide for themselves).
+const HANDOFFS: usize = 2;
 
 /// Counters remembered at most (forgotten all at once past it).
 const COUNTERS: usize = 65_536;
@@ -262,7 +272,25 @@ impl Arbiter {
             host: host.to_string(),
             seq: AtomicU64::new(0),
             counters: Default::default(),
+            mirror: Default::default(),
+            handoffs: AtomicU64::new(0),
         }
+    }
+
+    /// Releases of this host that handed the lease to the next waiter.
+    pub fn handoffs(&self) -> u64 {
+        self.handoffs.load(Ordering::Relaxed)
+    }
+
+    /// `t` was handed the lease with `epoch` by a release committed at
+    /// `rev` (which wrote the counter too).
+    pub fn granted(&self, t: &Ticket, epoch: u64, rev: i64) {
+        self.remember(&t.name, epoch, &String::from_utf8_lossy(&t.key), rev);
+    }
+
+    /// Hand leases on from what the host's watch of the queues knows.
+    pub fn set_mirror(&self, mirror: Mirror) {
+        *self.mirror.lock() = Some(mirror);
     }
 
     pub fn session(&self) -> &Arc<HostSession> {
@@ -695,7 +723,26 @@ impl Arbiter {
     /// transaction: an exclusive holder also clears itself from the
     /// counter, compared on the counter's value, so a later holder's
     /// counter is never touched.
+    ///
+    /// **Hand-off.** When the next entry waits for the whole lease
+    /// exclusively, the same transaction grants it instead: it deletes the
+    /// holder's entry, writes the waiter's entry held with epoch + 1 and
+    /// the counter naming it, compared on the counter's value and on the
+    /// holder's and the waiter's entries being as the queue was known (the
+    /// host's watch of the queues). Nothing else needs comparing: an entry
+    /// created since has a later create revision, so it queues behind the
+    /// waiter. The waiter's host learns of its grant from its watch,
+    /// without a transaction of its own. When a compare fails the queue is
+    /// read back and the decision taken again ([`HANDOFFS`] times), then
+    /// the release only leaves the queue and the waiters decide.
     pub fn release(&self, t: &Ticket) -> Result<()> {
+        let known = self.mirror.lock().as_ref().and_then(|m| m.queue(&self.queue(&t.name)));
+        self.release_from(t, known)
+    }
+
+    /// [`Arbiter::release`], with the queue's entries as known at a
+    /// revision (`None`: not known, no hand-off).
+    pub fn release_from(&self, t: &Ticket, mut known: Option<(Vec<Kv>, i64)>) -> Result<()> {
         if t.mode != Mode::Exclusive || t.ranges.is_some() {
             self.client.delete(&t.key, &[])?;
             return Ok(());
@@ -720,6 +767,47 @@ impl Arbiter {
             super::client::CmpOp::Equal,
             super::client::Target::Value(counter_value(epoch, &t.key).into_bytes()),
         );
+        let q = self.queue(&t.name);
+        for _ in 0..HANDOFFS {
+            let Some((kvs, _)) = known.take() else { break };
+            let Some(next) = successor(&kvs, t, &self.host) else { break };
+            let Some(me) = kvs.iter().find(|kv| kv.key == t.key) else { break };
+            let compares = [
+                mine.clone(),
+                Compare::unchanged(t.key.clone(), me.mod_revision),
+                Compare::unchanged(next.key.clone(), next.mod_revision),
+            ];
+            let mut value: Value = serde_json::from_slice(&next.value).unwrap_or(Value::Null);
+            value["state"] = json!("held");
+            value["epoch"] = json!(epoch + 1);
+            // The holder's deletion comes first: the watch sees the
+            // hand-off as that release and then the grant, in one revision.
+            let success = [
+                Op::delete(t.key.clone()),
+                Op::put(next.key.clone(), value.to_string(), next.lease),
+                Op::put(ek.clone(), counter_value(epoch + 1, &next.key), 0),
+            ];
+            let r = match self.client.txn(&compares, &success, &[Op::get(ek.clone()), Op::get_prefix(q.clone())]) {
+                Ok(r) => r,
+                // Maybe applied: the plain release below compares the
+                // counter on this holder, so it changes nothing then.
+                Err(EtcdError::Indeterminate(_)) => break,
+                Err(e) => return Err(e),
+            };
+            if r.succeeded {
+                self.handoffs.fetch_add(1, Ordering::Relaxed);
+                self.remember(&t.name, epoch + 1, &String::from_utf8_lossy(&next.key), r.revision);
+                return Ok(());
+            }
+            match counter_and_queue(&r, 0) {
+                Some((counter, kvs, rev)) if epoch_of(counter.as_ref()).1.as_bytes() == t.key.as_slice() => {
+                    known = Some((kvs, rev));
+                }
+                // No longer the holder named (broken, or a claim moved
+                // the counter on): the plain release sorts it out.
+                _ => break,
+            }
+        }
         let r = self.client.txn(
             &[mine],
             &[Op::delete(t.key.clone()), Op::put(ek.clone(), counter_value(epoch, b""), 0)],
@@ -740,6 +828,22 @@ impl Arbiter {
         }
         Ok(())
     }
+}
+
+/// The entry the holder `t` hands its lease to on release, from the queue
+/// `kvs`: the first waiter once `t` is gone, when it asks for the whole
+/// lease exclusively and nothing else is in its way. `None`: nobody, or a
+/// waiter the plain release lets decide for itself.
+fn successor<'a>(kvs: &'a [Kv], t: &Ticket, host: &str) -> Option<&'a Kv> {
+    let mut rest: Vec<(&Kv, Entry)> =
+        kvs.iter().filter(|kv| kv.key != t.key).filter_map(|kv| entry(kv).map(|e| (kv, e))).collect();
+    rest.sort_by_key(|(_, e)| e.create_revision);
+    let (kv, first) = rest.first()?;
+    let whole = first.mode == Mode::Exclusive && first.ranges.is_none() && !first.held;
+    // Another entry of the same owner as the holder (same host) would
+    // not block it, nor would it be handed over: left to decide.
+    let own = first.host == host && first.asker.owner == t.value["owner"].as_str().unwrap_or("");
+    (whole && !own).then_some(*kv)
 }
 
 /// The counter's value: the epoch and the holder entry's key (empty after

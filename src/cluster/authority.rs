@@ -195,6 +195,8 @@ pub struct EtcdAuthority {
     /// Epochs taken by acquisitions by create or link, for the transaction
     /// that stores the change to write.
     claims: Vec<crate::namespace::replica::Condition>,
+    /// Waits of this host granted by another holder's release.
+    handoffs: u64,
 }
 
 /// When this host first saw a holder entry at a given renewal, shared with
@@ -314,6 +316,7 @@ impl EtcdAuthority {
             seen: Seen::default(),
             broken_flags: HashMap::new(),
             ttl_breaks: (0, 0),
+            handoffs: 0,
             errands: Vec::new(),
             deciding: HashMap::new(),
             claims: Vec::new(),
@@ -585,7 +588,8 @@ impl EtcdAuthority {
         }
         let ready = Arc::new(AtomicBool::new(false));
         let now = match &self.watcher {
-            Some(w) => w.register(&predecessor, revision, &ready),
+            // Its own entry too: a releaser may hand it the lease.
+            Some(w) => w.register(&predecessor, revision, &ready) | w.register(&ticket.key, revision, &ready),
             // No watch yet: decide again on the next tick.
             None => {
                 ready.store(true, Ordering::Relaxed);
@@ -598,10 +602,36 @@ impl EtcdAuthority {
         self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready, breakable });
     }
 
+    /// Grant the parked requests whose entries a releaser's transaction
+    /// wrote held ([`super::arbiter::Arbiter::release`]), as the host's
+    /// watch saw them: etcd decided, nothing to ask it.
+    fn handed_over(&mut self, effects: &mut Vec<Effect>) {
+        let Some(mirror) = self.watcher.as_ref().map(QueueWatcher::mirror) else { return };
+        let alive = self.session.alive();
+        let handed: Vec<(WaitId, u64, i64)> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| p.ready.load(Ordering::Relaxed) && Some(p.ticket.session) == alive)
+            .filter_map(|(id, p)| {
+                let kv = mirror.entry(&p.ticket.key)?;
+                let e = super::arbiter::entry(&kv)?;
+                e.held.then_some((*id, e.epoch, kv.mod_revision))
+            })
+            .collect();
+        for (id, epoch, rev) in handed {
+            let Some(p) = self.parked.remove(&id) else { continue };
+            self.unpark(&p);
+            self.handoffs += 1;
+            self.arbiter.granted(&p.ticket, epoch, rev);
+            self.answer_grant(p.ino, p.req, p.ticket, epoch, false, Some(id), true, effects);
+        }
+    }
+
     /// A parked request's wait ended: stop watching for it.
     fn unpark(&self, p: &Parked) {
         if let Some(w) = &self.watcher {
             w.unregister(&p.predecessor, &p.ready);
+            w.unregister(&p.ticket.key, &p.ready);
         }
     }
 
@@ -762,12 +792,10 @@ impl LeaseAuthority for EtcdAuthority {
     }
 
     fn set_wake(&mut self, wake: Wake) {
-        self.watcher = Some(QueueWatcher::start(
-            self.arbiter.client().clone(),
-            &self.config.prefix,
-            self.arbiter.host(),
-            wake.clone(),
-        ));
+        let watcher =
+            QueueWatcher::start(self.arbiter.client().clone(), &self.config.prefix, self.arbiter.host(), wake.clone());
+        self.arbiter.set_mirror(watcher.mirror());
+        self.watcher = Some(watcher);
         let w = wake.clone();
         self.session.on_lost(Box::new(move |_| w.wake()));
         self.local.set_wake(wake.clone());
@@ -1151,6 +1179,7 @@ impl LeaseAuthority for EtcdAuthority {
         let mut effects = Vec::new();
         self.on_session_loss(&mut effects);
         self.broken_elsewhere(&mut effects);
+        self.handed_over(&mut effects);
         let (more, mut next) = self.local.tick();
         effects.extend(more);
         let now = Instant::now();
@@ -1199,6 +1228,7 @@ impl LeaseAuthority for EtcdAuthority {
         let mut asks = Vec::new();
         for (id, lapsed) in due {
             let Some(p) = self.parked.remove(&id) else { continue };
+            self.unpark(&p);
             let released =
                 self.watcher.as_ref().and_then(|w| w.last_release(&self.arbiter.queue_prefix(&p.ticket.name)));
             self.deciding.insert(id, false);
@@ -1355,6 +1385,7 @@ impl LeaseAuthority for EtcdAuthority {
             "requests": self.arbiter.client().calls(),
             "fenced_by_session_loss": self.losses,
             "ttl_breaks": { "of_other_hosts": self.ttl_breaks.0, "by_other_hosts": self.ttl_breaks.1 },
+            "handoffs": { "given": self.arbiter.handoffs(), "received": self.handoffs },
         });
         ("etcd", Some(info))
     }

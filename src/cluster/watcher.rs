@@ -17,7 +17,7 @@
 //! doubt (the watch restarted after `R`, or the list forgot entries after
 //! `R`): a waiter woken needlessly only decides again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -104,6 +104,11 @@ struct Dispatch {
     /// epoch it held and the revision of its deletion (a clean release
     /// rewrote the counter in that same revision).
     released: HashMap<Vec<u8>, (u64, i64)>,
+    /// Every queue entry as of revision `through`: what a releaser hands
+    /// its lease on from ([`Mirror::queue`]).
+    entries: BTreeMap<Vec<u8>, Kv>,
+    /// Every change up to this revision is in `entries`; 0: none yet.
+    through: i64,
 }
 
 impl Dispatch {
@@ -128,8 +133,27 @@ impl Dispatch {
 
     /// An entry was written: another host's first write of it as held is
     /// a grant (later ones renew it).
-    fn put(&mut self, q: &[u8], kv: &Kv) -> bool {
-        let Some(t) = theirs(q, kv, &self.me) else { return false };
+    fn put(&mut self, q: &[u8], kv: &Kv, prev: Option<&Kv>) -> bool {
+        let mut woke = false;
+        let prev = prev.or_else(|| self.entries.get(&kv.key)).and_then(entry);
+        if prev.is_some_and(|p| !p.held) && entry(kv).is_some_and(|e| e.held) {
+            // A waiter's own entry written held: a releaser handed it the
+            // lease ([`super::arbiter::Arbiter::release`]).
+            if let Some(flags) = self.waiting.remove(&kv.key) {
+                for f in &flags {
+                    f.store(true, Ordering::Relaxed);
+                }
+                woke = true;
+            }
+            // That release rewrote the counter to the new holder, not to
+            // an empty one: not a clean release to decide after.
+            if let Some(queue) = queue_of(q, &kv.key) {
+                if self.released.get(queue).is_some_and(|&(_, rev)| rev == kv.mod_revision) {
+                    self.released.remove(queue);
+                }
+            }
+        }
+        let Some(t) = theirs(q, kv, &self.me) else { return woke };
         if self.theirs.contains_key(&kv.key) {
             return false;
         }
@@ -148,12 +172,11 @@ impl Dispatch {
     /// Remember the release of `key` (a held exclusive entry of epoch
     /// `epoch`) at revision `rev`, by its queue.
     fn released(&mut self, q: &[u8], key: &[u8], epoch: u64, rev: i64) {
-        let Some(rest) = key.get(q.len()..) else { return };
-        let Some(slash) = rest.iter().position(|&b| b == b'/') else { return };
+        let Some(queue) = queue_of(q, key) else { return };
         if self.released.len() >= RECENT {
             self.released.clear();
         }
-        self.released.insert(key[..q.len() + slash + 1].to_vec(), (epoch, rev));
+        self.released.insert(queue.to_vec(), (epoch, rev));
     }
 
     fn note(&mut self, ev: (Event, Option<String>)) {
@@ -170,6 +193,41 @@ impl Dispatch {
                 f.store(true, Ordering::Relaxed);
             }
         }
+    }
+}
+
+/// The prefix `PREFIX/q/NAME/` of the queue an entry `key` is in.
+fn queue_of<'k>(q: &[u8], key: &'k [u8]) -> Option<&'k [u8]> {
+    let rest = key.get(q.len()..)?;
+    let slash = rest.iter().position(|&b| b == b'/')?;
+    Some(&key[..q.len() + slash + 1])
+}
+
+/// What the host's watch knows of the queues, for a releaser to hand its
+/// lease on without reading them first.
+#[derive(Debug, Clone)]
+pub struct Mirror(Arc<Mutex<Dispatch>>);
+
+impl Mirror {
+    /// The entries of the queue `queue` (its key prefix) and the revision
+    /// they are complete as of; `None` while the watch does not run.
+    pub fn queue(&self, queue: &[u8]) -> Option<(Vec<Kv>, i64)> {
+        let d = self.0.lock();
+        if d.through == 0 || d.covers_after == i64::MAX {
+            return None;
+        }
+        let end = prefix_end(queue);
+        let kvs = d.entries.range(queue.to_vec()..end).map(|(_, kv)| kv.clone()).collect();
+        Some((kvs, d.through))
+    }
+
+    /// The entry `key` as the watch last saw it.
+    pub fn entry(&self, key: &[u8]) -> Option<Kv> {
+        let d = self.0.lock();
+        if d.through == 0 || d.covers_after == i64::MAX {
+            return None;
+        }
+        d.entries.get(key).cloned()
     }
 }
 
@@ -190,8 +248,14 @@ impl QueueWatcher {
         QueueWatcher { dispatch }
     }
 
+    /// What the watch knows of the queues.
+    pub fn mirror(&self) -> Mirror {
+        Mirror(self.dispatch.clone())
+    }
+
     /// Set `ready` once `key`, seen alive at revision `decided`, is deleted
-    /// (at once when that may already have happened); true when it is set.
+    /// (at once when that may already have happened), or is written held
+    /// (a waiter's own entry, handed the lease); true when it is set.
     pub fn register(&self, key: &[u8], decided: i64, ready: &Arc<AtomicBool>) -> bool {
         let mut d = self.dispatch.lock();
         let gone = d.deleted.get(key).is_some_and(|&rev| rev > decided);
@@ -249,6 +313,8 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
                     let mut dd = d.lock();
                     let me = dd.me.clone();
                     dd.theirs = kvs.iter().filter_map(|kv| theirs(q, kv, &me).map(|t| (kv.key.clone(), t))).collect();
+                    dd.entries = kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect();
+                    dd.through = rev;
                 }
                 Err(_) => {
                     std::thread::sleep(Duration::from_millis(200));
@@ -261,7 +327,10 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
             Err(EtcdError::Server { code: 11, .. }) => {
                 // Compacted past what was seen: start again from now.
                 through = 0;
-                d.lock().covers_after = i64::MAX;
+                let mut dd = d.lock();
+                dd.covers_after = i64::MAX;
+                dd.through = 0;
+                drop(dd);
                 continue;
             }
             Err(_) => {
@@ -295,13 +364,16 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
                                     dd.released(q, &e.kv.key, prev.epoch, e.kv.mod_revision.max(revision));
                                 }
                             }
+                            dd.entries.remove(&e.kv.key);
                             woke |= dd.gone(&e.kv.key);
                             woke |= dd.deleted(e.kv.key, e.kv.mod_revision.max(revision));
                         } else {
-                            woke |= dd.put(q, &e.kv);
+                            woke |= dd.put(q, &e.kv, e.prev.as_ref());
+                            dd.entries.insert(e.kv.key.clone(), e.kv);
                         }
                     }
                     through = through.max(revision);
+                    dd.through = through;
                     drop(dd);
                     if woke {
                         wake.wake();
@@ -309,7 +381,10 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
                 }
                 Ok(Some(WatchMsg::Compacted(_))) | Ok(Some(WatchMsg::Canceled(_))) => {
                     through = 0;
-                    d.lock().covers_after = i64::MAX;
+                    let mut dd = d.lock();
+                    dd.covers_after = i64::MAX;
+                    dd.through = 0;
+                    drop(dd);
                     w.close();
                     break;
                 }
