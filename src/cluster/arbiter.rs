@@ -489,21 +489,41 @@ impl Arbiter {
 
     /// Queue `t` and decide it, in one transaction when nothing stands in
     /// the way: an exclusive lease-level request whose queue is empty and
-    /// whose counter is as this host last saw it is granted epoch + 1 by
-    /// the transaction that queues it. Otherwise that transaction queues
-    /// it as a waiter and reads the queue and the counter, and the
-    /// decision goes on from that read (one more transaction to confirm a
-    /// grant). When this fails with [`EtcdError::Indeterminate`] the entry
-    /// may be queued (see [`Arbiter::join`]).
+    /// whose counter says the last holder this host knows of released it
+    /// is granted epoch + 1 by the transaction that queues it. Otherwise
+    /// that transaction queues it as a waiter and reads the queue and the
+    /// counter, and the decision goes on from that read (one more
+    /// transaction to confirm a grant). When this fails with
+    /// [`EtcdError::Indeterminate`] the entry may be queued (see
+    /// [`Arbiter::join`]).
+    ///
+    /// The counter is compared by value, `{epoch, no holder}`, not by
+    /// revision: a value with an epoch is written once per epoch and a
+    /// released one only by that epoch's holder, so the value alone says
+    /// the epoch is `epoch` and nobody holds it, whoever released it and
+    /// at whatever revision. The epoch guessed is the highest this host
+    /// knows: its own last read or write, or a release its watch saw.
     pub fn join_and_decide(&self, t: &mut Ticket) -> Result<Decision> {
         let ek = self.epoch_key(&t.name);
         let q = self.queue(&t.name);
         let wait = Op::put(t.key.clone(), t.value.to_string(), t.session);
         let reads = [Op::get(ek.clone()), Op::get_prefix(q.clone())];
         let fast = t.mode == Mode::Exclusive && t.ranges.is_none();
-        let (epoch, holder, rev) = self.counters.lock().get(&t.name).cloned().unwrap_or_default();
+        let (cached, _, rev) = self.counters.lock().get(&t.name).cloned().unwrap_or_default();
+        let seen = self.mirror.lock().as_ref().and_then(|m| m.last_release(&q)).map_or(0, |(e, _)| e);
+        let epoch = cached.max(seen);
         let r = if fast {
-            let compares = [Compare::none_under(q), Compare::unchanged(ek.clone(), rev)];
+            let free = if epoch == 0 && rev == 0 {
+                // Never held, as far as this host knows: no counter yet.
+                Compare::unchanged(ek.clone(), 0)
+            } else {
+                Compare::new(
+                    ek.clone(),
+                    super::client::CmpOp::Equal,
+                    super::client::Target::Value(counter_value(epoch, b"").into_bytes()),
+                )
+            };
+            let compares = [Compare::none_under(q), free];
             let success = [
                 Op::put(t.key.clone(), held_value(t, epoch + 1), t.session),
                 Op::put(ek, counter_value(epoch + 1, &t.key), 0),
@@ -517,7 +537,7 @@ impl Arbiter {
         t.create_revision = r.revision;
         if fast && r.succeeded {
             self.remember(&t.name, epoch + 1, &String::from_utf8_lossy(&t.key), r.revision);
-            return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: !holder.is_empty() });
+            return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: false });
         }
         // The failure branch queued the entry, then read.
         self.decide_from(t, counter_and_queue(&r, 1))

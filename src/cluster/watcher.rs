@@ -221,6 +221,12 @@ impl Mirror {
         Some((kvs, d.through))
     }
 
+    /// The epoch and revision of the last exclusive release the watch saw
+    /// in the queue `queue`.
+    pub fn last_release(&self, queue: &[u8]) -> Option<(u64, i64)> {
+        self.0.lock().released.get(queue).copied()
+    }
+
     /// The entry `key` as the watch last saw it.
     pub fn entry(&self, key: &[u8]) -> Option<Kv> {
         let d = self.0.lock();
