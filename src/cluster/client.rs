@@ -483,10 +483,23 @@ impl Client {
     /// once etcd confirmed the watch, so every change after this call is
     /// reported.
     pub fn watch(&self, key: &[u8], range_end: &[u8], start_revision: i64) -> Result<Watch> {
+        self.open_watch(key, range_end, start_revision, true)
+    }
+
+    /// [`Client::watch`] without the previous values of changed keys (each
+    /// costs etcd a read per event; a watcher that keeps its own copy of
+    /// the keys does not need them).
+    pub fn watch_changes(&self, key: &[u8], range_end: &[u8], start_revision: i64) -> Result<Watch> {
+        self.open_watch(key, range_end, start_revision, false)
+    }
+
+    fn open_watch(&self, key: &[u8], range_end: &[u8], start_revision: i64, prev_kv: bool) -> Result<Watch> {
         self.calls[5].fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + self.timeout;
         let mut req = range_json(key, range_end);
-        req["prev_kv"] = json!(true);
+        if prev_kv {
+            req["prev_kv"] = json!(true);
+        }
         if start_revision > 0 {
             req["start_revision"] = json!(start_revision.to_string());
         }

@@ -145,7 +145,7 @@ impl Feed {
                 std::thread::sleep(POLL);
                 continue;
             }
-            let mut w = match client.watch(base, &end, from) {
+            let mut w = match client.watch_changes(base, &end, from) {
                 Ok(w) => w,
                 Err(e) => {
                     if matches!(e, super::client::EtcdError::Server { code: 11, .. }) {

@@ -133,9 +133,9 @@ impl Dispatch {
 
     /// An entry was written: another host's first write of it as held is
     /// a grant (later ones renew it).
-    fn put(&mut self, q: &[u8], kv: &Kv, prev: Option<&Kv>) -> bool {
+    fn put(&mut self, q: &[u8], kv: &Kv) -> bool {
         let mut woke = false;
-        let prev = prev.or_else(|| self.entries.get(&kv.key)).and_then(entry);
+        let prev = self.entries.get(&kv.key).and_then(entry);
         if prev.is_some_and(|p| !p.held) && entry(kv).is_some_and(|e| e.held) {
             // A waiter's own entry written held: a releaser handed it the
             // lease ([`super::arbiter::Arbiter::release`]).
@@ -328,7 +328,7 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
                 }
             }
         }
-        let mut w = match client.watch(q, &end, through + 1) {
+        let mut w = match client.watch_changes(q, &end, through + 1) {
             Ok(w) => w,
             Err(EtcdError::Server { code: 11, .. }) => {
                 // Compacted past what was seen: start again from now.
@@ -365,16 +365,18 @@ fn run(client: &Client, q: &[u8], d: &Mutex<Dispatch>, wake: &Wake) {
                     let mut woke = false;
                     for e in events {
                         if e.deleted {
-                            if let Some(prev) = e.prev.as_ref().and_then(entry) {
+                            // The value before the change: from the copy
+                            // (the watch does not send it).
+                            let before = dd.entries.remove(&e.kv.key);
+                            if let Some(prev) = before.as_ref().and_then(entry) {
                                 if prev.held && prev.mode == Mode::Exclusive && prev.ranges.is_none() {
                                     dd.released(q, &e.kv.key, prev.epoch, e.kv.mod_revision.max(revision));
                                 }
                             }
-                            dd.entries.remove(&e.kv.key);
                             woke |= dd.gone(&e.kv.key);
                             woke |= dd.deleted(e.kv.key, e.kv.mod_revision.max(revision));
                         } else {
-                            woke |= dd.put(q, &e.kv, e.prev.as_ref());
+                            woke |= dd.put(q, &e.kv);
                             dd.entries.insert(e.kv.key.clone(), e.kv);
                         }
                     }
