@@ -12,11 +12,11 @@
 //!
 //! **One transaction when nothing is in the way.** An exclusive lease-level
 //! request is queued and granted by one transaction that compares that
-//! the queue is empty and that the counter is at the revision this host
-//! last saw ([`Arbiter::join_and_decide`]); when either is not so, the
-//! same transaction queues it as a waiter and reads the queue and the
-//! counter, and the decision below goes on from that read. A release is
-//! one transaction too ([`Arbiter::release`]).
+//! the queue is empty and that the counter reads `{epoch, no holder}` for
+//! the highest epoch this host knows ([`Arbiter::join_and_decide`]); when
+//! either is not so, the same transaction queues it as a waiter and reads
+//! the queue and the counter, and the decision below goes on from that
+//! read. A release is one transaction too ([`Arbiter::release`]).
 //!
 //! **Granting.** An entry may be granted when no entry created before it
 //! conflicts with it (exclusive conflicts with everything, shared with
@@ -29,15 +29,26 @@
 //! the transaction fails and the decision is taken again. etcd's own Lock
 //! RPC is not used (in etcd 3.4 it can grant to two holders after a pause).
 //!
-//! **Waiting.** A waiter watches only its predecessor (the latest earlier
-//! entry it conflicts with) for deletion, from the revision it decided on,
-//! so no change is missed and a release wakes one waiter, not all.
+//! **Hand-off.** A holder's release grants the next waiter when it asks
+//! for the whole lease exclusively, in the release's own transaction
+//! (epoch + 1, compared on the counter and on both entries as the
+//! releasing host's watch of the queues knows them). The waiter's host
+//! sees its entry written held on its watch and grants it locally: a
+//! hand-off between hosts costs one transaction and one watch event.
+//!
+//! **Waiting.** Each host has one watch over every queue
+//! ([`super::watcher`]); a waiter is woken when its predecessor (the
+//! latest earlier entry it conflicts with) is deleted or its own entry is
+//! handed the lease, and otherwise decides again. A deletion that happened
+//! between its decision and its registration wakes it at once, so none is
+//! missed; a release wakes the waiters behind it, not all.
 //!
 //! **Release and host loss.** A holder deletes its entry; a clean release
-//! also clears `holder` in the counter. When a host's session expires, etcd
-//! deletes its entries and the next waiter is granted epoch + 1; the
-//! counter still naming a holder whose entry is gone tells that waiter the
-//! previous holder was lost (for `--lock-delay`).
+//! also clears `holder` in the counter (or names the waiter it handed the
+//! lease to). When a host's session expires, etcd deletes its entries and
+//! the next waiter is granted epoch + 1; the counter still naming a holder
+//! whose entry is gone tells that waiter the previous holder was lost (for
+//! `--lock-delay`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -612,14 +623,12 @@ impl Arbiter {
         self.rewrite(t, value)
     }
 
-    /// Rewrite the held record-lock entry `t` to the byte ranges it still
-    /// holds (fewer after an unlock of part of them; its place in the queue
-    /// is kept).
-    pub fn shrink(&self, t: &mut Ticket, ranges: Vec<(u64, u64)>) -> Result<bool> {
-        let shrunk = t.clone().with_ranges(ranges);
-        let done = self.rewrite(t, shrunk.value.clone())?;
-        *t = shrunk;
-        Ok(done)
+    /// Rewrite the held record-lock entry of `t` to the byte ranges `t`
+    /// names now (fewer after an unlock of part of them, see
+    /// [`Ticket::with_ranges`]; its place in the queue is kept). False when
+    /// the entry is gone.
+    pub fn shrink(&self, t: &Ticket) -> Result<bool> {
+        self.rewrite(t, t.value.clone())
     }
 
     fn rewrite(&self, t: &Ticket, value: Value) -> Result<bool> {

@@ -14,9 +14,9 @@
 //! again. No etcd call of a lock step is made under the core's state lock:
 //! a request and a tick return a [`Question`] the core sends without it
 //! (`begin_request`/`finish_request`, `begin_tick`/`finish_tick`), and
-//! releases and renewals are [`Errand`]s the core runs after letting it go
-//! (only shrinking a byte-range entry and listing other hosts' leases still
-//! ask under it). Leases are named by
+//! releases, renewals and byte-range shrinks are [`Errand`]s the core runs
+//! after letting it go, and other hosts' leases are listed by a closure it
+//! calls without it ([`LeaseAuthority::remote_leases`]). Leases are named by
 //! their mount-relative path (the core names each lease before asking),
 //! so a lease keeps its queue and epoch counter across unlink, re-create
 //! and rename over, as SPEC 4 asks.
@@ -397,7 +397,7 @@ impl EtcdAuthority {
                 .unwrap_or_default();
             let Some(tickets) = self.ranges.remove(&key) else { continue };
             let mut keep = Vec::new();
-            for mut t in tickets {
+            for t in tickets {
                 let qmode = |l: &Lock| if l.mode == Mode::Shared { QMode::Shared } else { QMode::Exclusive };
                 let had = t.ranges.clone().unwrap_or_default();
                 let still: Vec<(u64, u64)> = had
@@ -413,18 +413,27 @@ impl EtcdAuthority {
                     self.release_ticket(t);
                     continue;
                 }
-                if still != had {
-                    match self.arbiter.shrink(&mut t, still) {
-                        Ok(false) => continue,
-                        Ok(true) => {}
-                        Err(e) => tracing::warn!(lease = %t.name, "shrinking a byte-range entry failed: {e}"),
+                if still == had {
+                    keep.push(t);
+                    continue;
+                }
+                // Rewritten as an errand, without the state lock; holding
+                // less than etcd says only keeps others waiting meanwhile.
+                let t = t.with_ranges(still);
+                let behind: Vec<Arc<AtomicBool>> =
+                    self.parked.values().filter(|p| p.predecessor == t.key).map(|p| p.ready.clone()).collect();
+                let (arbiter, shrunk, wake) = (self.arbiter.clone(), t.clone(), self.wake.clone());
+                self.errands.push(Errand::new(move || {
+                    if let Err(e) = arbiter.shrink(&shrunk) {
+                        tracing::warn!(lease = %shrunk.name, "shrinking a byte-range entry failed: {e}");
                     }
                     // Waiters behind it may fit now.
-                    for p in self.parked.values().filter(|p| p.predecessor == t.key) {
-                        p.ready.store(true, Ordering::Relaxed);
+                    for ready in behind {
+                        ready.store(true, Ordering::Relaxed);
                     }
-                    self.wake.wake();
-                }
+                    wake.wake();
+                }));
+                self.wake.wake();
                 keep.push(t);
             }
             if !keep.is_empty() {
@@ -783,6 +792,52 @@ impl EtcdAuthority {
         self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
         self.claims.push(claim);
         Ok(())
+    }
+}
+
+impl EtcdAuthority {
+    /// Other hosts' leases at or under `prefix`, as etcd's queues say
+    /// (host `me` left out): one read, made without the state lock.
+    fn list_remote(arbiter: &Arbiter, me: &str, prefix: &str) -> Vec<LeaseRow> {
+        let all = match arbiter.all_entries() {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!("listing other hosts' leases: {e}");
+                return Vec::new();
+            }
+        };
+        let prefix = prefix.trim_matches('/');
+        all.into_iter()
+            .filter(|(name, _, _)| {
+                prefix.is_empty() || name.strip_prefix(prefix).is_some_and(|r| r.is_empty() || r.starts_with('/'))
+            })
+            .filter_map(|(name, epoch, entries)| {
+                let theirs: Vec<_> = entries.iter().filter(|e| e.host != me).collect();
+                if theirs.is_empty() {
+                    return None;
+                }
+                let holders = theirs
+                    .iter()
+                    .filter(|e| e.held)
+                    .map(|e| HolderRow {
+                        comm: Some(e.asker.comm.clone()),
+                        host: Some(e.host.clone()),
+                        kind: kind_name(super::arbiter::owner_kind(&e.asker.owner)),
+                        mode: if e.mode == QMode::Shared { "shared" } else { "exclusive" },
+                        pid: e.asker.pid,
+                        ..HolderRow::default()
+                    })
+                    .collect();
+                Some(LeaseRow {
+                    epoch,
+                    holders,
+                    hosts: Some("other"),
+                    path: format!("/{name}"),
+                    waiters: theirs.iter().filter(|e| !e.held).count(),
+                    ..LeaseRow::default()
+                })
+            })
+            .collect()
     }
 }
 
@@ -1400,47 +1455,9 @@ impl LeaseAuthority for EtcdAuthority {
         self.lost_holders.contains(&(ino, fenced.handle)).then_some("host_lost")
     }
 
-    fn remote_leases(&self, prefix: &str) -> Vec<LeaseRow> {
-        let all = match self.arbiter.all_entries() {
-            Ok(all) => all,
-            Err(e) => {
-                tracing::warn!("listing other hosts' leases: {e}");
-                return Vec::new();
-            }
-        };
-        let me = self.config.host.as_str();
-        let prefix = prefix.trim_matches('/');
-        all.into_iter()
-            .filter(|(name, _, _)| {
-                prefix.is_empty() || name.strip_prefix(prefix).is_some_and(|r| r.is_empty() || r.starts_with('/'))
-            })
-            .filter_map(|(name, epoch, entries)| {
-                let theirs: Vec<_> = entries.iter().filter(|e| e.host != me).collect();
-                if theirs.is_empty() {
-                    return None;
-                }
-                let holders = theirs
-                    .iter()
-                    .filter(|e| e.held)
-                    .map(|e| HolderRow {
-                        comm: Some(e.asker.comm.clone()),
-                        host: Some(e.host.clone()),
-                        kind: kind_name(super::arbiter::owner_kind(&e.asker.owner)),
-                        mode: if e.mode == QMode::Shared { "shared" } else { "exclusive" },
-                        pid: e.asker.pid,
-                        ..HolderRow::default()
-                    })
-                    .collect();
-                Some(LeaseRow {
-                    epoch,
-                    holders,
-                    hosts: Some("other"),
-                    path: format!("/{name}"),
-                    waiters: theirs.iter().filter(|e| !e.held).count(),
-                    ..LeaseRow::default()
-                })
-            })
-            .collect()
+    fn remote_leases(&self) -> Option<crate::lease::authority::RemoteLeases> {
+        let (arbiter, me) = (self.arbiter.clone(), self.config.host.clone());
+        Some(Box::new(move |prefix: &str| Self::list_remote(&arbiter, &me, prefix)))
     }
 
     fn shutdown(&mut self) {

@@ -59,8 +59,9 @@ impl Fs {
             }
         };
         let mut st = self.state.lock();
-        let listing = (ControlFile::by_ino(ino) == Some(ControlFile::Leases)).then(|| Box::new(Listing::of(&st, "/")));
-        if let Some(l) = &listing {
+        let mut listing =
+            (ControlFile::by_ino(ino) == Some(ControlFile::Leases)).then(|| Box::new(Listing::of(&st, "/")));
+        if let Some(l) = &mut listing {
             st = self.refreshed_listing(st, l)?;
         }
         st.room_for_handle(true)?;
@@ -152,7 +153,7 @@ impl Fs {
         let p = control::path_prefix(text)?;
         let st = self.state.lock();
         let mut fresh = Listing::of(&st, p);
-        let mut st = self.refreshed_listing(st, &fresh)?;
+        let mut st = self.refreshed_listing(st, &mut fresh)?;
         fresh.base = offset + data.len() as u64;
         fresh.at = fresh.base;
         let f = st.handles.get_mut(&h).filter(|f| f.listing.is_some()).ok_or(Error::BadHandle)?;
@@ -285,12 +286,20 @@ impl Fs {
 impl Fs {
     /// The epochs of the leases `l` lists, brought up to what the whole
     /// namespace knows (one quorum read across hosts, without the state
-    /// lock; see [`crate::lease::LeaseAuthority::refresh_epochs`]).
+    /// lock; see [`crate::lease::LeaseAuthority::refresh_epochs`]), and
+    /// other hosts' leases added after them (one more read, also without
+    /// the state lock).
     fn refreshed_listing<'a>(
         &'a self,
         mut st: parking_lot::MutexGuard<'a, State>,
-        l: &Listing,
+        l: &mut Listing,
     ) -> Result<parking_lot::MutexGuard<'a, State>> {
+        if let Some(list) = st.lease.remote_leases() {
+            drop(st);
+            let prefix = if l.prefix.is_empty() { "/" } else { l.prefix.as_str() };
+            l.remote = list(prefix).into_iter().rev().map(|r| serde_json::to_string(&r).unwrap_or_default()).collect();
+            st = self.state.lock();
+        }
         if !st.lease.wants_paths() || l.rows.is_empty() {
             return Ok(st);
         }
@@ -361,10 +370,9 @@ impl Listing {
             });
         }
         rows.sort();
-        // Leases held or awaited on other hosts (etcd), after this host's.
-        let remote = st.lease.remote_leases(if prefix.is_empty() { "/" } else { &prefix });
-        let remote = remote.into_iter().rev().map(|r| serde_json::to_string(&r).unwrap_or_default()).collect();
-        Listing { rows, next: 0, buf: Vec::new(), at: 0, base: 0, prefix, remote }
+        // Leases held or awaited on other hosts (etcd) come after this
+        // host's, read by `refreshed_listing` without the state lock.
+        Listing { rows, next: 0, buf: Vec::new(), at: 0, base: 0, prefix, remote: Vec::new() }
     }
 
     /// Render the next row still listed into `out`; false at the end.

@@ -71,6 +71,9 @@ impl Wake {
     }
 }
 
+/// Lists other hosts' leases under a prefix ([`LeaseAuthority::remote_leases`]).
+pub type RemoteLeases = Box<dyn FnOnce(&str) -> Vec<super::rows::LeaseRow> + Send>;
+
 /// What an authority must ask another party (etcd) before it can answer:
 /// the caller sends it **without the state lock**, so other requests go on
 /// meanwhile, and hands the answer back to the `finish_` call that matches
@@ -355,11 +358,13 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
         None
     }
 
-    /// Leases held or awaited on other hosts (a remote arbiter), at or
-    /// under the mount-relative `prefix`: one row each, shaped like the
-    /// rows of `.leasefs/leases`, with each holder's `host`.
-    fn remote_leases(&self, _prefix: &str) -> Vec<super::rows::LeaseRow> {
-        Vec::new()
+    /// How to list the leases held or awaited on other hosts (a remote
+    /// arbiter), at or under a mount-relative prefix: one row each, shaped
+    /// like the rows of `.leasefs/leases`, with each holder's `host`. Run by
+    /// the caller without the state lock (it asks etcd); `None`: no other
+    /// hosts.
+    fn remote_leases(&self) -> Option<RemoteLeases> {
+        None
     }
     /// The mount goes away: leave the arbiter cleanly, so other hosts'
     /// waiters are served at once instead of after this host's session expires.
