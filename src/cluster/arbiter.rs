@@ -762,7 +762,7 @@ impl Arbiter {
     /// created since has a later create revision, so it queues behind the
     /// waiter. The waiter's host learns of its grant from its watch,
     /// without a transaction of its own. When a compare fails the queue is
-    /// read back and the decision taken again ([`HANDOFFS`] times), then
+    /// read back and the decision taken again (twice at most), then
     /// the release only leaves the queue and the waiters decide.
     pub fn release(&self, t: &Ticket) -> Result<()> {
         let known = self.mirror.lock().as_ref().and_then(|m| m.queue(&self.queue(&t.name)));
