@@ -195,6 +195,9 @@ pub struct EtcdAuthority {
     /// Epochs taken by acquisitions by create or link, for the transaction
     /// that stores the change to write.
     claims: Vec<crate::namespace::replica::Condition>,
+    /// Leases another host held or awaited after this host's watch last
+    /// showed them free (a change's check said so): asked of etcd next.
+    doubted: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
     /// Waits of this host granted by another holder's release.
     handoffs: u64,
 }
@@ -317,6 +320,7 @@ impl EtcdAuthority {
             broken_flags: HashMap::new(),
             ttl_breaks: (0, 0),
             handoffs: 0,
+            doubted: Default::default(),
             errands: Vec::new(),
             deciding: HashMap::new(),
             claims: Vec::new(),
@@ -1147,12 +1151,31 @@ impl LeaseAuthority for EtcdAuthority {
         self.local.is_live(ino) || self.parked.values().any(|p| p.ino == ino)
     }
 
-    fn held_anywhere(&self, ino: Ino) -> bool {
+    fn held_anywhere(&mut self, ino: Ino) -> bool {
         if self.is_live(ino) {
             return true;
         }
-        let Some(name) = self.names.get(&ino) else { return false };
-        match self.arbiter.entries(name) {
+        let Some(name) = self.names.get(&ino).cloned() else { return false };
+        // What the host's watch of the queues saw, checked by the change's
+        // own transaction (no entry under the queue); asked of etcd when
+        // that check failed on the last try, or while the watch is down.
+        let queue = self.arbiter.queue_prefix(&name);
+        let seen = self.watcher.as_ref().and_then(|w| w.mirror().queue(&queue)).map(|(kvs, _)| kvs.is_empty());
+        if !self.doubted.lock().remove(&name) {
+            match seen {
+                Some(false) => return true,
+                Some(true) => {
+                    let (doubted, n) = (self.doubted.clone(), name.clone());
+                    let busy: crate::namespace::replica::Busy = Arc::new(move || {
+                        doubted.lock().insert(n.clone());
+                    });
+                    self.claims.push(crate::namespace::replica::Condition::Free { prefix: queue, busy });
+                    return false;
+                }
+                None => {}
+            }
+        }
+        match self.arbiter.entries(&name) {
             Ok((entries, _)) => !entries.is_empty(),
             // Unknown: keeping the inode is the safe answer.
             Err(e) => {

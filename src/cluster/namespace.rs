@@ -706,9 +706,16 @@ impl Replica for EtcdNamespace {
                     cmp.push(Compare::unchanged(key.clone(), *mod_revision));
                     ops.push(Op::put(key.clone(), value.clone(), 0));
                 }
+                Condition::Free { prefix, .. } => cmp.push(Compare::none_under(prefix.clone())),
             }
         }
-        let reads: Vec<Op> = conditions.iter().map(|c| Op::get(c.key().to_vec())).collect();
+        let reads: Vec<Op> = conditions
+            .iter()
+            .map(|c| match c {
+                Condition::Free { prefix, .. } => Op::get_prefix(prefix.clone()),
+                _ => Op::get(c.key().to_vec()),
+            })
+            .collect();
         self.in_flight = written.iter().map(|(k, _)| k.clone()).collect();
         self.skipped.clear();
         Ok(Some(Box::new(EtcdPublication {
@@ -759,16 +766,20 @@ impl Replica for EtcdNamespace {
             Some(Ok(t)) => {
                 let mut lost = false;
                 for (c, r) in conditions.iter().zip(&t.responses) {
-                    let kv = match r {
-                        OpResult::Range(kvs) => kvs.first(),
-                        _ => None,
+                    let kvs = match r {
+                        OpResult::Range(kvs) => kvs.as_slice(),
+                        _ => &[],
                     };
+                    let kv = kvs.first();
                     match c {
                         Condition::Held { create_revision, .. } => {
                             lost |= kv.is_none_or(|k| k.create_revision != *create_revision);
                         }
                         // Decided again on the counter as it is now.
                         Condition::Claim { seen, .. } => seen(kv.map(|k| (k.value.as_slice(), k.mod_revision))),
+                        // Decided again, asking etcd whether it is held.
+                        Condition::Free { busy, .. } if !kvs.is_empty() => busy(),
+                        Condition::Free { .. } => {}
                     }
                 }
                 if lost {

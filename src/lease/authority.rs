@@ -228,7 +228,10 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     fn is_live(&self, ino: Ino) -> bool;
     /// Live on this host or, for a remote arbiter, on any host (asked
     /// before a rename over the lease, which keeps a live lease's inode).
-    fn held_anywhere(&self, ino: Ino) -> bool {
+    /// A remote arbiter may answer from what it last saw and leave a
+    /// condition for the change's store step ([`LeaseAuthority::take_claims`])
+    /// that fails it when that is no longer so.
+    fn held_anywhere(&mut self, ino: Ino) -> bool {
         self.is_live(ino)
     }
     /// The inode is gone: drop its lease state.

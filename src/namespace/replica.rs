@@ -33,7 +33,15 @@ pub enum Condition {
     /// (`Conflict`). `seen` hears the counter as the step left it (its value
     /// and revision; `None` when absent).
     Claim { key: Vec<u8>, mod_revision: i64, value: Vec<u8>, seen: Seen },
+    /// No key may be under `prefix` (a lease's queue: nobody on any host
+    /// holds or awaits it), as the host last saw it when it decided the
+    /// change. When one is, the change is decided again (`Conflict`) and
+    /// `busy` is told first.
+    Free { prefix: Vec<u8>, busy: Busy },
 }
+
+/// Told that a [`Condition::Free`] prefix had keys under it.
+pub type Busy = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// Told what a [`Condition::Claim`]'s counter holds after the store step.
 pub type Seen = std::sync::Arc<dyn Fn(Option<(&[u8], i64)>) + Send + Sync>;
@@ -47,6 +55,7 @@ impl std::fmt::Debug for Condition {
             Condition::Claim { key, mod_revision, .. } => {
                 write!(f, "Claim({}, {mod_revision})", String::from_utf8_lossy(key))
             }
+            Condition::Free { prefix, .. } => write!(f, "Free({})", String::from_utf8_lossy(prefix)),
         }
     }
 }
@@ -55,6 +64,7 @@ impl Condition {
     pub fn key(&self) -> &[u8] {
         match self {
             Condition::Held { key, .. } | Condition::Claim { key, .. } => key,
+            Condition::Free { prefix, .. } => prefix,
         }
     }
 }
