@@ -520,7 +520,15 @@ impl EtcdNamespace {
             .collect();
         let at = self.floor.max(self.applied);
         match self.install(ns, &kvs, at) {
-            Ok(c) => self.undone.push(c),
+            Ok(mut c) => {
+                // Names put back as they were never pointed anywhere else
+                // in the stored history: not news for processes' views
+                // (a process whose rename lost its compare would otherwise
+                // find its own name re-pointed, and its retry ESTALE).
+                c.removed_names.clear();
+                c.added_names.clear();
+                self.undone.push(c)
+            }
             Err(_) => self.desync = true,
         }
         e
