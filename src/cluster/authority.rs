@@ -195,9 +195,10 @@ pub struct EtcdAuthority {
     /// Epochs taken by acquisitions by create or link, for the transaction
     /// that stores the change to write.
     claims: Vec<crate::namespace::replica::Condition>,
-    /// Leases another host held or awaited after this host's watch last
-    /// showed them free (a change's check said so): asked of etcd next.
-    doubted: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+    /// Leases a change's transaction found held or awaited (entries in
+    /// their queue) after this host's watch had shown them free: the
+    /// change, decided again, takes them as held without asking etcd.
+    busy: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
     /// Waits of this host granted by another holder's release.
     handoffs: u64,
 }
@@ -320,7 +321,7 @@ impl EtcdAuthority {
             broken_flags: HashMap::new(),
             ttl_breaks: (0, 0),
             handoffs: 0,
-            doubted: Default::default(),
+            busy: Default::default(),
             errands: Vec::new(),
             deciding: HashMap::new(),
             claims: Vec::new(),
@@ -1156,24 +1157,26 @@ impl LeaseAuthority for EtcdAuthority {
             return true;
         }
         let Some(name) = self.names.get(&ino).cloned() else { return false };
+        // A change's transaction found entries in the queue the watch had
+        // shown empty (it read them): held, as of that transaction.
+        if self.busy.lock().remove(&name) {
+            return true;
+        }
         // What the host's watch of the queues saw, checked by the change's
-        // own transaction (no entry under the queue); asked of etcd when
-        // that check failed on the last try, or while the watch is down.
+        // own transaction (no entry under the queue); asked of etcd only
+        // while the watch is down.
         let queue = self.arbiter.queue_prefix(&name);
-        let seen = self.watcher.as_ref().and_then(|w| w.mirror().queue(&queue)).map(|(kvs, _)| kvs.is_empty());
-        if !self.doubted.lock().remove(&name) {
-            match seen {
-                Some(false) => return true,
-                Some(true) => {
-                    let (doubted, n) = (self.doubted.clone(), name.clone());
-                    let busy: crate::namespace::replica::Busy = Arc::new(move || {
-                        doubted.lock().insert(n.clone());
-                    });
-                    self.claims.push(crate::namespace::replica::Condition::Free { prefix: queue, busy });
-                    return false;
-                }
-                None => {}
+        match self.watcher.as_ref().and_then(|w| w.mirror().queue(&queue)).map(|(kvs, _)| kvs.is_empty()) {
+            Some(false) => return true,
+            Some(true) => {
+                let (busy, n) = (self.busy.clone(), name.clone());
+                let seen: crate::namespace::replica::Busy = Arc::new(move || {
+                    busy.lock().insert(n.clone());
+                });
+                self.claims.push(crate::namespace::replica::Condition::Free { prefix: queue, busy: seen });
+                return false;
             }
+            None => {}
         }
         match self.arbiter.entries(&name) {
             Ok((entries, _)) => !entries.is_empty(),

@@ -36,7 +36,7 @@ pub enum Condition {
     /// No key may be under `prefix` (a lease's queue: nobody on any host
     /// holds or awaits it), as the host last saw it when it decided the
     /// change. When one is, the change is decided again (`Conflict`) and
-    /// `busy` is told first.
+    /// `busy` is told first (the store step read the keys under it).
     Free { prefix: Vec<u8>, busy: Busy },
 }
 
