@@ -603,7 +603,7 @@ impl EtcdAuthority {
         let ready = Arc::new(AtomicBool::new(false));
         let now = match &self.watcher {
             // Its own entry too: a releaser may hand it the lease.
-            Some(w) => w.register(&predecessor, revision, &ready) | w.register(&ticket.key, revision, &ready),
+            Some(w) => w.register(&predecessor, revision, &ready) | w.register_handed(&ticket.key, &ready),
             // No watch yet: decide again on the next tick.
             None => {
                 ready.store(true, Ordering::Relaxed);

@@ -86,6 +86,9 @@ fn theirs(q: &[u8], kv: &Kv, me: &str) -> Option<Theirs> {
 struct Dispatch {
     /// Waiters by the key whose deletion they wait for.
     waiting: HashMap<Vec<u8>, Vec<Arc<AtomicBool>>>,
+    /// Waiters by their own entry's key, woken when it is written held (a
+    /// release handed them the lease).
+    handed: HashMap<Vec<u8>, Vec<Arc<AtomicBool>>>,
     /// Recently deleted keys and the revision of their deletion.
     deleted: HashMap<Vec<u8>, i64>,
     order: VecDeque<Vec<u8>>,
@@ -139,7 +142,7 @@ impl Dispatch {
         if prev.is_some_and(|p| !p.held) && entry(kv).is_some_and(|e| e.held) {
             // A waiter's own entry written held: a releaser handed it the
             // lease ([`super::arbiter::Arbiter::release`]).
-            if let Some(flags) = self.waiting.remove(&kv.key) {
+            if let Some(flags) = self.handed.remove(&kv.key) {
                 for f in &flags {
                     f.store(true, Ordering::Relaxed);
                 }
@@ -188,7 +191,7 @@ impl Dispatch {
 
     /// The watch restarts: whoever waits decides again.
     fn wake_all(&mut self) {
-        for (_, flags) in self.waiting.drain() {
+        for (_, flags) in self.waiting.drain().chain(self.handed.drain()) {
             for f in flags {
                 f.store(true, Ordering::Relaxed);
             }
@@ -259,9 +262,22 @@ impl QueueWatcher {
         Mirror(self.dispatch.clone())
     }
 
+    /// Set `ready` once the waiter's own entry `key` is written held (a
+    /// release handed it the lease; at once when the watch already saw
+    /// that); true when it is set. Only a change from waiting to held
+    /// counts: a holder's renewal rewrites its entry held again.
+    pub fn register_handed(&self, key: &[u8], ready: &Arc<AtomicBool>) -> bool {
+        let mut d = self.dispatch.lock();
+        if d.entries.get(key).and_then(entry).is_some_and(|e| e.held) {
+            ready.store(true, Ordering::Relaxed);
+            return true;
+        }
+        d.handed.entry(key.to_vec()).or_default().push(ready.clone());
+        false
+    }
+
     /// Set `ready` once `key`, seen alive at revision `decided`, is deleted
-    /// (at once when that may already have happened), or is written held
-    /// (a waiter's own entry, handed the lease); true when it is set.
+    /// (at once when that may already have happened); true when it is set.
     pub fn register(&self, key: &[u8], decided: i64, ready: &Arc<AtomicBool>) -> bool {
         let mut d = self.dispatch.lock();
         let gone = d.deleted.get(key).is_some_and(|&rev| rev > decided);
@@ -289,11 +305,14 @@ impl QueueWatcher {
 
     /// The wait for `key` ended otherwise (granted, interrupted, failed).
     pub fn unregister(&self, key: &[u8], ready: &Arc<AtomicBool>) {
-        let mut d = self.dispatch.lock();
-        if let Some(flags) = d.waiting.get_mut(key) {
-            flags.retain(|f| !Arc::ptr_eq(f, ready));
-            if flags.is_empty() {
-                d.waiting.remove(key);
+        let mut guard = self.dispatch.lock();
+        let d = &mut *guard;
+        for map in [&mut d.waiting, &mut d.handed] {
+            if let Some(flags) = map.get_mut(key) {
+                flags.retain(|f| !Arc::ptr_eq(f, ready));
+                if flags.is_empty() {
+                    map.remove(key);
+                }
             }
         }
     }
