@@ -127,17 +127,24 @@ fn a_mount_whose_etcd_cannot_be_reached_is_refused_in_one_line() {
     assert!(!is_mounted(&mnt));
 }
 
+/// Two hosts sharing a file `x`, and a holder of it on the first that
+/// prints the epoch it was granted after `ready`.
+fn hosts_with_an_epoch_holder(cluster: &Cluster, p: &str) -> (Mount, Mount, Bg) {
+    let (a, b) = (host(cluster, p, &[]), host(cluster, p, &[]));
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let holder = Bg::ready(
+        &a.path,
+        "exec flock x sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch x; echo; sleep 60'",
+    );
+    (a, b, holder)
+}
+
 #[test]
 fn locks_conflict_across_hosts_and_epochs_rise_by_one_per_holder_on_any_host() {
     let cluster = Cluster::start();
     let p = prefix("conflict");
-    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
-    sh_ok(&a.path, "touch x");
-    sh_ok(&b.path, "touch x");
-    let mut holder = Bg::ready(
-        &a.path,
-        "exec flock x sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch x; echo; sleep 60'",
-    );
+    let (a, b, mut holder) = hosts_with_an_epoch_holder(&cluster, &p);
     await_entries(&cluster, &p, "x", 1);
     // Every kind of lease-level lock on the other host conflicts.
     assert_eq!(sh_code(&b.path, "flock -n x true"), 1, "exclusive flock");
@@ -195,13 +202,7 @@ fn locks_conflict_across_hosts_and_epochs_rise_by_one_per_holder_on_any_host() {
 fn a_release_hands_the_lease_to_a_waiter_on_another_host_which_grants_it_without_asking_etcd() {
     let cluster = Cluster::start();
     let p = prefix("handoff");
-    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
-    sh_ok(&a.path, "touch x");
-    sh_ok(&b.path, "touch x");
-    let mut holder = Bg::ready(
-        &a.path,
-        "exec flock x sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch x; echo; sleep 60'",
-    );
+    let (a, b, mut holder) = hosts_with_an_epoch_holder(&cluster, &p);
     await_lines(&holder, 1, "the holder's epoch");
     let e1: u64 = holder.output()[0].trim().parse().unwrap();
     let go = b.dir.path().join("go");
