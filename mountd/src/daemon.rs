@@ -8,11 +8,10 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasefs::cluster::authority::{EtcdAuthority, EtcdConfig};
+use leasefs::cluster::authority::{EtcdArbitration, EtcdConfig};
 use leasefs::fs::Fs;
 use leasefs::fuse::session::{self, MountOptions, Served};
 use leasefs::fuse::LeaseFs;
-use leasefs::lease::local::LocalAuthority;
 use tracing::{error, info};
 
 use crate::cli::*;
@@ -123,10 +122,10 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
             request_timeout: Duration::from_millis(args.etcd_timeout.0.unwrap_or(2000)),
             host: host_name(&args.mountpoint),
         };
-        match EtcdAuthority::connect(config, LocalAuthority::new(ttl)) {
+        match EtcdArbitration::connect(config) {
             Ok(a) => {
                 let shared = a.namespace();
-                let fs = Arc::new(Fs::with_authority(uid, gid, Box::new(a)));
+                let fs = Arc::new(Fs::with_arbitration(uid, gid, ttl, Box::new(a)));
                 if let Err(e) = fs.set_replica(Box::new(shared)) {
                     let e = format!("etcd at {}: reading the shared namespace: {e:?}", args.etcd.join(","));
                     return not_ready(e);

@@ -1,8 +1,12 @@
-//! The multi-host lease authority (SPEC 10): every lease-level lock is
-//! arbitrated cluster-wide by the [`Arbiter`] in etcd, and everything a
-//! host decides on its own (per-process views and compare-and-swap,
-//! fences, guards, detached leases) stays with the single-host
-//! [`LocalAuthority`] it wraps.
+//! The arbitration of a mount with `--etcd` (SPEC 10): every lease-level
+//! lock is arbitrated cluster-wide by the [`Arbiter`] in etcd and carried
+//! out on the host's lease table ([`LocalAuthority`], handed to every
+//! call), which keeps deciding everything a host decides on its own
+//! (per-process views and compare-and-swap, fences, guards, detached
+//! leases). This is the [`Arbitration`] half of
+//! [`LeaseAuthority`](crate::lease::authority::LeaseAuthority); it keeps
+//! only what ties the table to etcd: the queue entry behind each lock,
+//! the waits parked in etcd, the names leases are arbitrated by.
 //!
 //! A request for a `flock`, a whole-file POSIX lock or an OFD lock joins
 //! the lease's queue in etcd (one entry per lock owner, on this host's
@@ -16,7 +20,7 @@
 //! (`begin_request`/`finish_request`, `begin_tick`/`finish_tick`), and
 //! releases, renewals and byte-range shrinks are [`Errand`]s the core runs
 //! after letting it go, and other hosts' leases are listed by a closure it
-//! calls without it ([`LeaseAuthority::remote_leases`]). Leases are named by
+//! calls without it ([`Arbitration::remote_leases`]). Leases are named by
 //! their mount-relative path (the core names each lease before asking),
 //! so a lease keeps its queue and epoch counter across unlink, re-create
 //! and rename over, as SPEC 4 asks.
@@ -41,11 +45,11 @@
 //! before `linkat`) is arbitrated on this host alone: no other host can
 //! reach it.
 //!
-//! [`fenced_handle`]: LeaseAuthority::fenced_handle
-//! [`held_by`]: LeaseAuthority::held_by
+//! [`fenced_handle`]: crate::lease::authority::LeaseAuthority::fenced_handle
+//! [`held_by`]: crate::lease::authority::LeaseAuthority::held_by
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,14 +61,11 @@ use super::client::{Client, EtcdError};
 use super::session::HostSession;
 use super::watcher::QueueWatcher;
 use crate::error::{Error, Result};
-use crate::lease::authority::{Answer, Errand, LeaseAuthority, Question, Step, Wake};
-use crate::lease::floors::Floors;
+use crate::lease::arbitration::Arbitration;
+use crate::lease::authority::{Answer, Errand, Question, RemoteLeases, Step, Wake};
 use crate::lease::local::LocalAuthority;
-use crate::lease::machine::{
-    Effect, Epoch, Fenced, Lease, Lock, LockKind, Mode, Outcome, Owner, Range, Request, WaitId,
-};
+use crate::lease::machine::{Effect, Epoch, Fenced, Lock, LockKind, Mode, Outcome, Owner, Range, Request, WaitId};
 use crate::lease::rows::{kind_name, HolderRow, LeaseRow};
-use crate::lease::views::Views;
 use crate::namespace::Ino;
 
 /// How a mount reaches its etcd cluster.
@@ -152,8 +153,7 @@ impl Leftovers {
 }
 
 /// The lease authority of one mount of a namespace shared through etcd.
-pub struct EtcdAuthority {
-    local: LocalAuthority,
+pub struct EtcdArbitration {
     arbiter: Arc<Arbiter>,
     session: Arc<HostSession>,
     config: EtcdConfig,
@@ -237,9 +237,9 @@ struct Asked {
 /// A tick's question: waiters decided again, without the state lock.
 struct Redecided(Vec<(WaitId, Parked, std::result::Result<Decision, EtcdError>, bool)>);
 
-impl std::fmt::Debug for EtcdAuthority {
+impl std::fmt::Debug for EtcdArbitration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdAuthority")
+        f.debug_struct("EtcdArbitration")
             .field("config", &self.config)
             .field("held", &self.held.len())
             .field("parked", &self.parked.len())
@@ -287,10 +287,10 @@ fn millis_until(t: Instant) -> u64 {
     t.saturating_duration_since(Instant::now()).as_millis() as u64 + 1
 }
 
-impl EtcdAuthority {
+impl EtcdArbitration {
     /// Reach the cluster and register this host's session; a one-line
     /// reason when etcd cannot be reached.
-    pub fn connect(config: EtcdConfig, local: LocalAuthority) -> std::result::Result<EtcdAuthority, String> {
+    pub fn connect(config: EtcdConfig) -> std::result::Result<EtcdArbitration, String> {
         let client = Arc::new(Client::new(&config.endpoints, config.request_timeout));
         let prefix = config.prefix.trim_end_matches('/').to_string();
         client
@@ -302,8 +302,7 @@ impl EtcdAuthority {
         );
         let arbiter = Arc::new(Arbiter::new(client, &prefix, session.clone(), &config.host));
         let leftover = Leftovers::start(arbiter.clone());
-        Ok(EtcdAuthority {
-            local,
+        Ok(EtcdArbitration {
             arbiter,
             session,
             config: EtcdConfig { prefix, ..config },
@@ -369,16 +368,13 @@ impl EtcdAuthority {
     }
 
     /// Entries of `ino` whose owner no longer holds a lease-level lock here.
-    fn reconcile(&mut self, ino: Ino) {
+    fn reconcile(&mut self, local: &LocalAuthority, ino: Ino) {
         let gone: Vec<(Ino, Owner)> = self
             .held
             .keys()
             .filter(|(i, owner)| {
                 *i == ino
-                    && !self
-                        .local
-                        .lease(ino)
-                        .is_some_and(|l| l.locks().iter().any(|k| k.owner == *owner && lease_level(k)))
+                    && !local.lease(ino).is_some_and(|l| l.locks().iter().any(|k| k.owner == *owner && lease_level(k)))
             })
             .copied()
             .collect();
@@ -387,16 +383,15 @@ impl EtcdAuthority {
                 self.release_ticket(t);
             }
         }
-        self.reconcile_ranges(ino);
+        self.reconcile_ranges(local, ino);
     }
 
     /// Shrink the byte-range entries of `ino` to what their owners still
     /// hold here, and leave the queue with those that hold nothing.
-    fn reconcile_ranges(&mut self, ino: Ino) {
+    fn reconcile_ranges(&mut self, local: &LocalAuthority, ino: Ino) {
         let owners: Vec<(Ino, Owner)> = self.ranges.keys().filter(|(i, _)| *i == ino).copied().collect();
         for key in owners {
-            let locks: Vec<Lock> = self
-                .local
+            let locks: Vec<Lock> = local
                 .lease(ino)
                 .map(|l| l.locks().iter().filter(|k| k.owner == key.1 && !lease_level(k)).copied().collect())
                 .unwrap_or_default();
@@ -450,6 +445,7 @@ impl EtcdAuthority {
     /// etcd granted `ticket` with `epoch`: grant the request here.
     fn grant_local(
         &mut self,
+        local: &mut LocalAuthority,
         ino: Ino,
         req: Request,
         ticket: Ticket,
@@ -457,15 +453,15 @@ impl EtcdAuthority {
         wait: Option<WaitId>,
     ) -> (Outcome, Vec<Effect>) {
         let floor = if ticket.mode == QMode::Exclusive { epoch.saturating_sub(1) } else { epoch };
-        self.local.raise_epoch(ino, Epoch(floor));
-        match self.local.request(ino, req, wait) {
+        local.raise_epoch(ino, Epoch(floor));
+        match local.request(ino, req, wait) {
             Ok((Outcome::Refused(e), effects)) => {
                 self.release_ticket(ticket);
                 (Outcome::Refused(e), effects)
             }
             Ok((outcome, effects)) => {
-                if outcome == Outcome::Granted && ticket.mode == QMode::Exclusive && self.local.epoch(ino).0 != epoch {
-                    tracing::error!(lease = %ticket.name, etcd = epoch, local = self.local.epoch(ino).0, "epoch differs from etcd's grant");
+                if outcome == Outcome::Granted && ticket.mode == QMode::Exclusive && local.epoch(ino).0 != epoch {
+                    tracing::error!(lease = %ticket.name, etcd = epoch, local = local.epoch(ino).0, "epoch differs from etcd's grant");
                 }
                 let mut ticket = ticket;
                 ticket.mark_held(epoch);
@@ -473,11 +469,11 @@ impl EtcdAuthority {
                     self.ranges.entry((ino, req.owner)).or_default().push(ticket);
                     if outcome == Outcome::Granted {
                         // Merged with or converted from the owner's earlier ranges.
-                        self.reconcile_ranges(ino);
+                        self.reconcile_ranges(local, ino);
                     }
                     return (outcome, effects);
                 }
-                if outcome == Outcome::Granted && self.local.effective_ttl(ino).is_some() {
+                if outcome == Outcome::Granted && local.effective_ttl(ino).is_some() {
                     // Another host may break it once its TTL passes.
                     let flag = Arc::new(AtomicBool::new(false));
                     if let Some(w) = &self.watcher {
@@ -519,8 +515,8 @@ impl EtcdAuthority {
 
     /// A holder of `ino` renewed its lease: rewrite its entries with a TTL,
     /// so other hosts see the renewal.
-    fn touch(&mut self, ino: Ino) {
-        let epoch = self.local.epoch(ino).0;
+    fn touch(&mut self, local: &LocalAuthority, ino: Ino) {
+        let epoch = local.epoch(ino).0;
         let renewed: Vec<Ticket> = self
             .held
             .iter()
@@ -540,7 +536,7 @@ impl EtcdAuthority {
 
     /// Holders of this host whose entries another host broke (their TTL
     /// ran out): fenced here too.
-    fn broken_elsewhere(&mut self, effects: &mut Vec<Effect>) {
+    fn broken_elsewhere(&mut self, local: &mut LocalAuthority, effects: &mut Vec<Effect>) {
         let gone: Vec<(Ino, Owner)> = self
             .held
             .iter()
@@ -552,7 +548,7 @@ impl EtcdAuthority {
             self.broken_flags.remove(&t.key);
             tracing::warn!(lease = %t.name, "another host broke this host's holder (its TTL ran out): fencing it");
             self.ttl_breaks.1 += 1;
-            effects.extend(self.local.break_now(ino));
+            effects.extend(local.break_now(ino));
         }
     }
 
@@ -619,7 +615,7 @@ impl EtcdAuthority {
     /// Grant the parked requests whose entries a releaser's transaction
     /// wrote held ([`super::arbiter::Arbiter::release`]), as the host's
     /// watch saw them: etcd decided, nothing to ask it.
-    fn handed_over(&mut self, effects: &mut Vec<Effect>) {
+    fn handed_over(&mut self, local: &mut LocalAuthority, effects: &mut Vec<Effect>) {
         let Some(mirror) = self.watcher.as_ref().map(QueueWatcher::mirror) else { return };
         let alive = self.session.alive();
         let handed: Vec<(WaitId, u64, i64)> = self
@@ -637,7 +633,7 @@ impl EtcdAuthority {
             self.unpark(&p);
             self.handoffs += 1;
             self.arbiter.granted(&p.ticket, epoch, rev);
-            self.answer_grant(p.ino, p.req, p.ticket, epoch, false, Some(id), true, effects);
+            self.answer_grant(local, p.ino, p.req, p.ticket, epoch, false, Some(id), true, effects);
         }
     }
 
@@ -653,6 +649,7 @@ impl EtcdAuthority {
     /// one now.
     fn redecided(
         &mut self,
+        local: &mut LocalAuthority,
         id: WaitId,
         p: Parked,
         decided: std::result::Result<Decision, EtcdError>,
@@ -670,7 +667,7 @@ impl EtcdAuthority {
         }
         match decided {
             Ok(Decision::Granted { epoch, lost_holder }) => {
-                self.answer_grant(p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
+                self.answer_grant(local, p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
             }
             Ok(Decision::Behind { predecessor, revision, breakable }) => {
                 self.park(id, p.ino, p.req, p.ticket, predecessor, revision, breakable);
@@ -691,6 +688,7 @@ impl EtcdAuthority {
     #[allow(clippy::too_many_arguments)]
     fn answer_grant(
         &mut self,
+        local: &mut LocalAuthority,
         ino: Ino,
         req: Request,
         ticket: Ticket,
@@ -707,7 +705,7 @@ impl EtcdAuthority {
             self.wake.wake();
             return if id.is_some() { Outcome::Parked } else { Outcome::Refused(Error::WouldBlock) };
         }
-        let (outcome, more) = self.grant_local(ino, req, ticket, epoch, id);
+        let (outcome, more) = self.grant_local(local, ino, req, ticket, epoch, id);
         effects.extend(more);
         if let Some(id) = id.filter(|_| parked) {
             match outcome {
@@ -722,7 +720,7 @@ impl EtcdAuthority {
 
     /// When the host session is lost, fence every holder on this host and
     /// fail every wait (their entries went with the session).
-    fn on_session_loss(&mut self, effects: &mut Vec<Effect>) {
+    fn on_session_loss(&mut self, local: &mut LocalAuthority, effects: &mut Vec<Effect>) {
         let alive = self.session.alive();
         let stale = |t: &Ticket| Some(t.session) != alive;
         let lost = self.held.values().any(stale)
@@ -740,7 +738,7 @@ impl EtcdAuthority {
             ts.retain(|t| !stale(t));
             !ts.is_empty()
         });
-        let fenced = self.local.fence_all();
+        let fenced = local.fence_all();
         self.lost_holders = fenced
             .iter()
             .filter_map(|e| if let Effect::Broken(i, f) = e { Some((*i, f.handle)) } else { None })
@@ -757,34 +755,21 @@ impl EtcdAuthority {
         self.delayed = kept;
         effects.extend(gone.into_iter().filter_map(|d| d.wait.map(|id| Effect::Refuse(id, Error::Unreachable))));
     }
-
-    /// A lock of this host whose entry is on a session that is no longer
-    /// alive: its holder must be treated as fenced now.
-    fn lost_hold(&self, ino: Ino, pick: impl Fn(&Lock) -> bool) -> Option<Fenced> {
-        let lease = self.local.lease(ino)?;
-        let alive = self.session.alive();
-        lease
-            .locks()
-            .iter()
-            .filter(|l| pick(l))
-            .find(|l| self.held.get(&(ino, l.owner)).is_some_and(|t| Some(t.session) != alive))
-            .map(|l| Fenced { owner: l.owner, handle: l.handle, pid: l.pid, epoch: self.local.epoch(ino) })
-    }
 }
 
-impl EtcdAuthority {
+impl EtcdArbitration {
     /// A lease held (or fenced) here keeps the epoch of its grant here: a
     /// holder reads the token it was granted (SPEC 5), never that of a host
     /// that took the lease over while this one was cut off.
-    fn keeps_its_epoch(&self, ino: Ino) -> bool {
-        self.local.lease(ino).is_some_and(|l| !l.locks().is_empty()) || self.local.has_fenced(ino)
+    fn keeps_its_epoch(&self, local: &LocalAuthority, ino: Ino) -> bool {
+        local.lease(ino).is_some_and(|l| !l.locks().is_empty()) || local.has_fenced(ino)
     }
 
     /// Take the next epoch of `ino` from etcd's counter for an
     /// acquisition by `how` (O_EXCL, link) in the transaction that stores
     /// the change ([`Arbiter::claim`]), so the local acquisition (+1) lands
     /// on it; the change is not stored unless etcd hands out that epoch.
-    fn claimed(&mut self, ino: Ino, how: &str) -> Result<()> {
+    fn claimed(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<()> {
         let Some(name) = self.names.get(&ino).cloned() else {
             tracing::warn!(ino = ino.0, "{how} acquisition of a lease without a name: refused");
             return Err(Error::Io);
@@ -794,13 +779,13 @@ impl EtcdAuthority {
             return Err(Error::Io);
         }
         let (epoch, claim) = self.arbiter.claim(&name);
-        self.local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
+        local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
         self.claims.push(claim);
         Ok(())
     }
 }
 
-impl EtcdAuthority {
+impl EtcdArbitration {
     /// Other hosts' leases at or under `prefix`, as etcd's queues say
     /// (host `me` left out): one read, made without the state lock.
     fn list_remote(arbiter: &Arbiter, me: &str, prefix: &str) -> Vec<LeaseRow> {
@@ -846,11 +831,7 @@ impl EtcdAuthority {
     }
 }
 
-impl LeaseAuthority for EtcdAuthority {
-    fn now(&mut self) -> u64 {
-        self.local.now()
-    }
-
+impl Arbitration for EtcdArbitration {
     fn set_wake(&mut self, wake: Wake) {
         let watcher =
             QueueWatcher::start(self.arbiter.client().clone(), &self.config.prefix, self.arbiter.host(), wake.clone());
@@ -858,35 +839,33 @@ impl LeaseAuthority for EtcdAuthority {
         self.watcher = Some(watcher);
         let w = wake.clone();
         self.session.on_lost(Box::new(move |_| w.wake()));
-        self.local.set_wake(wake.clone());
         self.wake = wake;
     }
 
-    fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
-        match self.begin_request(ino, req, wait)? {
-            Step::Done(outcome, effects) => Ok((outcome, effects)),
-            Step::Ask(q) => self.finish_request(q.send()),
-        }
-    }
-
-    fn begin_request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<Step> {
+    fn begin_request(
+        &mut self,
+        local: &mut LocalAuthority,
+        ino: Ino,
+        req: Request,
+        wait: Option<WaitId>,
+    ) -> Result<Step> {
         let mut effects = Vec::new();
-        self.on_session_loss(&mut effects);
+        self.on_session_loss(local, &mut effects);
         let record = record_range(&req);
         let Some(mode) = cluster_mode(&req).or(record.map(|(m, _)| m)) else {
-            let (outcome, more) = self.local.request(ino, req, wait)?;
+            let (outcome, more) = local.request(ino, req, wait)?;
             effects.extend(more);
-            self.reconcile(ino);
+            self.reconcile(local, ino);
             return Ok(Step::Done(outcome, effects));
         };
         if let Some(t) = self.held.get(&(ino, req.owner)).filter(|_| record.is_none()) {
             if t.mode == mode {
                 // Re-locking what this owner holds: a renewal (a round trip
                 // only when other hosts must see it, for a TTL).
-                let (outcome, more) = self.local.request(ino, req, wait)?;
+                let (outcome, more) = local.request(ino, req, wait)?;
                 effects.extend(more);
                 if outcome == Outcome::Granted {
-                    self.touch(ino);
+                    self.touch(local, ino);
                 }
                 return Ok(Step::Done(outcome, effects));
             }
@@ -897,12 +876,12 @@ impl LeaseAuthority for EtcdAuthority {
             }
         }
         // A conflict on this host answers a non-blocking request without a round trip.
-        if wait.is_none() && self.local.test(ino, &req).is_some() {
+        if wait.is_none() && local.test(ino, &req).is_some() {
             return Ok(Step::Done(Outcome::Refused(Error::WouldBlock), effects));
         }
         let Some(name) = self.names.get(&ino).cloned() else {
             // A file that never had a name is arbitrated on this host only.
-            let (outcome, more) = self.local.request(ino, req, wait)?;
+            let (outcome, more) = local.request(ino, req, wait)?;
             effects.extend(more);
             return Ok(Step::Done(outcome, effects));
         };
@@ -910,7 +889,7 @@ impl LeaseAuthority for EtcdAuthority {
             pid: req.pid,
             comm: comm(req.pid),
             owner: super::arbiter::owner_key(req.kind, req.owner),
-            ttl_ms: self.local.effective_ttl(ino),
+            ttl_ms: local.effective_ttl(ino),
         };
         let mut ticket = match self.arbiter.ticket(&name, mode, &asker) {
             Ok(t) => t,
@@ -945,7 +924,7 @@ impl LeaseAuthority for EtcdAuthority {
         })))
     }
 
-    fn finish_request(&mut self, answer: Answer) -> Result<(Outcome, Vec<Effect>)> {
+    fn finish_request(&mut self, local: &mut LocalAuthority, answer: Answer) -> Result<(Outcome, Vec<Effect>)> {
         let Ok(asked) = answer.0.downcast::<Asked>() else {
             return Err(Error::Io);
         };
@@ -953,14 +932,14 @@ impl LeaseAuthority for EtcdAuthority {
         if broke {
             self.ttl_breaks.0 += 1;
         }
-        self.on_session_loss(&mut effects);
+        self.on_session_loss(local, &mut effects);
         match decided {
             Ok(Decision::Granted { .. } | Decision::Behind { .. }) if self.session.alive() != Some(ticket.session) => {
                 // The session went while etcd was asked: its entries went with it.
                 Ok((Outcome::Refused(Error::Unreachable), effects))
             }
             Ok(Decision::Granted { epoch, lost_holder }) => {
-                let outcome = self.answer_grant(ino, req, ticket, epoch, lost_holder, wait, false, &mut effects);
+                let outcome = self.answer_grant(local, ino, req, ticket, epoch, lost_holder, wait, false, &mut effects);
                 Ok((outcome, effects))
             }
             Ok(Decision::Behind { predecessor, revision, breakable }) => match wait {
@@ -989,27 +968,17 @@ impl LeaseAuthority for EtcdAuthority {
         }
     }
 
-    fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
-        match self.begin_test(ino, req) {
-            Ok(found) => found,
-            Err(q) => q.send().found_lock(),
-        }
-    }
-
-    fn begin_test(&self, ino: Ino, req: &Request) -> std::result::Result<Option<Lock>, Question> {
-        if let Some(l) = self.local.test(ino, req) {
-            return Ok(Some(l));
-        }
+    fn ask_test(&self, ino: Ino, req: &Request) -> Option<Question> {
         // A holder on another host: reported with pid 0 (its pid means
         // nothing here; `leasefs leases` names it and its host).
         let record = record_range(req);
-        let Some(mode) = cluster_mode(req).or(record.map(|(m, _)| m)) else { return Ok(None) };
+        let mode = cluster_mode(req).or(record.map(|(m, _)| m))?;
         let wanted = record.map(|(_, r)| vec![(r.start, r.end)]);
-        let Some(name) = self.names.get(&ino).cloned() else { return Ok(None) };
+        let name = self.names.get(&ino).cloned()?;
         let mine: Vec<Vec<u8>> =
             self.held.values().chain(self.ranges.values().flatten()).map(|t| t.key.clone()).collect();
         let arbiter = self.arbiter.clone();
-        Err(Question::new(move || {
+        Some(Question::new(move || {
             let found = match arbiter.entries(&name) {
                 Ok((entries, _)) => entries.into_iter().find(|e| {
                     e.held
@@ -1056,212 +1025,27 @@ impl LeaseAuthority for EtcdAuthority {
             self.release_ticket(d.ticket);
             return Some(vec![Effect::Refuse(id, Error::Interrupted)]);
         }
-        self.local.interrupt(id)
+        None
     }
 
-    fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect> {
-        let effects = self.local.release_owner(ino, owner);
-        self.reconcile(ino);
-        effects
+    fn changed(&mut self, local: &LocalAuthority, ino: Ino) {
+        self.reconcile(local, ino);
     }
 
-    fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect> {
-        let effects = self.local.release_handle(ino, handle, flock_owner);
-        self.reconcile(ino);
-        effects
+    fn renewed(&mut self, local: &LocalAuthority, ino: Ino) {
+        self.touch(local, ino);
     }
 
-    fn epoch(&self, ino: Ino) -> Epoch {
-        self.local.epoch(ino)
+    fn parked(&self) -> Vec<Ino> {
+        self.parked.values().map(|p| p.ino).collect()
     }
 
-    fn refresh_epochs(&mut self, inos: &[Ino]) -> Result<()> {
-        match self.begin_refresh(inos) {
-            Some(q) => self.finish_refresh(q.send()),
-            None => Ok(()),
-        }
-    }
-
-    fn begin_refresh(&mut self, inos: &[Ino]) -> Option<Question> {
-        let named: Vec<(Ino, String)> = inos
-            .iter()
-            .filter(|i| !self.keeps_its_epoch(**i))
-            .filter_map(|i| self.names.get(i).map(|n| (*i, n.clone())))
-            .collect();
-        if named.is_empty() {
-            return None;
-        }
-        let arbiter = self.arbiter.clone();
-        Some(Question::new(move || {
-            let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();
-            let epochs = arbiter.epochs(&names);
-            Answer(Box::new((named, epochs)))
-        }))
-    }
-
-    fn finish_refresh(&mut self, answer: Answer) -> Result<()> {
-        type Read = (Vec<(Ino, String)>, std::result::Result<Vec<u64>, EtcdError>);
-        let Ok(read) = answer.0.downcast::<Read>() else {
-            return Err(Error::Io);
-        };
-        let (named, epochs) = *read;
-        let epochs = epochs.map_err(|e| {
-            tracing::warn!("cannot read the current epochs from etcd: {e}");
-            Error::Io
-        })?;
-        for ((ino, _), e) in named.iter().zip(epochs) {
-            // Granted here while etcd was read: it keeps its own epoch.
-            if !self.keeps_its_epoch(*ino) {
-                self.local.raise_epoch(*ino, Epoch(e));
-            }
-        }
-        Ok(())
-    }
-
-    fn reserve(&mut self, ino: Ino) -> Result<()> {
-        self.local.reserve(ino)
-    }
-
-    fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
-        self.claimed(ino, "O_EXCL")?;
-        self.local.acquire_by_create(ino)
-    }
-
-    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>> {
-        self.claimed(ino, "link")?;
-        self.local.acquire_by_link(ino, floor)
-    }
-
-    fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
-        self.local.raise_epoch(ino, floor);
-    }
-
-    fn raise_all(&mut self, floor: Epoch) {
-        self.local.raise_all(floor);
-    }
-
-    fn floors(&mut self) -> &mut Floors {
-        self.local.floors()
-    }
-
-    fn floors_ref(&self) -> &Floors {
-        self.local.floors_ref()
-    }
-
-    fn is_live(&self, ino: Ino) -> bool {
-        self.local.is_live(ino) || self.parked.values().any(|p| p.ino == ino)
-    }
-
-    fn held_anywhere(&mut self, ino: Ino) -> bool {
-        if self.is_live(ino) {
-            return true;
-        }
-        let Some(name) = self.names.get(&ino).cloned() else { return false };
-        // A change's transaction found entries in the queue the watch had
-        // shown empty (it read them): held, as of that transaction.
-        if self.busy.lock().remove(&name) {
-            return true;
-        }
-        // What the host's watch of the queues saw, checked by the change's
-        // own transaction (no entry under the queue); asked of etcd only
-        // while the watch is down.
-        let queue = self.arbiter.queue_prefix(&name);
-        match self.watcher.as_ref().and_then(|w| w.mirror().queue(&queue)).map(|(kvs, _)| kvs.is_empty()) {
-            Some(false) => return true,
-            Some(true) => {
-                let (busy, n) = (self.busy.clone(), name.clone());
-                let seen: crate::namespace::replica::Busy = Arc::new(move || {
-                    busy.lock().insert(n.clone());
-                });
-                self.claims.push(crate::namespace::replica::Condition::Free { prefix: queue, busy: seen });
-                return false;
-            }
-            None => {}
-        }
-        match self.arbiter.entries(&name) {
-            Ok((entries, _)) => !entries.is_empty(),
-            // Unknown: keeping the inode is the safe answer.
-            Err(e) => {
-                tracing::warn!(lease = %name, "cannot tell whether another host holds the lease: {e}");
-                true
-            }
-        }
-    }
-
-    fn forget(&mut self, ino: Ino) {
-        if !self.held.keys().any(|(i, _)| *i == ino) {
-            self.names.remove(&ino);
-        }
-        self.local.forget(ino);
-    }
-
-    fn detach(&mut self, path: PathBuf, ino: Ino) {
-        self.local.detach(path, ino);
-    }
-
-    fn take_detached(&mut self, path: &Path) -> Option<Ino> {
-        self.local.take_detached(path)
-    }
-
-    fn detached(&self, path: &Path) -> Option<Ino> {
-        self.local.detached(path)
-    }
-
-    fn detached_all(&self) -> Vec<(PathBuf, Ino)> {
-        self.local.detached_all()
-    }
-
-    fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool) {
-        self.local.retain_detached(keep);
-    }
-
-    fn views(&mut self) -> &mut Views {
-        self.local.views()
-    }
-
-    fn observations(&self) -> usize {
-        self.local.observations()
-    }
-
-    fn set_lock_limits(&mut self, limits: crate::lease::machine::LockLimits) {
-        self.local.set_lock_limits(limits);
-    }
-
-    fn lock_limits(&self) -> crate::lease::machine::LockLimits {
-        self.local.lock_limits()
-    }
-
-    fn lock_usage(&self) -> (usize, usize) {
-        let (held, waiting) = self.local.lock_usage();
-        (held, waiting + self.parked.len())
-    }
-
-    fn lock_limit_refusals(&self) -> u64 {
-        self.local.lock_limit_refusals()
-    }
-
-    fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
-        self.local.set_ttl(ino, ttl)
-    }
-
-    fn effective_ttl(&self, ino: Ino) -> Option<u64> {
-        self.local.effective_ttl(ino)
-    }
-
-    fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
-        let renewed = self.local.renew(ino, handle, pids);
-        if renewed {
-            self.touch(ino);
-        }
-        renewed
-    }
-
-    fn tick(&mut self) -> (Vec<Effect>, Option<u64>) {
+    fn tick(&mut self, local: &mut LocalAuthority) -> (Vec<Effect>, Option<u64>) {
         let mut effects = Vec::new();
-        self.on_session_loss(&mut effects);
-        self.broken_elsewhere(&mut effects);
-        self.handed_over(&mut effects);
-        let (more, mut next) = self.local.tick();
+        self.on_session_loss(local, &mut effects);
+        self.broken_elsewhere(local, &mut effects);
+        self.handed_over(local, &mut effects);
+        let (more, mut next) = local.tick();
         effects.extend(more);
         let now = Instant::now();
         let (due, later): (Vec<Delayed>, Vec<Delayed>) = self.delayed.drain(..).partition(|d| d.until <= now);
@@ -1269,7 +1053,7 @@ impl LeaseAuthority for EtcdAuthority {
         for d in due {
             match d.wait {
                 Some(id) => {
-                    self.answer_grant(d.ino, d.req, d.ticket, d.epoch, false, Some(id), true, &mut effects);
+                    self.answer_grant(local, d.ino, d.req, d.ticket, d.epoch, false, Some(id), true, &mut effects);
                 }
                 // Nobody waits for it: the delay is over, let the next one have it.
                 None => self.release_ticket(d.ticket),
@@ -1329,17 +1113,17 @@ impl LeaseAuthority for EtcdAuthority {
         }))
     }
 
-    fn finish_tick(&mut self, answer: Answer) -> Vec<Effect> {
+    fn finish_tick(&mut self, local: &mut LocalAuthority, answer: Answer) -> Vec<Effect> {
         let Ok(r) = answer.0.downcast::<Redecided>() else {
             return Vec::new();
         };
         let mut effects = Vec::new();
-        self.on_session_loss(&mut effects);
+        self.on_session_loss(local, &mut effects);
         for (id, p, decided, broke) in r.0 {
             if broke {
                 self.ttl_breaks.0 += 1;
             }
-            self.redecided(id, p, decided, &mut effects);
+            self.redecided(local, id, p, decided, &mut effects);
         }
         effects
     }
@@ -1348,88 +1132,94 @@ impl LeaseAuthority for EtcdAuthority {
         std::mem::take(&mut self.errands)
     }
 
+    fn lost_hold(&self, local: &LocalAuthority, ino: Ino, pick: &dyn Fn(&Lock) -> bool) -> Option<Fenced> {
+        // An entry on a session that is no longer alive: its holder must be
+        // treated as fenced now.
+        let lease = local.lease(ino)?;
+        let alive = self.session.alive();
+        lease
+            .locks()
+            .iter()
+            .filter(|l| pick(l))
+            .find(|l| self.held.get(&(ino, l.owner)).is_some_and(|t| Some(t.session) != alive))
+            .map(|l| Fenced { owner: l.owner, handle: l.handle, pid: l.pid, epoch: local.epoch(ino) })
+    }
+
+    fn begin_refresh(&mut self, local: &LocalAuthority, inos: &[Ino]) -> Option<Question> {
+        let named: Vec<(Ino, String)> = inos
+            .iter()
+            .filter(|i| !self.keeps_its_epoch(local, **i))
+            .filter_map(|i| self.names.get(i).map(|n| (*i, n.clone())))
+            .collect();
+        if named.is_empty() {
+            return None;
+        }
+        let arbiter = self.arbiter.clone();
+        Some(Question::new(move || {
+            let names: Vec<&str> = named.iter().map(|(_, n)| n.as_str()).collect();
+            let epochs = arbiter.epochs(&names);
+            Answer(Box::new((named, epochs)))
+        }))
+    }
+
+    fn finish_refresh(&mut self, local: &mut LocalAuthority, answer: Answer) -> Result<()> {
+        type Read = (Vec<(Ino, String)>, std::result::Result<Vec<u64>, EtcdError>);
+        let Ok(read) = answer.0.downcast::<Read>() else {
+            return Err(Error::Io);
+        };
+        let (named, epochs) = *read;
+        let epochs = epochs.map_err(|e| {
+            tracing::warn!("cannot read the current epochs from etcd: {e}");
+            Error::Io
+        })?;
+        for ((ino, _), e) in named.iter().zip(epochs) {
+            // Granted here while etcd was read: it keeps its own epoch.
+            if !self.keeps_its_epoch(local, *ino) {
+                local.raise_epoch(*ino, Epoch(e));
+            }
+        }
+        Ok(())
+    }
+
+    fn claim(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<()> {
+        self.claimed(local, ino, how)
+    }
+
     fn take_claims(&mut self) -> Vec<crate::namespace::replica::Condition> {
         std::mem::take(&mut self.claims)
     }
 
-    fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
-        let effects = self.local.break_now(ino);
-        self.reconcile(ino);
-        effects
-    }
-
-    fn held(&self) -> Vec<Ino> {
-        self.local.held()
-    }
-
-    fn waited(&self) -> Vec<Ino> {
-        let mut w = self.local.waited();
-        w.extend(self.parked.values().map(|p| p.ino));
-        w.sort_unstable_by_key(|i| i.0);
-        w.dedup();
-        w
-    }
-
-    fn fence_all(&mut self) -> Vec<Effect> {
-        let held: Vec<Ino> = self.local.held();
-        let effects = self.local.fence_all();
-        for ino in held {
-            self.reconcile(ino);
+    fn held_anywhere(&mut self, ino: Ino) -> bool {
+        let Some(name) = self.names.get(&ino).cloned() else { return false };
+        // A change's transaction found entries in the queue the watch had
+        // shown empty (it read them): held, as of that transaction.
+        if self.busy.lock().remove(&name) {
+            return true;
         }
-        effects
-    }
-
-    fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced> {
-        self.local.fenced_handle(ino, handle).or_else(|| self.lost_hold(ino, |l| l.handle == handle))
-    }
-
-    fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced> {
-        self.local.fenced_pid(ino, pids).or_else(|| self.lost_hold(ino, |l| pids.contains(&l.pid)))
-    }
-
-    fn has_fenced(&self, ino: Ino) -> bool {
-        self.local.has_fenced(ino) || self.lost_hold(ino, |_| true).is_some()
-    }
-
-    fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32> {
-        let pid = self.local.held_by(ino, pids)?;
-        self.lost_hold(ino, |l| l.pid == pid).is_none().then_some(pid)
-    }
-
-    fn guard(&self, ino: Ino) -> Option<PathBuf> {
-        self.local.guard(ino)
-    }
-
-    fn set_guard(&mut self, ino: Ino, path: PathBuf) {
-        self.local.set_guard(ino, path);
-    }
-
-    fn remove_guard(&mut self, ino: Ino) -> bool {
-        self.local.remove_guard(ino)
-    }
-
-    fn leases(&self) -> Vec<(Ino, &Lease)> {
-        self.local.leases()
-    }
-
-    fn known(&self) -> usize {
-        self.local.known()
-    }
-
-    fn lease(&self, ino: Ino) -> Option<&Lease> {
-        self.local.lease(ino)
-    }
-
-    fn uptime(&self) -> f64 {
-        self.local.uptime()
-    }
-
-    fn wants_paths(&self) -> bool {
-        true
-    }
-
-    fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)> {
-        self.watcher.as_ref().map(QueueWatcher::take_remote).unwrap_or_default()
+        // What the host's watch of the queues saw, checked by the change's
+        // own transaction (no entry under the queue); asked of etcd only
+        // while the watch is down.
+        let queue = self.arbiter.queue_prefix(&name);
+        match self.watcher.as_ref().and_then(|w| w.mirror().queue(&queue)).map(|(kvs, _)| kvs.is_empty()) {
+            Some(false) => return true,
+            Some(true) => {
+                let (busy, n) = (self.busy.clone(), name.clone());
+                let seen: crate::namespace::replica::Busy = Arc::new(move || {
+                    busy.lock().insert(n.clone());
+                });
+                self.claims.push(crate::namespace::replica::Condition::Free { prefix: queue, busy: seen });
+                return false;
+            }
+            None => {}
+        }
+        match self.arbiter.entries(&name) {
+            Ok((entries, _)) => !entries.is_empty(),
+            // Unknown: keeping the inode is the safe answer.
+            Err(e) => {
+                tracing::warn!(lease = %name, "cannot tell whether another host holds the lease: {e}");
+                true
+            }
+        }
     }
 
     fn bind_path(&mut self, ino: Ino, path: &str) {
@@ -1442,6 +1232,22 @@ impl LeaseAuthority for EtcdAuthority {
         if !name.is_empty() && self.names.get(&ino).is_none_or(|n| n != name) {
             self.names.insert(ino, name.to_string());
         }
+    }
+
+    fn forget(&mut self, ino: Ino) {
+        if !self.held.keys().any(|(i, _)| *i == ino) {
+            self.names.remove(&ino);
+        }
+    }
+
+    fn hold_condition(&self, ino: Ino) -> Option<crate::namespace::replica::Condition> {
+        self.held.iter().find(|((i, _), t)| *i == ino && t.mode == QMode::Exclusive).map(|(_, t)| {
+            crate::namespace::replica::Condition::Held { key: t.key.clone(), create_revision: t.create_revision }
+        })
+    }
+
+    fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)> {
+        self.watcher.as_ref().map(QueueWatcher::take_remote).unwrap_or_default()
     }
 
     fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
@@ -1471,17 +1277,11 @@ impl LeaseAuthority for EtcdAuthority {
         ("etcd", Some(info))
     }
 
-    fn hold_condition(&self, ino: Ino) -> Option<crate::namespace::replica::Condition> {
-        self.held.iter().find(|((i, _), t)| *i == ino && t.mode == QMode::Exclusive).map(|(_, t)| {
-            crate::namespace::replica::Condition::Held { key: t.key.clone(), create_revision: t.create_revision }
-        })
-    }
-
     fn break_reason(&self, ino: Ino, fenced: &Fenced) -> Option<&'static str> {
         self.lost_holders.contains(&(ino, fenced.handle)).then_some("host_lost")
     }
 
-    fn remote_leases(&self) -> Option<crate::lease::authority::RemoteLeases> {
+    fn remote_leases(&self) -> Option<RemoteLeases> {
         let (arbiter, me) = (self.arbiter.clone(), self.config.host.clone());
         Some(Box::new(move |prefix: &str| Self::list_remote(&arbiter, &me, prefix)))
     }

@@ -4,9 +4,11 @@
 //! arbitration with epochs ([`arbiter`]), the host's one watch over every
 //! lease queue ([`watcher`]), the shared namespace ([`namespace`]) with its
 //! one watch ([`feed`]), and the
-//! lease authority a mount with `--etcd` asks ([`authority`]). It plugs
-//! into `lease/` through [`crate::lease::authority::LeaseAuthority`] and
-//! into `namespace/` through its replica seam.
+//! arbitration a mount with `--etcd` adds to its lease table
+//! ([`authority`]). It plugs into `lease/` through
+//! [`crate::lease::arbitration::Arbitration`] (who decides a grant and its
+//! epoch) and into `namespace/` through its replica seam (where a change
+//! is stored).
 
 pub mod arbiter;
 pub mod authority;

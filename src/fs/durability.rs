@@ -15,7 +15,7 @@ impl State {
 
     /// Lease settings of `ino` for the durable store.
     pub(super) fn extra(&self, ino: Ino) -> crate::store::snapshot::Extra {
-        extra_of(&*self.lease, ino)
+        extra_of(&self.lease, ino)
     }
 
     /// Write what changed since the last flush to the journal and sync it.
@@ -112,7 +112,7 @@ impl State {
         use crate::store::snapshot::{encode_streamed, Slices};
         let Some(store) = self.store.as_mut() else { return };
         if store.fork_storage().is_none() {
-            let (head, ns, lease) = (store.head(), &self.ns, &*self.lease);
+            let (head, ns, lease) = (store.head(), &self.ns, &self.lease);
             // Failures are logged by the store; a full disk postpones it.
             let _ = store.snapshot_streamed(|out| encode_streamed(head, ns, |ino| extra_of(lease, ino), out));
             return;
@@ -140,7 +140,7 @@ impl State {
     pub(super) fn compaction_step(&mut self) {
         debug_assert!(self.ns.dirty().0.is_empty() && self.ns.dirty().1.is_empty());
         let Some(Compaction::Encoding(slices)) = &mut self.compaction else { return };
-        let lease = &*self.lease;
+        let lease = &self.lease;
         if !slices.step(&self.ns, |ino| extra_of(lease, ino), self.slice) {
             return;
         }
@@ -323,7 +323,7 @@ impl Fs {
         let started = std::time::Instant::now();
         // Streamed to the file as it is encoded (see `encode_streamed`).
         let st = &mut *st;
-        let (store, ns, lease) = (st.store.as_mut().expect("checked above"), &st.ns, &*st.lease);
+        let (store, ns, lease) = (st.store.as_mut().expect("checked above"), &st.ns, &st.lease);
         let head = store.head();
         let written = store.snapshot_streamed(|out| {
             crate::store::snapshot::encode_streamed(head, ns, |ino| extra_of(lease, ino), out)

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 
 use crate::control::{self, ControlFile, Metrics};
 use crate::error::{Error, Result};
+use crate::lease::arbitration::Arbitration;
 use crate::lease::authority::{LeaseAuthority, Step, Wake};
 use crate::lease::local::LocalAuthority;
 use crate::lease::observe::Proc;
@@ -245,7 +246,7 @@ struct State {
     handles: HashMap<Handle, OpenFile>,
     next_handle: u64,
     /// Every lease question is asked here (SPEC 3 to 7).
-    lease: Box<dyn LeaseAuthority>,
+    lease: LeaseAuthority,
     /// Inodes whose cached pages the kernel must drop (content replaced
     /// behind open descriptors).
     invalidate: Vec<Ino>,
@@ -517,7 +518,7 @@ impl State {
     }
 
     /// Ask `lease` every lease question from now on.
-    fn set_authority(&mut self, mut lease: Box<dyn LeaseAuthority>) {
+    fn set_authority(&mut self, mut lease: LeaseAuthority) {
         lease.set_wake(self.wake.clone());
         self.lease = lease;
     }
@@ -763,14 +764,16 @@ impl Fs {
     /// A filesystem whose leases carry `ttl_ms` unless a file sets its own.
     pub fn with_lease_ttl(uid: u32, gid: u32, ttl_ms: Option<u64>) -> Fs {
         let fs = Fs::new(uid, gid);
-        fs.state.lock().set_authority(Box::new(LocalAuthority::new(ttl_ms)));
+        fs.state.lock().set_authority(LeaseAuthority::single_host(LocalAuthority::new(ttl_ms)));
         fs
     }
 
-    /// A filesystem whose lease questions `lease` answers (the etcd backend).
-    pub fn with_authority(uid: u32, gid: u32, lease: Box<dyn LeaseAuthority>) -> Fs {
+    /// A filesystem whose leases are shared with other hosts through
+    /// `arbitration` (the etcd backend), carrying `ttl_ms` unless a file
+    /// sets its own.
+    pub fn with_arbitration(uid: u32, gid: u32, ttl_ms: Option<u64>, arbitration: Box<dyn Arbitration>) -> Fs {
         let fs = Fs::new(uid, gid);
-        fs.state.lock().set_authority(lease);
+        fs.state.lock().set_authority(LeaseAuthority::shared(LocalAuthority::new(ttl_ms), arbitration));
         fs
     }
 
@@ -781,7 +784,7 @@ impl Fs {
                 ns: Namespace::new(0o755, uid, gid, now()),
                 handles: HashMap::new(),
                 next_handle: 1,
-                lease: Box::new(LocalAuthority::new(None)),
+                lease: LeaseAuthority::single_host(LocalAuthority::new(None)),
                 invalidate: Vec::new(),
                 pending_renames: PendingRenames::default(),
                 entry_deadlines: EntryDeadlines::default(),
@@ -895,7 +898,7 @@ impl Fs {
 
 /// Return free heap memory to the system.
 /// Lease settings of `ino` for the durable store.
-fn extra_of(lease: &dyn LeaseAuthority, ino: Ino) -> crate::store::snapshot::Extra {
+fn extra_of(lease: &LeaseAuthority, ino: Ino) -> crate::store::snapshot::Extra {
     crate::store::snapshot::Extra { ttl_ms: lease.lease(ino).and_then(|l| l.ttl()), guard: lease.guard(ino) }
 }
 
@@ -913,7 +916,7 @@ fn refuse_control_name(parent: Ino, name: &OsStr) -> Result<()> {
 
 /// One holder as JSON (for `user.leasefs.holder` and `.leasefs/leases`).
 /// `user.leasefs.holder`: the holders as JSON.
-fn holder_json(locks: &dyn LeaseAuthority, ino: Ino, now: u64) -> String {
+fn holder_json(locks: &LeaseAuthority, ino: Ino, now: u64) -> String {
     let holders: Vec<HolderRow> =
         locks.lease(ino).map(|l| l.locks().iter().map(|k| HolderRow::local(k, now)).collect()).unwrap_or_default();
     serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()

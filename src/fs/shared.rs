@@ -207,7 +207,7 @@ impl Fs {
             }
             let conditions = std::mem::take(&mut st.conditions);
             let st_ref = &mut *st;
-            let lease = &*st_ref.lease;
+            let lease = &st_ref.lease;
             let prepared = r.prepare(&mut st_ref.ns, &|ino| extra_of(lease, ino), &conditions);
             let mut publication = match prepared {
                 Ok(Some(p)) => p,

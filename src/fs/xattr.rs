@@ -103,7 +103,7 @@ impl Fs {
             Some(XATTR_HOLDER) => {
                 st.name_lease(ino);
                 let st = self.refreshed(st, &[ino])?;
-                return Ok(holder_json(&*st.lease, ino, now).into_bytes());
+                return Ok(holder_json(&st.lease, ino, now).into_bytes());
             }
             Some(XATTR_TTL) => {
                 let ttl = st.lease.lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;

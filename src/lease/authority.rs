@@ -11,28 +11,32 @@
 //! carries out the answer: replies, parks a lock wait, delivers the
 //! returned [`Effect`]s (grant or refuse a parked waiter, a lease broken).
 //!
-//! Shaped for a second, multi-host implementation (SPEC 10, etcd):
-//! - Leases are named by inode *and* reached by path: a remote authority
-//!   keys them by mount-relative path, which the core can always supply
-//!   ([`LeaseAuthority::detach`] binds a live lease to its path when its
-//!   name goes away).
+//! [`LeaseAuthority`] is one type for one host and for several. The lease
+//! table ([`LocalAuthority`], over the pure state machine in
+//! [`super::machine`]) answers everything a host decides on its own: views
+//! and compare-and-swap, fences, guards, detached leases, TTLs. With other
+//! hosts (SPEC 10), an [`Arbitration`] decides what they share: who is
+//! granted a lease-level lock and with which epoch, which epochs users may
+//! read, whether a lease is held anywhere, and what a change's transaction
+//! must also compare. That trait is the whole difference between one host
+//! and several:
+//! - Leases are named by inode *and* reached by path: the arbitration keys
+//!   them by mount-relative path, which the core supplies
+//!   ([`LeaseAuthority::bind_path`]).
 //! - An answer may arrive later: a request that cannot be granted now is
 //!   parked ([`Outcome`]) and granted by a later effect (a timer tick here;
 //!   a watch event or a remote transaction there).
 //! - Asking may fail because the arbiter is unreachable: the operations
-//!   that need it return `Result` and fail with `EIO` within bounded time.
+//!   that need it return `Result` and fail with `EIO` within bounded time,
+//!   and what must be asked is handed to the caller as a [`Question`] to
+//!   send without its state lock.
 //! - Answers that arrive later are handed over by [`LeaseAuthority::tick`]:
-//!   the authority calls its [`Wake`] when it has some (here: a waiter's
-//!   deadline came nearer; there: a watch event or a finished remote
-//!   transaction), and the lease timer then ticks at once instead of
-//!   sleeping to its next deadline.
+//!   the authority calls its [`Wake`] when it has some, and the lease
+//!   timer then ticks at once instead of sleeping to its next deadline.
 //! - A whole host's holders can be fenced at once
 //!   ([`LeaseAuthority::fence_all`]: an administrator here, the loss of the
 //!   host's arbiter session there), reported as one [`Effect::Broken`] per
 //!   holder, like a single break.
-//!
-//! [`LocalAuthority`](super::local::LocalAuthority) is the single-host
-//! implementation over the pure state machine in [`super::machine`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,8 +44,10 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::arbitration::Arbitration;
 use super::floors::Floors;
-use super::machine::{Effect, Epoch, Fenced, Lease, Lock, Outcome, Owner, Request, WaitId};
+use super::local::LocalAuthority;
+use super::machine::{Effect, Epoch, Fenced, Lease, Lock, LockLimits, Outcome, Owner, Request, WaitId};
 use super::views::Views;
 use crate::error::Result;
 use crate::namespace::Ino;
@@ -126,61 +132,148 @@ pub enum Step {
     Ask(Question),
 }
 
-/// Everything the filesystem core asks about leases.
-pub trait LeaseAuthority: Send + std::fmt::Debug {
+/// Everything the filesystem core asks about leases: the lease table of
+/// this host ([`LocalAuthority`]: holders, waiters, epochs, views, fences,
+/// guards, detached leases), and, on a mount whose leases are shared by
+/// several hosts, the [`Arbitration`] that decides their grants and
+/// epochs. Every question goes to the table; only those whose answer
+/// depends on other hosts also go through the arbitration, so what one
+/// host and several hosts do differently is exactly the [`Arbitration`]
+/// trait.
+#[derive(Debug)]
+pub struct LeaseAuthority {
+    local: LocalAuthority,
+    shared: Option<Box<dyn Arbitration>>,
+}
+
+impl LeaseAuthority {
+    /// Leases decided on this host alone.
+    pub fn single_host(local: LocalAuthority) -> LeaseAuthority {
+        LeaseAuthority { local, shared: None }
+    }
+
+    /// Leases whose grants and epochs `arbitration` decides with other hosts.
+    pub fn shared(local: LocalAuthority, arbitration: Box<dyn Arbitration>) -> LeaseAuthority {
+        LeaseAuthority { local, shared: Some(arbitration) }
+    }
+
     /// Milliseconds on the lease clock (advances the authority's clock).
-    fn now(&mut self) -> u64;
+    pub fn now(&mut self) -> u64 {
+        self.local.now()
+    }
+
     /// Call `wake` whenever [`LeaseAuthority::tick`] has work before the
     /// deadline it last returned.
-    fn set_wake(&mut self, wake: Wake);
+    pub fn set_wake(&mut self, wake: Wake) {
+        self.local.set_wake(wake.clone());
+        if let Some(a) = &mut self.shared {
+            a.set_wake(wake);
+        }
+    }
 
     // Lock requests, tests, releases and interrupts (SPEC 2, 3).
 
     /// Ask for a lock (or unlock). `wait` names the request when it may
     /// block: the answer is then either now or a later effect for `wait`.
-    fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)>;
+    pub fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
+        match self.begin_request(ino, req, wait)? {
+            Step::Done(outcome, effects) => Ok((outcome, effects)),
+            Step::Ask(q) => self.finish_request(q.send()),
+        }
+    }
+
     /// [`LeaseAuthority::request`] in two halves, for the caller to send
-    /// the question in between without its state lock. An authority that
-    /// never asks anyone answers at once.
-    fn begin_request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<Step> {
-        let (outcome, effects) = self.request(ino, req, wait)?;
-        Ok(Step::Done(outcome, effects))
+    /// the question in between without its state lock. A single host
+    /// answers at once.
+    pub fn begin_request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<Step> {
+        match &mut self.shared {
+            Some(a) => a.begin_request(&mut self.local, ino, req, wait),
+            None => {
+                let (outcome, effects) = self.local.request(ino, req, wait)?;
+                Ok(Step::Done(outcome, effects))
+            }
+        }
     }
+
     /// The answer to the question [`LeaseAuthority::begin_request`] returned.
-    fn finish_request(&mut self, answer: Answer) -> Result<(Outcome, Vec<Effect>)> {
-        let _ = answer;
-        Err(crate::error::Error::Io)
+    pub fn finish_request(&mut self, answer: Answer) -> Result<(Outcome, Vec<Effect>)> {
+        match &mut self.shared {
+            Some(a) => a.finish_request(&mut self.local, answer),
+            None => Err(crate::error::Error::Io),
+        }
     }
+
     /// What the transaction storing the current change must also compare
     /// and write (the epochs of acquisitions by create or link on a shared
     /// namespace).
-    fn take_claims(&mut self) -> Vec<crate::namespace::replica::Condition> {
-        Vec::new()
+    pub fn take_claims(&mut self) -> Vec<crate::namespace::replica::Condition> {
+        self.shared.as_mut().map(|a| a.take_claims()).unwrap_or_default()
     }
+
     /// Errands left by the calls so far, to run without the state lock.
-    fn take_errands(&mut self) -> Vec<Errand> {
-        Vec::new()
+    pub fn take_errands(&mut self) -> Vec<Errand> {
+        self.shared.as_mut().map(|a| a.take_errands()).unwrap_or_default()
     }
+
     /// The lock that would conflict with `req` (`F_GETLK`).
-    fn test(&self, ino: Ino, req: &Request) -> Option<Lock>;
+    pub fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
+        match self.begin_test(ino, req) {
+            Ok(found) => found,
+            Err(q) => q.send().found_lock(),
+        }
+    }
+
     /// [`LeaseAuthority::test`], or the read to send without the state
     /// lock first; its answer is the `Option<Lock>` to report.
-    fn begin_test(&self, ino: Ino, req: &Request) -> std::result::Result<Option<Lock>, Question> {
-        Ok(self.test(ino, req))
+    pub fn begin_test(&self, ino: Ino, req: &Request) -> std::result::Result<Option<Lock>, Question> {
+        if let Some(l) = self.local.test(ino, req) {
+            return Ok(Some(l));
+        }
+        match self.shared.as_ref().and_then(|a| a.ask_test(ino, req)) {
+            Some(q) => Err(q),
+            None => Ok(None),
+        }
     }
+
     /// A parked request was interrupted by a signal: forget it.
-    fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>>;
+    pub fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
+        if let Some(effects) = self.shared.as_mut().and_then(|a| a.interrupt(id)) {
+            return Some(effects);
+        }
+        self.local.interrupt(id)
+    }
+
     /// POSIX locks of `owner` on the file are released (close of any of
     /// its descriptors).
-    fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect>;
+    pub fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect> {
+        let effects = self.local.release_owner(ino, owner);
+        self.changed(ino);
+        effects
+    }
+
     /// The open file `handle` is closed for good: its `flock` and OFD locks
     /// go.
-    fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect>;
+    pub fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect> {
+        let effects = self.local.release_handle(ino, handle, flock_owner);
+        self.changed(ino);
+        effects
+    }
+
+    /// Holders of `ino` on this host changed without a request the
+    /// arbitration saw (a release, a break, a fence).
+    fn changed(&mut self, ino: Ino) {
+        if let Some(a) = &mut self.shared {
+            a.changed(&self.local, ino);
+        }
+    }
 
     // Epochs and their durability (SPEC 5).
 
     /// The lease's current epoch as this host knows it.
-    fn epoch(&self, ino: Ino) -> Epoch;
+    pub fn epoch(&self, ino: Ino) -> Epoch {
+        self.local.epoch(ino)
+    }
+
     /// Bring the epochs of `inos` up to what the whole namespace knows now:
     /// afterwards [`LeaseAuthority::epoch`] of each is no lower than any
     /// grant that completed anywhere before the call (SPEC 10). What users
@@ -188,188 +281,366 @@ pub trait LeaseAuthority: Send + std::fmt::Debug {
     /// On one host its epochs are already that; across hosts it costs one
     /// quorum read, and fails (`EIO`) rather than show an epoch it could
     /// not check.
-    fn refresh_epochs(&mut self, _inos: &[Ino]) -> Result<()> {
-        Ok(())
+    pub fn refresh_epochs(&mut self, inos: &[Ino]) -> Result<()> {
+        match self.begin_refresh(inos) {
+            Some(q) => self.finish_refresh(q.send()),
+            None => Ok(()),
+        }
     }
+
     /// [`LeaseAuthority::refresh_epochs`] in two halves: the read to send
     /// without the state lock (none when there is nothing to ask), whose
     /// answer goes to [`LeaseAuthority::finish_refresh`].
-    fn begin_refresh(&mut self, _inos: &[Ino]) -> Option<Question> {
-        None
+    pub fn begin_refresh(&mut self, inos: &[Ino]) -> Option<Question> {
+        self.shared.as_mut().and_then(|a| a.begin_refresh(&self.local, inos))
     }
+
     /// Raise the epochs as [`LeaseAuthority::begin_refresh`]'s read found them.
-    fn finish_refresh(&mut self, answer: Answer) -> Result<()> {
-        let _ = answer;
-        Ok(())
+    pub fn finish_refresh(&mut self, answer: Answer) -> Result<()> {
+        match &mut self.shared {
+            Some(a) => a.finish_refresh(&mut self.local, answer),
+            None => Ok(()),
+        }
     }
+
     /// Make the next epoch of `ino` durable before anything may hand it out.
-    fn reserve(&mut self, ino: Ino) -> Result<()>;
+    pub fn reserve(&mut self, ino: Ino) -> Result<()> {
+        self.local.reserve(ino)
+    }
+
     /// `open(O_CREAT|O_EXCL)` created the file: a new holder, epoch + 1.
     /// Fails (`EIO`) when the epoch cannot come from where epochs are
     /// decided (etcd): an acquisition never goes on with an epoch made up
     /// locally, which another host may have handed out too.
-    fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>>;
+    pub fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
+        if let Some(a) = &mut self.shared {
+            a.claim(&mut self.local, ino, "O_EXCL")?;
+        }
+        self.local.acquire_by_create(ino)
+    }
+
     /// `link()` created the name (the dotlock idiom): epoch + 1, above
     /// `floor`; fails as [`LeaseAuthority::acquire_by_create`] does.
-    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>>;
+    pub fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>> {
+        if let Some(a) = &mut self.shared {
+            a.claim(&mut self.local, ino, "link")?;
+        }
+        self.local.acquire_by_link(ino, floor)
+    }
+
     /// Never let `ino` carry an epoch below `floor`.
-    fn raise_epoch(&mut self, ino: Ino, floor: Epoch);
+    pub fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
+        self.local.raise_epoch(ino, floor);
+    }
+
     /// Never let any lease carry an epoch below `floor` (restored files
     /// after a restart), in O(1) per lease not yet touched.
-    fn raise_all(&mut self, floor: Epoch);
+    pub fn raise_all(&mut self, floor: Epoch) {
+        self.local.raise_all(floor);
+    }
+
     /// Path epoch floors and the durable ceiling.
-    fn floors(&mut self) -> &mut Floors;
+    pub fn floors(&mut self) -> &mut Floors {
+        self.local.floors()
+    }
+
     /// The same, to read.
-    fn floors_ref(&self) -> &Floors;
+    pub fn floors_ref(&self) -> &Floors {
+        self.local.floors_ref()
+    }
 
     // Lease identity (SPEC 4).
 
-    /// True while the lease has a holder or a waiter.
-    fn is_live(&self, ino: Ino) -> bool;
-    /// Live on this host or, for a remote arbiter, on any host (asked
-    /// before a rename over the lease, which keeps a live lease's inode).
-    /// A remote arbiter may answer from what it last saw and leave a
-    /// condition for the change's store step ([`LeaseAuthority::take_claims`])
-    /// that fails it when that is no longer so.
-    fn held_anywhere(&mut self, ino: Ino) -> bool {
-        self.is_live(ino)
+    /// True while the lease has a holder or a waiter on this host.
+    pub fn is_live(&self, ino: Ino) -> bool {
+        self.local.is_live(ino) || self.shared.as_ref().is_some_and(|a| a.parked().contains(&ino))
     }
+
+    /// Live on this host or, with other hosts, on any host (asked before a
+    /// rename over the lease, which keeps a live lease's inode). The
+    /// arbitration may answer from what it last saw and leave a condition
+    /// for the change's store step ([`LeaseAuthority::take_claims`]) that
+    /// fails it when that is no longer so.
+    pub fn held_anywhere(&mut self, ino: Ino) -> bool {
+        self.is_live(ino) || self.shared.as_mut().is_some_and(|a| a.held_anywhere(ino))
+    }
+
     /// The inode is gone: drop its lease state.
-    fn forget(&mut self, ino: Ino);
+    pub fn forget(&mut self, ino: Ino) {
+        if let Some(a) = &mut self.shared {
+            a.forget(ino);
+        }
+        self.local.forget(ino);
+    }
+
     /// A live lease lost its name: re-creating `path` re-attaches it.
-    fn detach(&mut self, path: PathBuf, ino: Ino);
+    pub fn detach(&mut self, path: PathBuf, ino: Ino) {
+        self.local.detach(path, ino);
+    }
+
     /// The live lease detached from `path`, taken back (the name exists
     /// again).
-    fn take_detached(&mut self, path: &Path) -> Option<Ino>;
+    pub fn take_detached(&mut self, path: &Path) -> Option<Ino> {
+        self.local.take_detached(path)
+    }
+
     /// The live lease detached from `path`.
-    fn detached(&self, path: &Path) -> Option<Ino>;
+    pub fn detached(&self, path: &Path) -> Option<Ino> {
+        self.local.detached(path)
+    }
+
     /// Every detached lease and its path.
-    fn detached_all(&self) -> Vec<(PathBuf, Ino)>;
+    pub fn detached_all(&self) -> Vec<(PathBuf, Ino)> {
+        self.local.detached_all()
+    }
+
     /// Keep only the detached leases for which `keep` holds.
-    fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool);
+    pub fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool) {
+        self.local.retain_detached(keep);
+    }
 
     // Observations and compare-and-swap verdicts (SPEC 6).
 
     /// Per-process views and name history.
-    fn views(&mut self) -> &mut Views;
+    pub fn views(&mut self) -> &mut Views {
+        self.local.views()
+    }
+
     /// Observation records kept.
-    fn observations(&self) -> usize;
+    pub fn observations(&self) -> usize {
+        self.local.observations()
+    }
 
     // Bounds on the lock table (ENOLCK beyond them).
 
     /// Bound what the lock table keeps.
-    fn set_lock_limits(&mut self, limits: crate::lease::machine::LockLimits);
+    pub fn set_lock_limits(&mut self, limits: LockLimits) {
+        self.local.set_lock_limits(limits);
+    }
+
     /// The bounds in force.
-    fn lock_limits(&self) -> crate::lease::machine::LockLimits;
+    pub fn lock_limits(&self) -> LockLimits {
+        self.local.lock_limits()
+    }
+
     /// Locks held and waiters queued on the whole mount.
-    fn lock_usage(&self) -> (usize, usize);
+    pub fn lock_usage(&self) -> (usize, usize) {
+        let (held, waiting) = self.local.lock_usage();
+        (held, waiting + self.shared.as_ref().map_or(0, |a| a.parked().len()))
+    }
+
     /// Requests refused because a lock-table bound was reached.
-    fn lock_limit_refusals(&self) -> u64;
+    pub fn lock_limit_refusals(&self) -> u64 {
+        self.local.lock_limit_refusals()
+    }
 
     // TTLs, renewal, breaking and fences (SPEC 7).
 
     /// Set or clear the file's own TTL.
-    fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect>;
+    pub fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
+        self.local.set_ttl(ino, ttl)
+    }
+
     /// The TTL in force (the file's own, else the mount's).
-    fn effective_ttl(&self, ino: Ino) -> Option<u64>;
+    pub fn effective_ttl(&self, ino: Ino) -> Option<u64> {
+        self.local.effective_ttl(ino)
+    }
+
     /// Renew the holds of `handle` or of any of `pids`; true if one was held.
-    fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool;
+    pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
+        let renewed = self.local.renew(ino, handle, pids);
+        if renewed {
+            if let Some(a) = &mut self.shared {
+                a.renewed(&self.local, ino);
+            }
+        }
+        renewed
+    }
+
     /// Expire what is due; the next deadline on the lease clock.
-    fn tick(&mut self) -> (Vec<Effect>, Option<u64>);
+    pub fn tick(&mut self) -> (Vec<Effect>, Option<u64>) {
+        match &mut self.shared {
+            Some(a) => a.tick(&mut self.local),
+            None => self.local.tick(),
+        }
+    }
+
     /// What the tick must ask another party (waiters to decide again), to
     /// send without the state lock; its answer goes to
     /// [`LeaseAuthority::finish_tick`].
-    fn begin_tick(&mut self) -> Option<Question> {
-        None
+    pub fn begin_tick(&mut self) -> Option<Question> {
+        self.shared.as_mut().and_then(|a| a.begin_tick())
     }
+
     /// Carry out the answer to [`LeaseAuthority::begin_tick`]'s question.
-    fn finish_tick(&mut self, answer: Answer) -> Vec<Effect> {
-        let _ = answer;
-        Vec::new()
+    pub fn finish_tick(&mut self, answer: Answer) -> Vec<Effect> {
+        match &mut self.shared {
+            Some(a) => a.finish_tick(&mut self.local, answer),
+            None => Vec::new(),
+        }
     }
+
     /// Break the lease now (administrator): holders are fenced.
-    fn break_now(&mut self, ino: Ino) -> Vec<Effect>;
+    pub fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
+        let effects = self.local.break_now(ino);
+        self.changed(ino);
+        effects
+    }
+
     /// Every lease with a holder on this host.
-    fn held(&self) -> Vec<Ino>;
+    pub fn held(&self) -> Vec<Ino> {
+        self.local.held()
+    }
+
     /// Every lease with a waiter (found from the waiters, not by looking
     /// at every lease).
-    fn waited(&self) -> Vec<Ino>;
+    pub fn waited(&self) -> Vec<Ino> {
+        let mut w = self.local.waited();
+        if let Some(a) = &self.shared {
+            w.extend(a.parked());
+            w.sort_unstable_by_key(|i| i.0);
+            w.dedup();
+        }
+        w
+    }
+
     /// Break every lease held on this host at once (administrator, or the
     /// host lost its arbiter session): every holder is fenced.
-    fn fence_all(&mut self) -> Vec<Effect>;
+    pub fn fence_all(&mut self) -> Vec<Effect> {
+        let held = self.local.held();
+        let effects = self.local.fence_all();
+        for ino in held {
+            self.changed(ino);
+        }
+        effects
+    }
+
     /// The fence on `handle`, if its hold was broken or taken over.
-    fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced>;
+    pub fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced> {
+        self.local.fenced_handle(ino, handle).or_else(|| self.lost_hold(ino, &|l| l.handle == handle))
+    }
+
     /// The fence on any of `pids`.
-    fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced>;
+    pub fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced> {
+        self.local.fenced_pid(ino, pids).or_else(|| self.lost_hold(ino, &|l| pids.contains(&l.pid)))
+    }
+
     /// True when anyone was fenced off the lease.
-    fn has_fenced(&self, ino: Ino) -> bool;
+    pub fn has_fenced(&self, ino: Ino) -> bool {
+        self.local.has_fenced(ino) || self.lost_hold(ino, &|_| true).is_some()
+    }
+
     /// The pid among `pids` that holds the lease.
-    fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32>;
+    pub fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32> {
+        let pid = self.local.held_by(ino, pids)?;
+        self.lost_hold(ino, &|l| l.pid == pid).is_none().then_some(pid)
+    }
+
+    /// A lock of this host that the arbitration no longer backs (its host
+    /// session is gone), to be treated as fenced before any tick says so.
+    fn lost_hold(&self, ino: Ino, pick: &dyn Fn(&Lock) -> bool) -> Option<Fenced> {
+        self.shared.as_ref()?.lost_hold(&self.local, ino, pick)
+    }
 
     // Guards (writes to a file allowed only to a lease's holder).
 
     /// The path of the lease guarding `ino`.
-    fn guard(&self, ino: Ino) -> Option<PathBuf>;
+    pub fn guard(&self, ino: Ino) -> Option<PathBuf> {
+        self.local.guard(ino)
+    }
+
     /// Guard `ino` by the lease at `path`.
-    fn set_guard(&mut self, ino: Ino, path: PathBuf);
+    pub fn set_guard(&mut self, ino: Ino, path: PathBuf) {
+        self.local.set_guard(ino, path);
+    }
+
     /// Remove the guard; false if there was none.
-    fn remove_guard(&mut self, ino: Ino) -> bool;
+    pub fn remove_guard(&mut self, ino: Ino) -> bool {
+        self.local.remove_guard(ino)
+    }
 
     // What `.leasefs/` shows.
 
     /// Every lease with state beyond its epoch (idle leases, known only by
     /// their epoch, are not listed).
-    fn leases(&self) -> Vec<(Ino, &Lease)>;
+    pub fn leases(&self) -> Vec<(Ino, &Lease)> {
+        self.local.leases()
+    }
+
     /// How many leases have state of their own, idle ones included (not
     /// those that only carry the floor of [`LeaseAuthority::raise_all`],
     /// such as files not touched since a restart).
-    fn known(&self) -> usize;
-    /// One lease's state.
-    fn lease(&self, ino: Ino) -> Option<&Lease>;
-    /// Seconds since the authority started.
-    fn uptime(&self) -> f64;
+    pub fn known(&self) -> usize {
+        self.local.known()
+    }
 
-    // A remote arbiter (SPEC 10).
+    /// One lease's state.
+    pub fn lease(&self, ino: Ino) -> Option<&Lease> {
+        self.local.lease(ino)
+    }
+
+    /// Seconds since the authority started.
+    pub fn uptime(&self) -> f64 {
+        self.local.uptime()
+    }
+
+    // Several hosts (SPEC 10).
 
     /// True when leases are arbitrated by name across hosts: the core then
     /// names a lease ([`LeaseAuthority::bind_path`]) before each lock
     /// request and acquisition.
-    fn wants_paths(&self) -> bool {
-        false
+    pub fn wants_paths(&self) -> bool {
+        self.shared.is_some()
     }
+
     /// `ino` is the lease at the mount-relative `path` (`/a/b`).
-    fn bind_path(&mut self, _ino: Ino, _path: &str) {}
+    pub fn bind_path(&mut self, ino: Ino, path: &str) {
+        if let Some(a) = &mut self.shared {
+            a.bind_path(ino, path);
+        }
+    }
+
     /// Grants and releases of holders on other hosts since the last call,
     /// in the order they happened (so in epoch order per lease), for
     /// `.leasefs/events`, each with the holder's command name.
-    fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)> {
-        Vec::new()
-    }
-    /// The backend's name and, for a remote one, what `status` shows of it.
-    fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
-        ("local", None)
-    }
-    /// Why `fenced` was broken when it was not the lease timer or an
-    /// administrator (`host_lost`: its host's arbiter session ended).
-    fn break_reason(&self, _ino: Ino, _fenced: &Fenced) -> Option<&'static str> {
-        None
-    }
-    /// What a shared namespace must find unchanged for a write under the
-    /// lease `ino` (held here) to land: the holder's entry in the remote
-    /// arbiter. `None` when the arbiter is this host.
-    fn hold_condition(&self, _ino: Ino) -> Option<crate::namespace::replica::Condition> {
-        None
+    pub fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)> {
+        self.shared.as_mut().map(|a| a.remote_events()).unwrap_or_default()
     }
 
-    /// How to list the leases held or awaited on other hosts (a remote
-    /// arbiter), at or under a mount-relative prefix: one row each, shaped
-    /// like the rows of `.leasefs/leases`, with each holder's `host`. Run by
-    /// the caller without the state lock (it asks etcd); `None`: no other
-    /// hosts.
-    fn remote_leases(&self) -> Option<RemoteLeases> {
-        None
+    /// The backend's name and, for several hosts, what `status` shows of it.
+    pub fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
+        match &self.shared {
+            Some(a) => a.backend(),
+            None => ("local", None),
+        }
     }
+
+    /// Why `fenced` was broken when it was not the lease timer or an
+    /// administrator (`host_lost`: its host's arbiter session ended).
+    pub fn break_reason(&self, ino: Ino, fenced: &Fenced) -> Option<&'static str> {
+        self.shared.as_ref().and_then(|a| a.break_reason(ino, fenced))
+    }
+
+    /// What a shared namespace must find unchanged for a write under the
+    /// lease `ino` (held here) to land: the holder's entry in the remote
+    /// arbiter. `None` on a single host.
+    pub fn hold_condition(&self, ino: Ino) -> Option<crate::namespace::replica::Condition> {
+        self.shared.as_ref().and_then(|a| a.hold_condition(ino))
+    }
+
+    /// How to list the leases held or awaited on other hosts, at or under
+    /// a mount-relative prefix: one row each, shaped like the rows of
+    /// `.leasefs/leases`, with each holder's `host`. Run by the caller
+    /// without the state lock (it asks etcd); `None`: no other hosts.
+    pub fn remote_leases(&self) -> Option<RemoteLeases> {
+        self.shared.as_ref().and_then(|a| a.remote_leases())
+    }
+
     /// The mount goes away: leave the arbiter cleanly, so other hosts'
     /// waiters are served at once instead of after this host's session expires.
-    fn shutdown(&mut self) {}
+    pub fn shutdown(&mut self) {
+        if let Some(a) = &mut self.shared {
+            a.shutdown();
+        }
+    }
 }

@@ -1,6 +1,9 @@
-//! The single-host lease authority: the pure state machine plus the
+//! The lease table of one host: the pure state machine plus the
 //! bookkeeping around it (views, floors, detached leases, guards), with the
-//! lease clock running from the daemon's start.
+//! lease clock running from the daemon's start. On one host it decides
+//! every lease question; with other hosts an
+//! [`Arbitration`](super::arbitration::Arbitration) decides grants and
+//! epochs of shared leases and carries them out on it.
 //!
 //! Invariants: everything it keeps is bounded by what is live (leases with
 //! holders, waiters, TTL or fences; detached names only while their lease is
@@ -11,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::authority::{LeaseAuthority, Wake};
+use super::authority::Wake;
 use super::floors::Floors;
 use super::machine::{Effect, Epoch, Fenced, Lease, Lock, Locks, Outcome, Owner, Request, WaitId};
 use super::views::Views;
@@ -67,165 +70,168 @@ impl LocalAuthority {
     }
 }
 
-impl LeaseAuthority for LocalAuthority {
-    fn now(&mut self) -> u64 {
+/// The lease table's answers, asked through
+/// [`LeaseAuthority`](super::authority::LeaseAuthority) (see its methods of
+/// the same names).
+impl LocalAuthority {
+    pub fn now(&mut self) -> u64 {
         let now = self.clock();
         self.locks.advance(now);
         now
     }
 
-    fn set_wake(&mut self, wake: Wake) {
+    pub fn set_wake(&mut self, wake: Wake) {
         self.wake = wake;
     }
 
-    fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
+    pub fn request(&mut self, ino: Ino, req: Request, wait: Option<WaitId>) -> Result<(Outcome, Vec<Effect>)> {
         let answer = self.locks.set(ino, req, wait);
         self.rearm(ino);
         Ok(answer)
     }
 
-    fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
+    pub fn test(&self, ino: Ino, req: &Request) -> Option<Lock> {
         self.locks.test(ino, req)
     }
 
-    fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
+    pub fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
         self.locks.interrupt(id)
     }
 
-    fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect> {
+    pub fn release_owner(&mut self, ino: Ino, owner: Owner) -> Vec<Effect> {
         let effects = self.locks.release_owner(ino, owner);
         self.rearm(ino);
         effects
     }
 
-    fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect> {
+    pub fn release_handle(&mut self, ino: Ino, handle: u64, flock_owner: Option<Owner>) -> Vec<Effect> {
         let effects = self.locks.release_handle(ino, handle, flock_owner);
         self.rearm(ino);
         effects
     }
 
-    fn epoch(&self, ino: Ino) -> Epoch {
+    pub fn epoch(&self, ino: Ino) -> Epoch {
         self.locks.epoch(ino)
     }
 
-    fn reserve(&mut self, ino: Ino) -> Result<()> {
+    pub fn reserve(&mut self, ino: Ino) -> Result<()> {
         let need = self.locks.epoch(ino).0 + 1;
         self.floors.reserve(need)
     }
 
-    fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
+    pub fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
         Ok(self.locks.acquire_by_create(ino))
     }
 
-    fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>> {
+    pub fn acquire_by_link(&mut self, ino: Ino, floor: Epoch) -> Result<Vec<Effect>> {
         Ok(self.locks.acquire_by_link(ino, floor))
     }
 
-    fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
+    pub fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
         self.locks.raise_epoch(ino, floor);
     }
-    fn raise_all(&mut self, floor: Epoch) {
+    pub fn raise_all(&mut self, floor: Epoch) {
         self.locks.raise_all(floor);
     }
 
-    fn floors(&mut self) -> &mut Floors {
+    pub fn floors(&mut self) -> &mut Floors {
         &mut self.floors
     }
 
-    fn floors_ref(&self) -> &Floors {
+    pub fn floors_ref(&self) -> &Floors {
         &self.floors
     }
 
-    fn is_live(&self, ino: Ino) -> bool {
+    pub fn is_live(&self, ino: Ino) -> bool {
         self.locks.is_live(ino)
     }
 
-    fn forget(&mut self, ino: Ino) {
+    pub fn forget(&mut self, ino: Ino) {
         self.locks.forget(ino);
         self.views.forget(ino);
     }
 
-    fn detach(&mut self, path: PathBuf, ino: Ino) {
+    pub fn detach(&mut self, path: PathBuf, ino: Ino) {
         self.detached.insert(path, ino);
     }
 
-    fn take_detached(&mut self, path: &Path) -> Option<Ino> {
+    pub fn take_detached(&mut self, path: &Path) -> Option<Ino> {
         self.detached.remove(path)
     }
 
-    fn detached(&self, path: &Path) -> Option<Ino> {
+    pub fn detached(&self, path: &Path) -> Option<Ino> {
         self.detached.get(path).copied()
     }
 
-    fn detached_all(&self) -> Vec<(PathBuf, Ino)> {
+    pub fn detached_all(&self) -> Vec<(PathBuf, Ino)> {
         self.detached.iter().map(|(p, i)| (p.clone(), *i)).collect()
     }
 
-    fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool) {
+    pub fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool) {
         let locks = &self.locks;
         self.detached.retain(|_, i| locks.is_live(*i) && keep(*i));
     }
 
-    fn views(&mut self) -> &mut Views {
+    pub fn views(&mut self) -> &mut Views {
         &mut self.views
     }
 
-    fn observations(&self) -> usize {
+    pub fn observations(&self) -> usize {
         self.views.len()
     }
 
-    fn set_lock_limits(&mut self, limits: crate::lease::machine::LockLimits) {
+    pub fn set_lock_limits(&mut self, limits: crate::lease::machine::LockLimits) {
         self.locks.set_limits(limits);
     }
 
-    fn lock_limits(&self) -> crate::lease::machine::LockLimits {
+    pub fn lock_limits(&self) -> crate::lease::machine::LockLimits {
         self.locks.limits()
     }
 
-    fn lock_usage(&self) -> (usize, usize) {
+    pub fn lock_usage(&self) -> (usize, usize) {
         self.locks.usage()
     }
 
-    fn lock_limit_refusals(&self) -> u64 {
+    pub fn lock_limit_refusals(&self) -> u64 {
         self.locks.limit_refusals()
     }
 
-    fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
+    pub fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
         let effects = self.locks.set_ttl(ino, ttl);
         self.rearm(ino);
         effects
     }
 
-    fn effective_ttl(&self, ino: Ino) -> Option<u64> {
+    pub fn effective_ttl(&self, ino: Ino) -> Option<u64> {
         self.locks.effective_ttl(ino)
     }
 
-    fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
+    pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
         self.locks.renew(ino, handle, pids)
     }
 
-    fn tick(&mut self) -> (Vec<Effect>, Option<u64>) {
+    pub fn tick(&mut self) -> (Vec<Effect>, Option<u64>) {
         let now = self.clock();
         let effects = self.locks.tick(now);
         self.armed = self.locks.next_deadline();
         (effects, self.armed.map(|d| d.saturating_sub(now)))
     }
 
-    fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
+    pub fn break_now(&mut self, ino: Ino) -> Vec<Effect> {
         let effects = self.locks.break_now(ino);
         self.rearm(ino);
         effects
     }
 
-    fn held(&self) -> Vec<Ino> {
+    pub fn held(&self) -> Vec<Ino> {
         self.locks.held()
     }
 
-    fn waited(&self) -> Vec<Ino> {
+    pub fn waited(&self) -> Vec<Ino> {
         self.locks.waited()
     }
 
-    fn fence_all(&mut self) -> Vec<Effect> {
+    pub fn fence_all(&mut self) -> Vec<Effect> {
         let held = self.locks.held();
         let effects = self.locks.break_all();
         for ino in held {
@@ -234,47 +240,47 @@ impl LeaseAuthority for LocalAuthority {
         effects
     }
 
-    fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced> {
+    pub fn fenced_handle(&self, ino: Ino, handle: u64) -> Option<Fenced> {
         self.locks.fenced_handle(ino, handle)
     }
 
-    fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced> {
+    pub fn fenced_pid(&self, ino: Ino, pids: &[u32]) -> Option<Fenced> {
         self.locks.fenced_pid(ino, pids)
     }
 
-    fn has_fenced(&self, ino: Ino) -> bool {
+    pub fn has_fenced(&self, ino: Ino) -> bool {
         self.locks.has_fenced(ino)
     }
 
-    fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32> {
+    pub fn held_by(&self, ino: Ino, pids: &[u32]) -> Option<u32> {
         self.locks.held_by(ino, pids)
     }
 
-    fn guard(&self, ino: Ino) -> Option<PathBuf> {
+    pub fn guard(&self, ino: Ino) -> Option<PathBuf> {
         self.guards.get(&ino).cloned()
     }
 
-    fn set_guard(&mut self, ino: Ino, path: PathBuf) {
+    pub fn set_guard(&mut self, ino: Ino, path: PathBuf) {
         self.guards.insert(ino, path);
     }
 
-    fn remove_guard(&mut self, ino: Ino) -> bool {
+    pub fn remove_guard(&mut self, ino: Ino) -> bool {
         self.guards.remove(&ino).is_some()
     }
 
-    fn leases(&self) -> Vec<(Ino, &Lease)> {
+    pub fn leases(&self) -> Vec<(Ino, &Lease)> {
         self.locks.leases()
     }
 
-    fn known(&self) -> usize {
+    pub fn known(&self) -> usize {
         self.locks.leases().len() + self.locks.idle_count()
     }
 
-    fn lease(&self, ino: Ino) -> Option<&Lease> {
+    pub fn lease(&self, ino: Ino) -> Option<&Lease> {
         self.locks.lease(ino)
     }
 
-    fn uptime(&self) -> f64 {
+    pub fn uptime(&self) -> f64 {
         self.start.elapsed().as_secs_f64()
     }
 }

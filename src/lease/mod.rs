@@ -7,9 +7,12 @@
 //!   around it (process identity, name history).
 //! - [`floors`]: the lowest epoch each path may carry and the durable
 //!   ceiling above every epoch handed out.
-//! - [`authority`]: the interface the filesystem core asks every lease
-//!   question through; [`local`]: its single-host implementation.
+//! - [`authority`]: the one type the filesystem core asks every lease
+//!   question through; [`local`]: the lease table it keeps on every host;
+//!   [`arbitration`]: what several hosts decide together (implemented in
+//!   `cluster/`), the only difference between one host and several.
 
+pub mod arbitration;
 pub mod authority;
 pub mod floors;
 pub mod local;
