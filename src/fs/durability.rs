@@ -390,3 +390,8 @@ pub(super) fn give_memory_back() {
         libc::malloc_trim(0);
     }
 }
+
+/// Lease settings of `ino` for the durable store.
+pub(super) fn extra_of(lease: &LeaseAuthority, ino: Ino) -> crate::store::snapshot::Extra {
+    crate::store::snapshot::Extra { ttl_ms: lease.lease(ino).and_then(|l| l.ttl()), guard: lease.guard(ino) }
+}

@@ -172,3 +172,31 @@ impl Fs {
         })
     }
 }
+
+/// `user.leasefs.holder`: the holders as JSON.
+pub(super) fn holder_json(locks: &LeaseAuthority, ino: Ino, now: u64) -> String {
+    let holders: Vec<HolderRow> =
+        locks.lease(ino).map(|l| l.locks().iter().map(|k| HolderRow::local(k, now)).collect()).unwrap_or_default();
+    serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
+}
+
+pub(super) fn is_leasefs_xattr(name: &OsStr) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    name.as_bytes().starts_with(XATTR_PREFIX.as_bytes())
+}
+
+/// `ERANGE` for an empty or over-long name, `ENOTSUP` outside the
+/// namespaces kept (`user.`, `trusted.`, `security.`).
+pub(super) fn check_xattr_name(name: &OsStr) -> Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = name.as_bytes();
+    if b.is_empty() || b.len() > 255 {
+        return Err(Error::Range);
+    }
+    // POSIX ACLs (system.*) are not supported, as on a filesystem without acl.
+    if ["user.", "trusted.", "security."].iter().any(|p| b.starts_with(p.as_bytes())) {
+        Ok(())
+    } else {
+        Err(Error::NotSupported)
+    }
+}
