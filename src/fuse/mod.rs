@@ -1,12 +1,16 @@
 //! Thin adapter from `fuser::Filesystem` to the [`Fs`] core.
 //!
 //! Each handler decodes the request, calls the core, and replies. All fuser
-//! types stay in this file (its API churns between releases). A panic in the
+//! types stay in this module (its API churns between releases): the
+//! handlers here, the kernel cache timeouts in `ttls.rs`, parked replies in
+//! `waits.rs`. A panic in the
 //! core is caught here: the request is answered with `EIO` and the mount stays
 //! up.
 
 pub mod fusermount;
 pub mod session;
+mod ttls;
+mod waits;
 pub mod workers;
 
 use std::collections::{HashMap, VecDeque};
@@ -31,6 +35,8 @@ use crate::fs::{Caller, Fs, Handle, SetAttr, SetTime, WriteOpts};
 use crate::fuse::session::{Intercept, Notices, TmpfileReply, TmpfileRequest};
 use crate::lease::{Effect, LockKind, Mode, Outcome, Owner, Range, Request as LockRequest, WaitId};
 use crate::namespace::{Attr, Ino, Kind};
+use ttls::*;
+use waits::*;
 
 /// `fuse_lk_in.lk_flags` bit marking a `flock(2)` request.
 const FUSE_LK_FLOCK: u32 = 1;
@@ -39,210 +45,6 @@ const FUSE_LK_FLOCK: u32 = 1;
 const TIMER_IDLE: Duration = Duration::from_secs(1);
 /// How many interrupts for not-yet-parked requests are remembered.
 const EARLY_INTERRUPTS: usize = 256;
-
-/// Attributes of anything but a directory are never cached by the kernel:
-/// every `stat` of a file reaches the daemon, where it counts as an
-/// observation for compare-and-swap (SPEC 6), and every open checks
-/// permissions against fresh attributes.
-const ATTR_TTL: Duration = Duration::ZERO;
-
-/// How long the kernel may trust a name leading to a file or symlink that
-/// it looked up (see [`crate::fs::FILE_ENTRY_TTL`]).
-const FILE_ENTRY_TTL: Duration = crate::fs::FILE_ENTRY_TTL;
-
-/// How long the kernel may trust a directory's name and attributes. A lease
-/// is never a directory and a directory holding a live lease cannot move, so
-/// a directory's name changes only through this kernel's own mkdir, rmdir and
-/// rename; its attributes change only through this kernel's requests too
-/// (setattr and setxattr replies, and the kernel drops a directory's cached
-/// attributes itself after every create, link, unlink, rename and readdir in
-/// it). With `default_permissions` every directory on a path is checked
-/// against its attributes, so caching them saves one round trip per path
-/// component.
-const DIR_TTL: Duration = Duration::from_secs(1);
-
-/// What the kernel may cache of this mount's names and attributes.
-#[derive(Debug, Clone, Copy)]
-struct KernelTtls {
-    /// False on a namespace shared with other hosts: there names and
-    /// attributes change through other kernels too, and this one must ask
-    /// every time (no timeout could be short enough).
-    cache_names: bool,
-}
-
-impl KernelTtls {
-    /// The attribute timeout of `a`.
-    fn attr(self, a: &Attr) -> &'static Duration {
-        if a.kind == Kind::Dir && self.cache_names {
-            &DIR_TTL
-        } else {
-            &ATTR_TTL
-        }
-    }
-
-    /// The entry timeout of a name leading to `a`, found by a lookup.
-    fn entry(self, a: &Attr) -> &'static Duration {
-        if !self.cache_names || crate::control::is_control(a.ino) {
-            &Duration::ZERO
-        } else if a.kind == Kind::Dir {
-            &DIR_TTL
-        } else {
-            &FILE_ENTRY_TTL
-        }
-    }
-
-    /// The entry timeout of a name that a create, mknod, symlink or link
-    /// just made: a file's expires at once. The daemon does not have to
-    /// remember such entries, so the usual renewal (create a file, write
-    /// it, rename it over the lease) never needs the retry of a rename over
-    /// a live lease (see [`crate::fs::Fs::rename`]); the next use of the
-    /// name looks it up.
-    fn made_entry(self, a: &Attr) -> &'static Duration {
-        if a.kind == Kind::Dir {
-            self.entry(a)
-        } else {
-            &Duration::ZERO
-        }
-    }
-
-    /// How long the kernel may remember that a name does not exist.
-    fn negative(self) -> &'static Duration {
-        if self.cache_names {
-            &NEGATIVE_TTL
-        } else {
-            &Duration::ZERO
-        }
-    }
-
-    /// Answer a lookup.
-    fn reply_entry(self, reply: ReplyEntry, a: &Attr) {
-        reply.entry_with_ttls(self.attr(a), self.entry(a), &attr(a), Generation(0))
-    }
-
-    /// Answer a request that made a name.
-    fn reply_made(self, reply: ReplyEntry, a: &Attr) {
-        reply.entry_with_ttls(self.attr(a), self.made_entry(a), &attr(a), Generation(0))
-    }
-}
-
-/// How long the kernel may remember that a name does not exist.
-const NEGATIVE_TTL: Duration = Duration::from_secs(1);
-
-/// Largest write the kernel may send in one request (the kernel's default
-/// page limit per request, 256 pages).
-pub const MAX_WRITE: u32 = 1024 * 1024;
-
-/// Parked lock requests and what the request hook saw of requests in flight.
-#[derive(Default)]
-struct Waits {
-    /// Replies of lock requests parked in the lease core.
-    parked: HashMap<WaitId, ReplyEmpty>,
-    /// Interrupts that arrived before their request was parked.
-    early: VecDeque<u64>,
-    /// Answers (`None`: granted) that arrived before their request was
-    /// parked: a lock request's handler parks its reply only after the
-    /// lease core answered it, without this lock, and a grant may come
-    /// from the lease timer in between.
-    answered: VecDeque<(WaitId, Option<Error>)>,
-    /// `lk_flags` of lock requests, by request id (fuser does not expose them).
-    lk_flags: HashMap<u64, u32>,
-    /// Where to send page-cache invalidations.
-    notices: Option<Notices>,
-    /// Regular files are opened with direct I/O (decided at INIT).
-    direct_io: bool,
-    /// Reads of `.leasefs/events` waiting for an event, by request id.
-    parked_reads: HashMap<u64, ReplyData>,
-    /// Polls of `.leasefs/events` waiting for an event, by kernel handle.
-    polls: HashMap<u64, PollNotifier>,
-}
-
-impl Waits {
-    /// Answer parked requests as the lease core decided. Runs with the
-    /// `Waits` lock held so a reply cannot be parked after its answer.
-    fn deliver(&mut self, effects: Vec<Effect>, fs: &Fs) {
-        for e in effects {
-            match e {
-                Effect::Grant(id) => match self.parked.remove(&id) {
-                    Some(r) => r.ok(),
-                    None => self.answer_early(id, None),
-                },
-                Effect::Refuse(id, err) => match self.parked.remove(&id) {
-                    Some(r) => r.error(errno(err)),
-                    None => self.answer_early(id, Some(err)),
-                },
-                Effect::Epoch(ino, epoch) => {
-                    debug!(path = %fs.describe(ino), ino = ino.0, epoch = epoch.0, "lease acquired: new epoch")
-                }
-                Effect::Expired(ino, epoch, pid) => {
-                    debug!(path = %fs.describe(ino), ino = ino.0, pid, epoch = epoch.0, "lease TTL ran out uncontended")
-                }
-                Effect::Broken(ino, f) => debug!(
-                    path = %fs.describe(ino),
-                    ino = ino.0,
-                    pid = f.pid,
-                    epoch = f.epoch.0,
-                    "lease broken: holder fenced"
-                ),
-            }
-        }
-    }
-
-    /// Answer the event reads that can be answered and wake the polls.
-    fn deliver_events(&mut self, fs: &Fs) {
-        let (answers, polls) = fs.events_ready();
-        for (id, data) in answers {
-            if let Some(r) = self.parked_reads.remove(&id) {
-                r.data(&data);
-            }
-        }
-        for kh in polls {
-            if let Some(p) = self.polls.remove(&kh) {
-                // A poll wake-up only wakes a wait queue in the kernel:
-                // safe from any thread, unlike invalidations.
-                let _ = p.notify();
-            }
-        }
-    }
-
-    /// Keep the answer of a request not parked yet for its handler.
-    fn answer_early(&mut self, id: WaitId, answer: Option<Error>) {
-        if self.answered.len() >= EARLY_INTERRUPTS {
-            if let Some((old, _)) = self.answered.pop_front() {
-                warn!(wait = old.0, "answer for a request that was never parked");
-            }
-        }
-        self.answered.push_back((id, answer));
-    }
-
-    /// Park the reply of the lock request `id`, or answer it at once if its
-    /// answer or an interrupt came first.
-    fn park(&mut self, id: WaitId, reply: ReplyEmpty, fs: &Fs) {
-        if let Some(i) = self.answered.iter().position(|(a, _)| *a == id) {
-            match self.answered.remove(i).and_then(|(_, a)| a) {
-                None => reply.ok(),
-                Some(err) => reply.error(errno(err)),
-            }
-            return;
-        }
-        self.parked.insert(id, reply);
-        if self.take_early(id.0) {
-            if let Some(effects) = fs.interrupt(id) {
-                debug!(unique = id.0, "lock wait interrupted by a signal");
-                self.deliver(effects, fs);
-            }
-        }
-    }
-
-    fn take_early(&mut self, unique: u64) -> bool {
-        match self.early.iter().position(|u| *u == unique) {
-            Some(i) => {
-                self.early.remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-}
 
 /// The part of the filesystem the request hook calls into.
 pub struct Interceptor {
@@ -327,16 +129,9 @@ impl Intercept for Interceptor {
     }
 }
 
-/// Send the entry drops `fs` picked to the kernel.
-fn send_entry_drops(fs: &Fs, waits: &Waits) {
-    let drops = fs.take_entry_drops();
-    if drops.is_empty() {
-        return;
-    }
-    if let Some(n) = &waits.notices {
-        n.drop_entries(drops.into_iter().map(|(parent, name)| (parent.0, name)).collect());
-    }
-}
+/// Largest write the kernel may send in one request (the kernel's default
+/// page limit per request, 256 pages).
+pub const MAX_WRITE: u32 = 1024 * 1024;
 
 /// The `fuser::Filesystem` implementation.
 pub struct LeaseFs {
