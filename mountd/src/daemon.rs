@@ -110,6 +110,45 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
         handlers: None,
         kernel_permissions: true,
     };
+    let started = build_fs(args, uid, gid).and_then(|fs| {
+        recover(args, &fs, &notify)?;
+        let mountpoint =
+            session::absolute(&args.mountpoint).map_err(|e| format!("{}: {e}", args.mountpoint.display()))?;
+        if let Some(addr) = &args.metrics_addr {
+            let bound = crate::metrics_http::serve(addr, &fs).map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
+            info!(addr = %bound, "serving /metrics over HTTP");
+            fs.set_metrics_addr(bound.to_string());
+        }
+        handle_signals(signals, mountpoint.clone());
+        fs.set_mount_point(mountpoint.clone(), &args.source, allow_other);
+        // On a shared namespace the daemon checks permissions (see fs/access.rs).
+        opts.kernel_permissions = !fs.checks_access();
+        if fs.is_shared() {
+            // Requests that wait for etcd must not hold up the others.
+            opts.handlers = Some(fs.start_handlers().map_err(|e| format!("starting request handlers: {e}"))?);
+        }
+        let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
+        let served = Served::start(lease_fs, &mountpoint, &opts, interceptor).map_err(|e| e.to_string())?;
+        Ok((fs, mountpoint, served))
+    });
+    let (fs, mountpoint, served) = match started {
+        Ok(started) => started,
+        Err(why) => return not_ready(why),
+    };
+    report_ready("READY\n");
+    notify.send(&format!("READY=1\nSTATUS=serving {}\nMAINPID={}", mountpoint.display(), std::process::id()));
+    served.run();
+    notify.send("STOPPING=1\nSTATUS=unmounted");
+    // The state is on disk: leave its memory to the exit instead of
+    // freeing a million inodes one by one (a second at a million).
+    std::mem::forget(fs);
+    ExitCode::SUCCESS
+}
+
+/// The filesystem the command line describes: its lease authority (this
+/// host alone, or shared through etcd with the shared namespace) and its
+/// bounds.
+fn build_fs(args: &MountArgs, uid: u32, gid: u32) -> Result<Arc<Fs>, String> {
     let ttl = args.lease_ttl.and_then(|t| t.0);
     let fs = if args.etcd.is_empty() {
         Arc::new(Fs::with_lease_ttl(uid, gid, ttl))
@@ -122,21 +161,13 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
             request_timeout: Duration::from_millis(args.etcd_timeout.0.unwrap_or(2000)),
             host: host_name(&args.mountpoint),
         };
-        match EtcdArbitration::connect(config) {
-            Ok(a) => {
-                let shared = a.namespace();
-                let fs = Arc::new(Fs::with_arbitration(uid, gid, ttl, Box::new(a)));
-                if let Err(e) = fs.set_replica(Box::new(shared)) {
-                    let e = format!("etcd at {}: reading the shared namespace: {e:?}", args.etcd.join(","));
-                    return not_ready(e);
-                }
-                info!(endpoints = %args.etcd.join(","), prefix = %args.etcd_prefix, "leases and namespace shared through etcd");
-                fs
-            }
-            Err(e) => {
-                return not_ready(e);
-            }
-        }
+        let a = EtcdArbitration::connect(config)?;
+        let shared = a.namespace();
+        let fs = Arc::new(Fs::with_arbitration(uid, gid, ttl, Box::new(a)));
+        fs.set_replica(Box::new(shared))
+            .map_err(|e| format!("etcd at {}: reading the shared namespace: {e:?}", args.etcd.join(",")))?;
+        info!(endpoints = %args.etcd.join(","), prefix = %args.etcd_prefix, "leases and namespace shared through etcd");
+        fs
     };
     let mut limits = match args.size {
         Some(size) => leasefs::fs::limits::Limits::with_size(size),
@@ -158,92 +189,40 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
         locks.waiters_per_lease = locks.waiters_per_lease.min(n as usize);
     }
     fs.set_limits(limits, locks);
-    // Epochs are durable in the state directory: refuse to start when it is
-    // locked by another daemon or its journal is corrupt.
-    match leasefs::store::epochs::EpochJournal::open(&args.state_dir) {
-        Ok((journal, recovered)) => {
-            info!(state_dir = %args.state_dir.display(), ceiling = recovered.ceiling, records = recovered.records, "epochs recovered");
-            fs.set_journal(journal, recovered.ceiling);
-        }
-        Err(e) => {
-            return not_ready(e);
-        }
-    }
-    // The namespace: recovered from the state directory, or (`--volatile`)
-    // kept in memory, with any earlier durable namespace discarded so a
-    // later durable mount cannot resurrect stale contents.
+    Ok(fs)
+}
+
+/// The state directory: the epoch ceiling always (refusing to start when
+/// another daemon holds the directory or its journal is corrupt), and the
+/// namespace unless it lives in etcd: recovered, or (`--volatile`) kept in
+/// memory with any earlier durable namespace discarded, so a later durable
+/// mount cannot resurrect stale contents.
+fn recover(args: &MountArgs, fs: &Fs, notify: &crate::notify::Notifier) -> Result<(), String> {
+    let (journal, recovered) =
+        leasefs::store::epochs::EpochJournal::open(&args.state_dir).map_err(|e| e.to_string())?;
+    info!(state_dir = %args.state_dir.display(), ceiling = recovered.ceiling, records = recovered.records, "epochs recovered");
+    fs.set_journal(journal, recovered.ceiling);
     let mut storage = leasefs::store::storage::DirStorage::new(&args.state_dir);
     if !args.etcd.is_empty() {
         // The namespace lives in etcd; a durable namespace of earlier
         // single-host mounts stays untouched in the state directory.
-    } else if args.volatile {
-        if let Err(e) = leasefs::store::snapshot::discard(&mut storage) {
-            eprintln!("leasefs: {}: discarding the durable namespace: {e}", args.state_dir.display());
-            return ExitCode::FAILURE;
-        }
+        return Ok(());
+    }
+    if args.volatile {
+        leasefs::store::snapshot::discard(&mut storage)
+            .map_err(|e| format!("{}: discarding the durable namespace: {e}", args.state_dir.display()))?;
         fs.set_volatile();
-    } else {
-        let started = std::time::Instant::now();
-        let _keepalive = notify.keep_starting("recovering the state directory");
-        leasefs::failpoints::pausepoint("recovery");
-        match leasefs::store::snapshot::Store::open(Box::new(storage)) {
-            Ok((store, recovered)) => {
-                let (inodes, batches, cut) = (recovered.inodes.len(), recovered.batches, recovered.cut);
-                fs.set_store(store, recovered);
-                info!(inodes, batches, cut, ms = started.elapsed().as_millis() as u64, "namespace recovered");
-            }
-            Err(e) => {
-                let e = format!("{}/{e}", args.state_dir.display());
-                return not_ready(e);
-            }
-        }
+        return Ok(());
     }
-    let mountpoint = match session::absolute(&args.mountpoint) {
-        Ok(p) => p,
-        Err(e) => {
-            return not_ready(format!("{}: {e}", args.mountpoint.display()));
-        }
-    };
-    if let Some(addr) = &args.metrics_addr {
-        match crate::metrics_http::serve(addr, &fs) {
-            Ok(bound) => {
-                info!(addr = %bound, "serving /metrics over HTTP");
-                fs.set_metrics_addr(bound.to_string());
-            }
-            Err(e) => {
-                let e = format!("--metrics-addr {addr}: {e}");
-                return not_ready(e);
-            }
-        }
-    }
-    handle_signals(signals, mountpoint.clone());
-    fs.set_mount_point(mountpoint.clone(), &args.source, allow_other);
-    // On a shared namespace the daemon checks permissions (see fs/access.rs).
-    opts.kernel_permissions = !fs.checks_access();
-    if fs.is_shared() {
-        // Requests that wait for etcd must not hold up the others.
-        match fs.start_handlers() {
-            Ok(w) => opts.handlers = Some(w),
-            Err(e) => {
-                return not_ready(format!("starting request handlers: {e}"));
-            }
-        }
-    }
-    let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
-    let served = match Served::start(lease_fs, &mountpoint, &opts, interceptor) {
-        Ok(s) => s,
-        Err(e) => {
-            return not_ready(e);
-        }
-    };
-    report_ready("READY\n");
-    notify.send(&format!("READY=1\nSTATUS=serving {}\nMAINPID={}", mountpoint.display(), std::process::id()));
-    served.run();
-    notify.send("STOPPING=1\nSTATUS=unmounted");
-    // The state is on disk: leave its memory to the exit instead of
-    // freeing a million inodes one by one (a second at a million).
-    std::mem::forget(fs);
-    ExitCode::SUCCESS
+    let started = std::time::Instant::now();
+    let _keepalive = notify.keep_starting("recovering the state directory");
+    leasefs::failpoints::pausepoint("recovery");
+    let (store, recovered) = leasefs::store::snapshot::Store::open(Box::new(storage))
+        .map_err(|e| format!("{}/{e}", args.state_dir.display()))?;
+    let (inodes, batches, cut) = (recovered.inodes.len(), recovered.batches, recovered.cut);
+    fs.set_store(store, recovered);
+    info!(inodes, batches, cut, ms = started.elapsed().as_millis() as u64, "namespace recovered");
+    Ok(())
 }
 
 /// Start the daemon detached and wait until it reports the mount live.
@@ -266,6 +245,52 @@ pub(crate) fn spawn_daemon(args: &MountArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut cmd = foreground_command(exe, args);
+    cmd.env(READY_FD_ENV, wr.to_string()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our session.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let child = cmd.spawn();
+    // SAFETY: closing our copy of the write end so EOF means the daemon is gone.
+    unsafe { libc::close(wr) };
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("leasefs: starting the daemon: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let msg = match read_bounded(&mut reader, Duration::from_secs(args.ready_timeout)) {
+        Some(m) => m,
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            eprintln!(
+                "leasefs: {}: the daemon did not report the mount live within {}s; stopped it (raise --ready-timeout)",
+                args.mountpoint.display(),
+                args.ready_timeout
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    if msg.starts_with("READY") {
+        // The daemon lives on; nobody waits for it here.
+        std::mem::forget(child);
+        return ExitCode::SUCCESS;
+    }
+    let _ = child.wait();
+    let why = msg.strip_prefix("ERR ").unwrap_or("the daemon exited before the mount was live").trim();
+    eprintln!("leasefs: {why}");
+    ExitCode::FAILURE
+}
+
+/// The command line of the daemon `spawn_daemon` starts: this mount's
+/// settings, in the foreground.
+fn foreground_command(exe: std::path::PathBuf, args: &MountArgs) -> Command {
     let mut cmd = Command::new(exe);
     cmd.arg("mount").arg(&args.mountpoint).arg("--foreground").arg("--state-dir").arg(&args.state_dir);
     if args.nonempty {
@@ -314,46 +339,7 @@ pub(crate) fn spawn_daemon(args: &MountArgs) -> ExitCode {
             cmd.arg("--lock-delay").arg(format!("{ms}ms"));
         }
     }
-    cmd.env(READY_FD_ENV, wr.to_string()).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-    // SAFETY: setsid is async-signal-safe; it detaches the daemon from our session.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            libc::setsid();
-            Ok(())
-        });
-    }
-    let child = cmd.spawn();
-    // SAFETY: closing our copy of the write end so EOF means the daemon is gone.
-    unsafe { libc::close(wr) };
-    let mut child = match child {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("leasefs: starting the daemon: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let msg = match read_bounded(&mut reader, Duration::from_secs(args.ready_timeout)) {
-        Some(m) => m,
-        None => {
-            let _ = child.kill();
-            let _ = child.wait();
-            eprintln!(
-                "leasefs: {}: the daemon did not report the mount live within {}s; stopped it (raise --ready-timeout)",
-                args.mountpoint.display(),
-                args.ready_timeout
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    if msg.starts_with("READY") {
-        // The daemon lives on; nobody waits for it here.
-        std::mem::forget(child);
-        return ExitCode::SUCCESS;
-    }
-    let _ = child.wait();
-    let why = msg.strip_prefix("ERR ").unwrap_or("the daemon exited before the mount was live").trim();
-    eprintln!("leasefs: {why}");
-    ExitCode::FAILURE
+    cmd
 }
 
 /// Everything `reader` gives until end of file, or none after `timeout`.

@@ -151,14 +151,38 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
         Err(e) => return fail(format!("signals: {e}")),
     };
     // Listen before taking the lease, so no loss can go unseen.
-    let mut events = match open_events(&mount, &rel) {
+    let events = match open_events(&mount, &rel) {
         Ok(f) => f,
         Err(e) => return fail(e),
     };
+    let f = match acquire(spec, &file) {
+        Ok(f) => f,
+        Err(code) => return code,
+    };
+    let epoch = epoch_of(&file).unwrap_or(0);
+    // Descendants that leave the command (double fork, setsid) come back to
+    // us instead of init, so none of them escapes the walk of our tree.
+    if let Err(e) = tree::become_subreaper() {
+        return fail(format!("PR_SET_CHILD_SUBREAPER: {e}"));
+    }
+    let tree = match spawn(spec, &file, epoch) {
+        Ok(t) => t,
+        Err(e) => return fail(format!("{}: {e}", spec.command[0].to_string_lossy())),
+    };
+    if spec.verbose {
+        eprintln!("leasefs: {rel}: epoch {epoch}; command {} contained by {}", tree.pid(), tree.containment);
+    }
+    hold(spec, tree, &f, events, sigs, &rel, epoch)
+}
+
+/// Open the lease file as `flock(1)` does, set its TTL, and take the lock
+/// (within `-w`); the exit code when it was not taken.
+fn acquire(spec: &LockSpec, file: &Path) -> Result<std::fs::File, ExitCode> {
+    let fail = |m: String| Err(fail(m));
     // As flock(1) opens it: read-only, created if missing.
     let opened = {
         use std::os::unix::fs::OpenOptionsExt;
-        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CREAT | libc::O_NOCTTY).mode(0o666).open(&file)
+        std::fs::OpenOptions::new().read(true).custom_flags(libc::O_CREAT | libc::O_NOCTTY).mode(0o666).open(file)
     };
     let f = match opened {
         Ok(f) => f,
@@ -189,10 +213,10 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
     if r != 0 {
         let e = std::io::Error::last_os_error();
         return match e.raw_os_error() {
-            Some(libc::EWOULDBLOCK) => ExitCode::from(spec.conflict_exit),
+            Some(libc::EWOULDBLOCK) => Err(ExitCode::from(spec.conflict_exit)),
             // The -w timer.
-            Some(libc::EINTR) if wakeup::last_signal() == 0 => ExitCode::from(spec.conflict_exit),
-            Some(libc::EINTR) => ExitCode::from(128 + wakeup::last_signal() as u8),
+            Some(libc::EINTR) if wakeup::last_signal() == 0 => Err(ExitCode::from(spec.conflict_exit)),
+            Some(libc::EINTR) => Err(ExitCode::from(128 + wakeup::last_signal() as u8)),
             _ => fail(format!("{}: {e}", file.display())),
         };
     }
@@ -204,15 +228,14 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
         };
         libc::setitimer(libc::ITIMER_REAL, &zero, std::ptr::null_mut());
     }
-    let epoch = epoch_of(&file).unwrap_or(0);
-    let me = std::process::id();
-    // Descendants that leave the command (double fork, setsid) come back to
-    // us instead of init, so none of them escapes the walk of our tree.
-    if let Err(e) = tree::become_subreaper() {
-        return fail(format!("PR_SET_CHILD_SUBREAPER: {e}"));
-    }
+    Ok(f)
+}
+
+/// Start the command in its own contained tree, with the lease's epoch and
+/// path in its environment.
+fn spawn(spec: &LockSpec, file: &Path, epoch: u64) -> std::io::Result<Tree> {
     let mut cmd = std::process::Command::new(&spec.command[0]);
-    cmd.args(&spec.command[1..]).env("LEASEFS_EPOCH", epoch.to_string()).env("LEASEFS_PATH", &file);
+    cmd.args(&spec.command[1..]).env("LEASEFS_EPOCH", epoch.to_string()).env("LEASEFS_PATH", file);
     // SAFETY: prctl and signal are async-signal-safe. The command dies with
     // us (it must never run without the lease), and starts with the default
     // signal handling.
@@ -225,13 +248,22 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
             Ok(())
         });
     }
-    let mut tree = match Tree::spawn(&mut cmd, !spec.no_cgroup) {
-        Ok(t) => t,
-        Err(e) => return fail(format!("{}: {e}", spec.command[0].to_string_lossy())),
-    };
-    if spec.verbose {
-        eprintln!("leasefs: {rel}: epoch {epoch}; command {} contained by {}", tree.pid(), tree.containment);
-    }
+    Tree::spawn(&mut cmd, !spec.no_cgroup)
+}
+
+/// Hold the lease while the command runs: renew its TTL, pass signals on
+/// to the tree, and end the tree when the lease is lost or the command
+/// ends; the command's exit code, or `LOST`.
+fn hold(
+    spec: &LockSpec,
+    mut tree: Tree,
+    f: &std::fs::File,
+    mut events: std::fs::File,
+    sigs: std::os::fd::RawFd,
+    rel: &str,
+    epoch: u64,
+) -> ExitCode {
+    let me = std::process::id();
     let renew_every = spec
         .ttl
         .as_deref()
@@ -276,17 +308,7 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
             match lines.read(&mut events) {
                 Ok(evs) => {
                     for v in evs {
-                        let ours = v["pid"].as_u64() == Some(u64::from(me));
-                        let newer = v["epoch"].as_u64().is_some_and(|e| e > epoch);
-                        lost = lost.or(match v["event"].as_str() {
-                            Some("break") if ours => Some(format!("broken: {}", v["reason"].as_str().unwrap_or("?"))),
-                            Some("fence") if ours => Some("fenced".into()),
-                            Some("grant") if !ours && newer && !spec.shared => {
-                                Some(format!("taken over at epoch {}", v["epoch"]))
-                            }
-                            Some("host_lost") => Some("host lost".into()),
-                            _ => None,
-                        });
+                        lost = lost.or_else(|| lost_by(&v, me, epoch, spec.shared));
                     }
                 }
                 Err(e) => lost = Some(format!("{e}")),
@@ -304,6 +326,19 @@ pub fn lock(spec: &LockSpec) -> ExitCode {
                 next_renew = Some(Instant::now() + every);
             }
         }
+    }
+}
+
+/// Why the event `v` means the holder `me` (granted `epoch`) lost its lease.
+fn lost_by(v: &serde_json::Value, me: u32, epoch: u64, shared: bool) -> Option<String> {
+    let ours = v["pid"].as_u64() == Some(u64::from(me));
+    let newer = v["epoch"].as_u64().is_some_and(|e| e > epoch);
+    match v["event"].as_str() {
+        Some("break") if ours => Some(format!("broken: {}", v["reason"].as_str().unwrap_or("?"))),
+        Some("fence") if ours => Some("fenced".into()),
+        Some("grant") if !ours && newer && !shared => Some(format!("taken over at epoch {}", v["epoch"])),
+        Some("host_lost") => Some("host lost".into()),
+        _ => None,
     }
 }
 

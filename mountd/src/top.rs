@@ -352,6 +352,70 @@ enum Keys {
     Editing(String),
 }
 
+/// What a key typed into the view does.
+enum Typed {
+    Quit,
+    Redraw,
+    Nothing,
+}
+
+impl Keys {
+    /// Take the key `b`: `q` quits, `/` starts a filter, which Enter
+    /// applies to `filter` and Escape abandons.
+    fn typed(&mut self, filter: &mut String, b: u8) -> Typed {
+        match (&mut *self, b) {
+            (Keys::Normal, b'q' | b'Q') => Typed::Quit,
+            (Keys::Normal, b'/') => {
+                *self = Keys::Editing(String::new());
+                Typed::Redraw
+            }
+            (Keys::Normal, _) => Typed::Nothing,
+            (Keys::Editing(t), b'\r' | b'\n') => {
+                *filter = std::mem::take(t);
+                *self = Keys::Normal;
+                Typed::Redraw
+            }
+            (Keys::Editing(_), 0x1b) => {
+                *self = Keys::Normal;
+                Typed::Redraw
+            }
+            (Keys::Editing(t), 0x7f | 0x08) => {
+                t.pop();
+                Typed::Redraw
+            }
+            (Keys::Editing(t), c) if (0x20..0x7f).contains(&c) => {
+                t.push(c as char);
+                Typed::Redraw
+            }
+            (Keys::Editing(_), _) => Typed::Nothing,
+        }
+    }
+}
+
+/// The terminal output that redraws the whole screen with `frame`.
+fn paint(frame: &Frame, mount_text: &str, editing: Option<&str>) -> String {
+    let (w, h) = size();
+    let lines = frame.screen(mount_text, w, h, editing);
+    let mut out = String::from("\x1b[H");
+    for (i, l) in lines.iter().enumerate() {
+        out += l;
+        out += "\x1b[K";
+        if i + 1 < lines.len() {
+            out += "\r\n";
+        }
+    }
+    out += "\x1b[J";
+    out
+}
+
+/// The mount's event stream, non-blocking (it only wakes the view).
+fn open_events(mount: &Path) -> Option<std::fs::File> {
+    let events = std::fs::File::open(mount.join(".leasefs/events")).ok()?;
+    // SAFETY: making our own descriptor non-blocking.
+    unsafe { libc::fcntl(events.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
+    Some(events)
+}
+
 /// Run the view until `q`, a signal, or `iterations` refreshes.
 pub fn top(spec: &TopSpec) -> ExitCode {
     let mount_text = spec.mount.display().to_string();
@@ -362,11 +426,7 @@ pub fn top(spec: &TopSpec) -> ExitCode {
         Err(e) => return fail(format!("signals: {e}")),
     };
     // Events only wake the view; a mount without them still refreshes.
-    let mut events = std::fs::File::open(spec.mount.join(".leasefs/events")).ok();
-    if let Some(e) = &events {
-        // SAFETY: making our own descriptor non-blocking.
-        unsafe { libc::fcntl(e.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) };
-    }
+    let mut events = open_events(spec.mount);
     // SAFETY: isatty on fds 0 and 1.
     let (tty_out, tty_in) = unsafe { (libc::isatty(1) == 1, libc::isatty(0) == 1) };
     let mut filter = spec.filter.clone();
@@ -387,22 +447,11 @@ pub fn top(spec: &TopSpec) -> ExitCode {
             }
         };
         if tty_out {
-            let (w, h) = size();
             let editing = match &keys {
                 Keys::Editing(t) => Some(t.as_str()),
                 Keys::Normal => None,
             };
-            let lines = frame.screen(&mount_text, w, h, editing);
-            let mut out = String::from("\x1b[H");
-            for (i, l) in lines.iter().enumerate() {
-                out += l;
-                out += "\x1b[K";
-                if i + 1 < lines.len() {
-                    out += "\r\n";
-                }
-            }
-            out += "\x1b[J";
-            let _ = stdout.write_all(out.as_bytes());
+            let _ = stdout.write_all(paint(&frame, &mount_text, editing).as_bytes());
         } else {
             if stdout.write_all((frame.batch() + "\n").as_bytes()).is_err() {
                 return ExitCode::SUCCESS;
@@ -442,31 +491,10 @@ pub fn top(spec: &TopSpec) -> ExitCode {
             if tty_in && tty_out && ready[1] {
                 let mut redraw = false;
                 for b in drain(&mut stdin) {
-                    match (&mut keys, b) {
-                        (Keys::Normal, b'q' | b'Q') => return ExitCode::SUCCESS,
-                        (Keys::Normal, b'/') => {
-                            keys = Keys::Editing(String::new());
-                            redraw = true;
-                        }
-                        (Keys::Normal, _) => {}
-                        (Keys::Editing(t), b'\r' | b'\n') => {
-                            filter = std::mem::take(t);
-                            keys = Keys::Normal;
-                            redraw = true;
-                        }
-                        (Keys::Editing(_), 0x1b) => {
-                            keys = Keys::Normal;
-                            redraw = true;
-                        }
-                        (Keys::Editing(t), 0x7f | 0x08) => {
-                            t.pop();
-                            redraw = true;
-                        }
-                        (Keys::Editing(t), c) if (0x20..0x7f).contains(&c) => {
-                            t.push(c as char);
-                            redraw = true;
-                        }
-                        (Keys::Editing(_), _) => {}
+                    match keys.typed(&mut filter, b) {
+                        Typed::Quit => return ExitCode::SUCCESS,
+                        Typed::Redraw => redraw = true,
+                        Typed::Nothing => {}
                     }
                 }
                 if redraw {

@@ -5,6 +5,8 @@
 //! change that did not land must let go of. The store is never asked
 //! under the state lock.
 
+use std::collections::HashSet;
+
 use super::*;
 
 impl State {
@@ -18,6 +20,28 @@ impl State {
             Ok(c) => self.caught(c),
             Err(e) => tracing::debug!("answering from the local copy of the namespace: {e:?}"),
         }
+    }
+
+    /// The files and the names in directories a change touches: readers
+    /// wait for them while it is on its way. A directory's own attributes
+    /// (times, link count) are not waited for: every lookup walks through
+    /// them.
+    fn touched(
+        &self,
+        dirty: &crate::namespace::InoSet,
+        freed: &crate::namespace::InoSet,
+    ) -> (HashSet<Ino>, HashSet<(Ino, OsString)>) {
+        let mut files = HashSet::new();
+        let mut names = HashSet::new();
+        for &ino in dirty.iter().chain(freed.iter()) {
+            match self.ns.get(ino).map(|i| &i.body) {
+                Ok(Body::Dir(d)) => names.extend(d.dirty_names().map(|n| (ino, n.clone()))),
+                _ => {
+                    files.insert(ino);
+                }
+            }
+        }
+        (files, names)
     }
 
     /// Undo what a change that did not land opened and made: its handles
@@ -170,41 +194,13 @@ impl Fs {
                 let before = r.applied();
                 st.replica = Some(r);
                 drop(st);
-                let target = barrier.target_now();
-                let mut st = self.state.lock();
-                let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
-                let caught = r.catch_up_to(&mut st.ns, target);
-                let moved = r.applied() != before;
-                st.replica = Some(r);
-                match caught {
-                    Ok(c) if !moved => {
-                        st.caught(c);
-                        return out;
-                    }
-                    Ok(c) => {
-                        st.let_go(opened, referenced);
-                        st.caught(c);
-                        continue;
-                    }
-                    Err(e) => {
-                        st.let_go(opened, referenced);
-                        return Err(e);
-                    }
+                match self.still_current(barrier.as_ref(), before, opened, referenced) {
+                    Ok(true) => return out,
+                    Ok(false) => continue,
+                    Err(e) => return Err(e),
                 }
             }
-            // Readers wait for the files and names the change touches. A
-            // directory's own attributes (times, link count) are not waited
-            // for: every lookup walks through them.
-            let mut in_flight = std::collections::HashSet::new();
-            let mut in_flight_names = std::collections::HashSet::new();
-            for &ino in dirty.iter().chain(freed.iter()) {
-                match st.ns.get(ino).map(|i| &i.body) {
-                    Ok(Body::Dir(d)) => in_flight_names.extend(d.dirty_names().map(|n| (ino, n.clone()))),
-                    _ => {
-                        in_flight.insert(ino);
-                    }
-                }
-            }
+            let (in_flight, in_flight_names) = st.touched(dirty, freed);
             let conditions = std::mem::take(&mut st.conditions);
             let st_ref = &mut *st;
             let lease = &st_ref.lease;
@@ -253,6 +249,41 @@ impl Fs {
                     return Err(e);
                 }
                 (Err(e), Ok(())) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether an answer decided on the namespace at revision `before`,
+    /// which stored nothing, still stands: true when the namespace had not
+    /// moved on by the time of a fresh read barrier (brought up to it
+    /// either way). When it had, or on an error, the handles and kernel
+    /// references the attempt made are let go.
+    fn still_current(
+        &self,
+        barrier: &dyn crate::namespace::replica::Barrier,
+        before: i64,
+        opened: Vec<Handle>,
+        referenced: Vec<Ino>,
+    ) -> Result<bool> {
+        let target = barrier.target_now();
+        let mut st = self.state.lock();
+        let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+        let caught = r.catch_up_to(&mut st.ns, target);
+        let moved = r.applied() != before;
+        st.replica = Some(r);
+        match caught {
+            Ok(c) if !moved => {
+                st.caught(c);
+                Ok(true)
+            }
+            Ok(c) => {
+                st.let_go(opened, referenced);
+                st.caught(c);
+                Ok(false)
+            }
+            Err(e) => {
+                st.let_go(opened, referenced);
+                Err(e)
             }
         }
     }

@@ -314,37 +314,55 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// What the snapshot says of itself, its contents applied to a recovery.
+struct SnapshotHead {
+    /// Its generation (0: no snapshot).
+    generation: u64,
+    bytes: u64,
+    written_at: Option<SystemTime>,
+    /// The older journal it continues from, and from which offset.
+    base: Option<(u64, u64)>,
+}
+
+/// Apply the snapshot, if there is one, to `rec`: whole or refused (a
+/// corrupt record or a missing header stops start-up).
+fn read_snapshot(storage: &mut dyn Storage, rec: &mut Recovered) -> Result<SnapshotHead, String> {
+    let mut generation = 0;
+    let snapshot = storage.read(SNAPSHOT).map_err(|e| format!("{SNAPSHOT}: {e}"))?;
+    let bytes = snapshot.as_ref().map_or(0, |s| s.len() as u64);
+    let mut written_at = None;
+    let mut base = None;
+    if let Some(img) = &snapshot {
+        let mut header = None;
+        // Applied as decoded: a snapshot is whole or refused.
+        let scanned = scan_each(img, |r| match r {
+            Rec::Header(g, t) => {
+                header = Some(g);
+                written_at = Some(t);
+            }
+            Rec::Base(g, offset) => base = Some((g, offset)),
+            Rec::Commit(n) => rec.next_ino = rec.next_ino.max(n),
+            r => rec.apply(r),
+        });
+        match scanned {
+            Ok(Scan::Clean(_)) => {}
+            Ok(Scan::Torn(off)) | Err(off) => {
+                return Err(format!("{SNAPSHOT}: corrupt record at offset {off}; refusing to start"));
+            }
+        }
+        generation = header.ok_or_else(|| format!("{SNAPSHOT}: no header; refusing to start"))?;
+    }
+    Ok(SnapshotHead { generation, bytes, written_at, base })
+}
+
 impl Store {
     /// Recover the namespace from `storage`. `Err` names the file and offset
     /// of corruption that is not a torn tail.
     pub fn open(mut storage: Box<dyn Storage>) -> Result<(Store, Recovered), String> {
         let io = |f: &str, e: io::Error| format!("{f}: {e}");
         let mut rec = Recovered { next_ino: 2, ..Recovered::default() };
-        let mut generation = 0;
-        let snapshot = storage.read(SNAPSHOT).map_err(|e| io(SNAPSHOT, e))?;
-        let snapshot_bytes = snapshot.as_ref().map_or(0, |s| s.len() as u64);
-        let mut written_at = None;
-        let mut base = None;
-        if let Some(img) = &snapshot {
-            let mut header = None;
-            // Applied as decoded: a snapshot is whole or refused.
-            let scanned = scan_each(img, |r| match r {
-                Rec::Header(g, t) => {
-                    header = Some(g);
-                    written_at = Some(t);
-                }
-                Rec::Base(g, offset) => base = Some((g, offset)),
-                Rec::Commit(n) => rec.next_ino = rec.next_ino.max(n),
-                r => rec.apply(r),
-            });
-            match scanned {
-                Ok(Scan::Clean(_)) => {}
-                Ok(Scan::Torn(off)) | Err(off) => {
-                    return Err(format!("{SNAPSHOT}: corrupt record at offset {off}; refusing to start"));
-                }
-            }
-            generation = header.ok_or_else(|| format!("{SNAPSHOT}: no header; refusing to start"))?;
-        }
+        let SnapshotHead { generation, bytes: snapshot_bytes, written_at, base } =
+            read_snapshot(&mut *storage, &mut rec)?;
         let mut found = Vec::new();
         for name in JOURNALS {
             if let Some(f) = read_journal(&mut *storage, name)? {
