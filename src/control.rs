@@ -87,6 +87,16 @@ pub fn is_control(ino: Ino) -> bool {
 /// `leasefs_fuse_requests_total{op=...}`). One mount per daemon process.
 pub static FUSE_REQUESTS: [std::sync::atomic::AtomicU64; 64] = [const { std::sync::atomic::AtomicU64::new(0) }; 64];
 
+/// Requests answered with an error, by errno name (`metrics` shows them as
+/// `leasefs_refusals_total{errno=...}`). One mount per daemon process.
+static REFUSALS: parking_lot::Mutex<std::collections::BTreeMap<&'static str, u64>> =
+    parking_lot::Mutex::new(std::collections::BTreeMap::new());
+
+/// Count one request answered with `errno` (its symbolic name).
+pub fn count_refusal(errno: &'static str) {
+    *REFUSALS.lock().entry(errno).or_insert(0) += 1;
+}
+
 /// Count one request of this opcode.
 pub fn count_request(opcode: u32) {
     if let Some(c) = FUSE_REQUESTS.get(opcode as usize) {
@@ -261,6 +271,13 @@ impl Metrics {
                 let name = opcode_name(op).map_or_else(|| format!("op{op}"), str::to_string);
                 out.push_str(&format!("leasefs_fuse_requests_total{{op=\"{name}\",{m}}} {n}\n"));
             }
+        }
+        out.push_str(
+            "# HELP leasefs_refusals_total Requests answered with an error, by errno.\n\
+             # TYPE leasefs_refusals_total counter\n",
+        );
+        for (errno, n) in REFUSALS.lock().iter() {
+            out.push_str(&format!("leasefs_refusals_total{{errno=\"{errno}\",{m}}} {n}\n"));
         }
         out.push_str(&format!(
             "# HELP leasefs_live_leases Leases with a holder or a waiter.\n# TYPE leasefs_live_leases gauge\nleasefs_live_leases{{{m}}} {}\n",

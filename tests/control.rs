@@ -109,6 +109,11 @@ fn break_fences_the_holder_and_the_next_grant_gets_epoch_plus_one() {
         metrics.contains("leasefs_breaks_total 1") && metrics.contains("leasefs_fenced_operations_total 1"),
         "{metrics}"
     );
+    // Every refusal is counted by its errno: the fenced write is the one ESTALE.
+    assert!(metrics.contains("leasefs_refusals_total{errno=\"ESTALE\"} 1\n"), "{metrics}");
+    assert!(!sh(&m.path, "mkdir -p e/f && rmdir e").status.success());
+    let metrics = unlabeled(&sh_ok(&m.path, "cat .leasefs/metrics"));
+    assert!(metrics.contains("leasefs_refusals_total{errno=\"ENOTEMPTY\"} 1\n"), "{metrics}");
 }
 
 #[test]

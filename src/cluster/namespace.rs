@@ -793,7 +793,7 @@ impl Replica for EtcdNamespace {
                 if lost {
                     // The guarding lease is no longer held.
                     tracing::warn!("shared namespace: a guarded write came after its lease was lost; refused");
-                    Err(self.undo(ns, Error::Stale))
+                    Err(self.undo(ns, Error::Stale(crate::error::Stale::LeaseLost)))
                 } else {
                     self.conflicts += 1;
                     Err(self.undo(ns, Error::Conflict))

@@ -92,7 +92,7 @@ impl Fs {
             debug!(path = %st.path_for_log(ino), ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.lease.epoch(ino).0, op = what, "fenced");
             st.metrics.fenced_operations += 1;
             st.emit_fence(ino, f.pid, f.epoch, what);
-            return Err(Error::Stale);
+            return Err(Error::Stale(Stale::Fenced { held: f.epoch.0, current: st.lease.epoch(ino).0 }));
         }
         if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
             let now = st.lease.epoch(lease);
@@ -100,7 +100,7 @@ impl Fs {
                 debug!(path = %st.path_for_log(ino), lease = %st.path_for_log(lease), pid, held = epoch.0, current = now.0, op = what, "guard fenced");
                 st.metrics.fenced_operations += 1;
                 st.emit_fence(lease, pid, epoch, what);
-                return Err(Error::Stale);
+                return Err(Error::Stale(Stale::Guard { held: epoch.0, current: now.0 }));
             }
         }
         Ok(())

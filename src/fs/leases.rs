@@ -69,7 +69,7 @@ impl State {
             ev.pid = Some(v.pid);
             ev.reason = Some(what.to_string());
             self.emit(ev, ino);
-            Error::Stale
+            Error::Stale(Stale::View { seen: v.seen, current: v.current })
         })
     }
 
@@ -107,7 +107,7 @@ impl State {
             debug!(path = %self.path_for_log(ino), pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.lease.epoch(ino).0, op = what, "fenced");
             self.metrics.fenced_operations += 1;
             self.emit_fence(ino, f.pid, f.epoch, what);
-            return Err(Error::Stale);
+            return Err(Error::Stale(Stale::Fenced { held: f.epoch.0, current: self.lease.epoch(ino).0 }));
         }
         Ok(())
     }

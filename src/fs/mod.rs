@@ -16,7 +16,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 
 use crate::control::{self, ControlFile, Metrics};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Stale};
 use crate::lease::arbitration::Arbitration;
 use crate::lease::authority::{LeaseAuthority, Step, Wake};
 use crate::lease::local::LocalAuthority;

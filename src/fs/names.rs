@@ -457,7 +457,7 @@ impl Fs {
             && !st.pending_renames.retried(parent, name, tid)
         {
             st.pending_renames.ask(parent, name, tid);
-            return Err(Error::Stale);
+            return Err(Error::Stale(Stale::Lookup));
         }
         let old_path = st.path_of(parent, name);
         let data = st.ns.get(src)?.data()?.clone();

@@ -115,11 +115,11 @@ fn rename_over_keeps_identity_only_while_live() {
     assert!(!fs.lookup(r, OsStr::new("src"), by(9)).unwrap().1, "a young file's name is not cached");
     fs.state.lock().ns.get_mut(src.ino).unwrap().crtime -= YOUNG;
     assert!(fs.lookup(r, OsStr::new("src"), by(9)).unwrap().1, "an older one's is");
-    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(7)), Err(Error::Stale));
-    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(7)), Err(Error::Stale));
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(7)), Err(Error::Stale(Stale::Lookup)));
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(7)), Err(Error::Stale(Stale::Lookup)));
     assert!(!fs.lookup(r, OsStr::new("src"), by(8)).unwrap().1, "any lookup of a pending source expires at once");
     assert!(!fs.lookup(r, OsStr::new("src"), by(7)).unwrap().1, "the source of a pending rename");
-    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(8)), Err(Error::Stale));
+    assert_eq!(fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(8)), Err(Error::Stale(Stale::Lookup)));
     assert!(!fs.lookup(r, OsStr::new("src"), by(8)).unwrap().1);
     fs.rename(r, OsStr::new("src"), r, OsStr::new("dst"), 0, by(8)).unwrap();
     assert!(fs.lookup(r, OsStr::new("dst"), by(8)).unwrap().1, "nothing pending any more (and the lease is old)");

@@ -63,7 +63,7 @@ impl Intercept for Interceptor {
             None if w.parked_reads.contains_key(&unique) && self.fs.events_interrupt(unique) => {
                 debug!(unique, "event read interrupted by a signal");
                 if let Some(r) = w.parked_reads.remove(&unique) {
-                    r.error(errno(Error::Interrupted));
+                    r.error(refuse("events read", Error::Interrupted));
                 }
             }
             None => {
@@ -88,7 +88,7 @@ impl Intercept for Interceptor {
             catch_unwind(AssertUnwindSafe(|| self.fs.tmpfile(caller, Ino(r.parent), r.mode, r.umask, r.flags as i32)));
         match guarded {
             Ok(Ok((attr, h))) => Ok(TmpfileReply { attr, fh: h.0, direct_io }),
-            Ok(Err(e)) => Err(e.errno()),
+            Ok(Err(e)) => Err(refuse("tmpfile", e).code()),
             Err(_) => {
                 error!(op = "tmpfile", "handler panicked; request answered with EIO");
                 Err(libc::EIO)
@@ -160,11 +160,11 @@ impl LeaseFs {
     /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
     /// Answered when the journal sync is done, from the group-commit
     /// thread: other requests are served meanwhile.
-    fn sync(&self, op: &str, reply: ReplyEmpty) {
+    fn sync(&self, op: &'static str, reply: ReplyEmpty) {
         guarded(op, || {
             self.fs.sync_then(Box::new(move |r| match r {
                 Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse(op, e)),
             }))
         });
     }
@@ -228,7 +228,13 @@ fn caller(req: &Request) -> Caller {
     Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
 }
 
-fn errno(e: Error) -> Errno {
+/// Refuse a request with `e`: the one place a refusal is logged (at
+/// debug, with what the error carries: which epoch was held and which is
+/// current for an `ESTALE`), counted by errno (`leasefs_refusals_total`)
+/// and turned into the errno the process sees.
+pub(super) fn refuse(op: &str, e: Error) -> Errno {
+    debug!(op, errno = e.errno_name(), "refused: {e}");
+    crate::control::count_refusal(e.errno_name());
     Errno::from_i32(e.errno())
 }
 
@@ -317,7 +323,7 @@ impl fuser::Filesystem for LeaseFs {
                 let negative = self.ttls.negative();
                 reply.entry_with_ttls(&Duration::ZERO, negative, &none, Generation(0));
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("lookup", e)),
         });
         self.drop_entries();
     }
@@ -329,7 +335,7 @@ impl fuser::Filesystem for LeaseFs {
     fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         guarded("getattr", || match self.fs.getattr(Ino(ino.0), req.pid()) {
             Ok(a) => reply.attr(self.ttls.attr(&a), &attr(&a)),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("getattr", e)),
         });
     }
 
@@ -364,7 +370,7 @@ impl fuser::Filesystem for LeaseFs {
             };
             match self.fs.setattr(Ino(ino.0), &set, caller(req)) {
                 Ok(a) => reply.attr(self.ttls.attr(&a), &attr(&a)),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("setattr", e)),
             }
         });
     }
@@ -372,14 +378,14 @@ impl fuser::Filesystem for LeaseFs {
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         guarded("readlink", || match self.fs.readlink(Ino(ino.0)) {
             Ok(t) => reply.data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("readlink", e)),
         });
     }
 
     fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
         guarded("mknod", || match self.fs.mknod(caller(req), Ino(parent.0), name, mode, umask, rdev) {
             Ok(a) => self.ttls.reply_made(reply, &a),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("mknod", e)),
         });
         self.drop_entries();
     }
@@ -387,28 +393,28 @@ impl fuser::Filesystem for LeaseFs {
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
         guarded("mkdir", || match self.fs.mkdir(caller(req), Ino(parent.0), name, mode, umask) {
             Ok(a) => self.ttls.reply_made(reply, &a),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("mkdir", e)),
         });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         guarded("unlink", || match self.fs.unlink(Ino(parent.0), name, caller(req)) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("unlink", e)),
         });
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         guarded("rmdir", || match self.fs.rmdir(Ino(parent.0), name, caller(req)) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("rmdir", e)),
         });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
         guarded("symlink", || match self.fs.symlink(caller(req), Ino(parent.0), link_name, target.as_os_str()) {
             Ok(a) => self.ttls.reply_made(reply, &a),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("symlink", e)),
         });
         self.drop_entries();
     }
@@ -426,7 +432,7 @@ impl fuser::Filesystem for LeaseFs {
         guarded("rename", || {
             match self.fs.rename(Ino(parent.0), name, Ino(newparent.0), newname, flags.bits(), caller(req)) {
                 Ok(()) => self.reply_after_invalidation(reply),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("rename", e)),
             }
         });
     }
@@ -434,7 +440,7 @@ impl fuser::Filesystem for LeaseFs {
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         guarded("link", || match self.fs.link(Ino(ino.0), Ino(newparent.0), newname, caller(req)) {
             Ok(a) => self.ttls.reply_made(reply, &a),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("link", e)),
         });
         self.drop_entries();
     }
@@ -451,7 +457,7 @@ impl fuser::Filesystem for LeaseFs {
                     reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO)
                 }
                 Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("open", e)),
             }
         });
     }
@@ -472,7 +478,7 @@ impl fuser::Filesystem for LeaseFs {
                 let unique = req.unique().0;
                 let mut w = self.waits.lock();
                 if w.take_early(unique) {
-                    return reply.error(errno(Error::Interrupted));
+                    return reply.error(refuse("events read", Error::Interrupted));
                 }
                 let nonblock = flags.0 & libc::O_NONBLOCK != 0;
                 match self.fs.events_read(Handle(fh.0), size, nonblock, unique) {
@@ -480,13 +486,13 @@ impl fuser::Filesystem for LeaseFs {
                     Ok(crate::events::Read::Parked) => {
                         w.parked_reads.insert(unique, reply);
                     }
-                    Err(e) => reply.error(errno(e)),
+                    Err(e) => reply.error(refuse("events read", e)),
                 }
             });
         }
         guarded("read", || match self.fs.read(Ino(ino.0), Handle(fh.0), offset, size, req.pid()) {
             Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("read", e)),
         });
     }
 
@@ -512,7 +518,7 @@ impl fuser::Filesystem for LeaseFs {
             };
             return guarded("control filter", || match filter(Handle(fh.0), data) {
                 Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("control filter", e)),
             });
         }
         if crate::control::is_control(Ino(ino.0)) {
@@ -521,7 +527,7 @@ impl fuser::Filesystem for LeaseFs {
                     reply.written(n);
                     self.waits.lock().deliver(effects, &self.fs);
                 }
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("control write", e)),
             });
         }
         let how = WriteOpts {
@@ -534,7 +540,7 @@ impl fuser::Filesystem for LeaseFs {
         };
         guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data, how) {
             Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("write", e)),
         });
     }
 
@@ -561,7 +567,7 @@ impl fuser::Filesystem for LeaseFs {
                 reply.ok();
                 self.waits.lock().deliver(effects, &self.fs);
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("release", e)),
         });
     }
 
@@ -572,7 +578,7 @@ impl fuser::Filesystem for LeaseFs {
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         guarded("opendir", || match self.fs.open(Ino(ino.0), flags.0, caller(req)) {
             Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("opendir", e)),
         });
     }
 
@@ -586,14 +592,14 @@ impl fuser::Filesystem for LeaseFs {
                 }
                 reply.ok();
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("readdir", e)),
         });
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         guarded("releasedir", || match self.fs.release(Handle(fh.0), None) {
             Ok(_) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("releasedir", e)),
         });
     }
 
@@ -610,7 +616,7 @@ impl fuser::Filesystem for LeaseFs {
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
         guarded("access", || match self.fs.access(Ino(ino.0), mask.bits(), caller(req)) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("access", e)),
         });
     }
 
@@ -633,22 +639,22 @@ impl fuser::Filesystem for LeaseFs {
     ) {
         guarded("setxattr", || match self.fs.setxattr(Ino(ino.0), name, value, flags, caller(req)) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("setxattr", e)),
         });
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        guarded("getxattr", || reply_xattr(self.fs.getxattr(Ino(ino.0), name, caller(req)), size, reply));
+        guarded("getxattr", || reply_xattr("getxattr", self.fs.getxattr(Ino(ino.0), name, caller(req)), size, reply));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        guarded("listxattr", || reply_xattr(self.fs.listxattr(Ino(ino.0)), size, reply));
+        guarded("listxattr", || reply_xattr("listxattr", self.fs.listxattr(Ino(ino.0)), size, reply));
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         guarded("removexattr", || match self.fs.removexattr(Ino(ino.0), name, caller(req)) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("removexattr", e)),
         });
     }
 
@@ -674,7 +680,7 @@ impl fuser::Filesystem for LeaseFs {
                     flags,
                 )
             }
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("create", e)),
         });
         self.drop_entries();
     }
@@ -703,7 +709,7 @@ impl fuser::Filesystem for LeaseFs {
                     reply.locked(l.range.start, l.range.end, typ, l.pid);
                 }
                 Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("getlk", e)),
             }
         });
     }
@@ -727,10 +733,10 @@ impl fuser::Filesystem for LeaseFs {
                 let mut w = self.waits.lock();
                 let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
                     Ok(r) => r,
-                    Err(e) => return reply.error(errno(e)),
+                    Err(e) => return reply.error(refuse("setlk", e)),
                 };
                 if sleep && w.take_early(unique) {
-                    return reply.error(errno(Error::Interrupted));
+                    return reply.error(refuse("setlk", Error::Interrupted));
                 }
                 lreq
             };
@@ -753,10 +759,10 @@ impl fuser::Filesystem for LeaseFs {
                     w.park(WaitId(unique), reply, &self.fs);
                 }
                 Ok((Outcome::Refused(e), effects)) => {
-                    reply.error(errno(e));
+                    reply.error(refuse("setlk", e));
                     w.deliver(effects, &self.fs);
                 }
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("setlk", e)),
             }
         });
     }
@@ -788,7 +794,7 @@ impl fuser::Filesystem for LeaseFs {
                     }
                     reply.poll(PollEvents::POLLOUT)
                 }
-                Err(e) => reply.error(errno(e)),
+                Err(e) => reply.error(refuse("poll", e)),
             }
         });
     }
@@ -796,7 +802,7 @@ impl fuser::Filesystem for LeaseFs {
     fn lseek(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         guarded("lseek", || match self.fs.lseek(Ino(ino.0), offset, whence) {
             Ok(off) => reply.offset(off as i64),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("lseek", e)),
         });
     }
 
@@ -812,19 +818,16 @@ impl fuser::Filesystem for LeaseFs {
     ) {
         guarded("fallocate", || match self.fs.fallocate(Ino(ino.0), offset, length, mode, caller(req)) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(refuse("fallocate", e)),
         });
     }
 }
 
-fn reply_xattr(r: crate::error::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
+fn reply_xattr(op: &str, r: crate::error::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
     match r {
         Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(errno(Error::Range)),
+        Ok(v) if v.len() > size as usize => reply.error(refuse(op, Error::Range)),
         Ok(v) => reply.data(&v),
-        Err(e) => {
-            debug!(errno = e.errno(), "xattr refused");
-            reply.error(errno(e));
-        }
+        Err(e) => reply.error(refuse(op, e)),
     }
 }

@@ -40,7 +40,7 @@ impl Waits {
                     None => self.answer_early(id, None),
                 },
                 Effect::Refuse(id, err) => match self.parked.remove(&id) {
-                    Some(r) => r.error(errno(err)),
+                    Some(r) => r.error(refuse("lock wait", err)),
                     None => self.answer_early(id, Some(err)),
                 },
                 Effect::Epoch(ino, epoch) => {
@@ -93,7 +93,7 @@ impl Waits {
         if let Some(i) = self.answered.iter().position(|(a, _)| *a == id) {
             match self.answered.remove(i).and_then(|(_, a)| a) {
                 None => reply.ok(),
-                Some(err) => reply.error(errno(err)),
+                Some(err) => reply.error(refuse("lock wait", err)),
             }
             return;
         }
