@@ -21,6 +21,7 @@
 # (the smallest N's own row then shows how far two equal mounts differ).
 #   scripts/scalebench.sh [N...]          (default: 1000 10000 100000)
 #   CHURN=N (default 100000) OPS=N (default 2000) PIN=1 (pin to CPU 0)
+#   LEASEFS=/path/to/leasefs (another build, e.g. to compare two builds)
 # Needs root, gcc, python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ pin=()
 [ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
 cargo build --release --quiet -p leasefs-mountd
 cargo build --release --quiet --example minimalfs
-bin=$PWD/target/release/leasefs
+bin=${LEASEFS:-$PWD/target/release/leasefs}
 work=$(mktemp -d /tmp/leasefs-scalebench.XXXXXX)
 gcc -O2 -o "$work/scale" scripts/scale.c
 minimal_pid=

@@ -14,6 +14,7 @@ mod compat;
 mod conformance;
 mod control;
 mod differential;
+mod docs;
 mod durability;
 mod etcd;
 mod events;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasefs::cluster::authority::{EtcdArbitration, EtcdConfig};
-use leasefs::fs::Fs;
+use leasefs::fs::{Fs, Keep, Setup};
 use leasefs::fuse::session::{self, MountOptions, Served};
 use leasefs::fuse::LeaseFs;
 use tracing::{error, info};
@@ -110,27 +110,39 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
         handlers: None,
         kernel_permissions: true,
     };
-    let started = build_fs(args, uid, gid).and_then(|fs| {
-        recover(args, &fs, &notify)?;
+    let started = (|| {
         let mountpoint =
             session::absolute(&args.mountpoint).map_err(|e| format!("{}: {e}", args.mountpoint.display()))?;
-        if let Some(addr) = &args.metrics_addr {
-            let bound = crate::metrics_http::serve(addr, &fs).map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
+        let metrics = match &args.metrics_addr {
+            Some(addr) => Some(crate::metrics_http::bind(addr).map_err(|e| format!("--metrics-addr {addr}: {e}"))?),
+            None => None,
+        };
+        let setup =
+            setup(args, uid, gid, &mountpoint, allow_other, metrics.as_ref().map(|(_, a)| a.to_string()), &notify)?;
+        let shared = !args.etcd.is_empty();
+        let fs = Arc::new(Fs::start(setup).map_err(|e| {
+            if shared {
+                format!("etcd at {}: reading the shared namespace: {e}", args.etcd.join(","))
+            } else {
+                e.to_string()
+            }
+        })?);
+        if shared {
+            info!(endpoints = %args.etcd.join(","), prefix = %args.etcd_prefix, "leases and namespace shared through etcd");
+        }
+        if let Some((listener, bound)) = metrics {
+            crate::metrics_http::serve(listener, &fs).map_err(|e| format!("--metrics-addr {bound}: {e}"))?;
             info!(addr = %bound, "serving /metrics over HTTP");
-            fs.set_metrics_addr(bound.to_string());
         }
         handle_signals(signals, mountpoint.clone());
-        fs.set_mount_point(mountpoint.clone(), &args.source, allow_other);
-        // On a shared namespace the daemon checks permissions (see fs/access.rs).
+        // On a shared namespace the daemon checks permissions (see fs/access.rs),
+        // and requests that wait for etcd must not hold up the others.
         opts.kernel_permissions = !fs.checks_access();
-        if fs.is_shared() {
-            // Requests that wait for etcd must not hold up the others.
-            opts.handlers = Some(fs.start_handlers().map_err(|e| format!("starting request handlers: {e}"))?);
-        }
+        opts.handlers = fs.handlers();
         let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
         let served = Served::start(lease_fs, &mountpoint, &opts, interceptor).map_err(|e| e.to_string())?;
-        Ok((fs, mountpoint, served))
-    });
+        Ok::<_, String>((fs, mountpoint, served))
+    })();
     let (fs, mountpoint, served) = match started {
         Ok(started) => started,
         Err(why) => return not_ready(why),
@@ -145,30 +157,22 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The filesystem the command line describes: its lease authority (this
-/// host alone, or shared through etcd with the shared namespace) and its
-/// bounds.
-fn build_fs(args: &MountArgs, uid: u32, gid: u32) -> Result<Arc<Fs>, String> {
-    let ttl = args.lease_ttl.and_then(|t| t.0);
-    let fs = if args.etcd.is_empty() {
-        Arc::new(Fs::with_lease_ttl(uid, gid, ttl))
-    } else {
-        let config = EtcdConfig {
-            endpoints: args.etcd.clone(),
-            prefix: args.etcd_prefix.clone(),
-            host_ttl: args.host_ttl as i64,
-            lock_delay: Duration::from_millis(args.lock_delay.and_then(|t| t.0).unwrap_or(0)),
-            request_timeout: Duration::from_millis(args.etcd_timeout.0.unwrap_or(2000)),
-            host: host_name(&args.mountpoint),
-        };
-        let a = EtcdArbitration::connect(config)?;
-        let shared = a.namespace();
-        let fs = Arc::new(Fs::with_arbitration(uid, gid, ttl, Box::new(a)));
-        fs.set_replica(Box::new(shared))
-            .map_err(|e| format!("etcd at {}: reading the shared namespace: {e:?}", args.etcd.join(",")))?;
-        info!(endpoints = %args.etcd.join(","), prefix = %args.etcd_prefix, "leases and namespace shared through etcd");
-        fs
-    };
+/// What the filesystem starts with, from the command line and the state
+/// directory: its lease authority (this host alone, or shared through etcd
+/// with the shared namespace), its bounds, the epoch ceiling (refusing to
+/// start when another daemon holds the directory or its journal is
+/// corrupt), and the namespace unless it lives in etcd: recovered, or
+/// (`--volatile`) kept in memory with any earlier durable namespace
+/// discarded, so a later durable mount cannot resurrect stale contents.
+fn setup(
+    args: &MountArgs,
+    uid: u32,
+    gid: u32,
+    mountpoint: &std::path::Path,
+    allow_other: bool,
+    metrics_addr: Option<String>,
+    notify: &crate::notify::Notifier,
+) -> Result<Setup, String> {
     let mut limits = match args.size {
         Some(size) => leasefs::fs::limits::Limits::with_size(size),
         None => leasefs::fs::limits::Limits::for_this_machine(),
@@ -179,40 +183,63 @@ fn build_fs(args: &MountArgs, uid: u32, gid: u32) -> Result<Arc<Fs>, String> {
     if let Some(n) = args.kernel_inodes {
         limits.kernel_inodes = n as usize;
     }
-    let mut locks = leasefs::lease::machine::LockLimits::default();
+    let mut lock_limits = leasefs::lease::machine::LockLimits::default();
     if let Some(n) = args.max_locks {
-        locks.locks_total = n as usize;
-        locks.ranges_per_owner = locks.ranges_per_owner.min(n as usize);
+        lock_limits.locks_total = n as usize;
+        lock_limits.ranges_per_owner = lock_limits.ranges_per_owner.min(n as usize);
     }
     if let Some(n) = args.max_waiters {
-        locks.waiters_total = n as usize;
-        locks.waiters_per_lease = locks.waiters_per_lease.min(n as usize);
+        lock_limits.waiters_total = n as usize;
+        lock_limits.waiters_per_lease = lock_limits.waiters_per_lease.min(n as usize);
     }
-    fs.set_limits(limits, locks);
-    Ok(fs)
-}
-
-/// The state directory: the epoch ceiling always (refusing to start when
-/// another daemon holds the directory or its journal is corrupt), and the
-/// namespace unless it lives in etcd: recovered, or (`--volatile`) kept in
-/// memory with any earlier durable namespace discarded, so a later durable
-/// mount cannot resurrect stale contents.
-fn recover(args: &MountArgs, fs: &Fs, notify: &crate::notify::Notifier) -> Result<(), String> {
+    // The namespace: shared through etcd (a durable namespace of earlier
+    // single-host mounts stays untouched in the state directory), or this
+    // host's own, recovered after the epoch journal.
+    let shared = if args.etcd.is_empty() {
+        None
+    } else {
+        let config = EtcdConfig {
+            endpoints: args.etcd.clone(),
+            prefix: args.etcd_prefix.clone(),
+            host_ttl: args.host_ttl as i64,
+            lock_delay: Duration::from_millis(args.lock_delay.and_then(|t| t.0).unwrap_or(0)),
+            request_timeout: Duration::from_millis(args.etcd_timeout.0.unwrap_or(2000)),
+            host: host_name(&args.mountpoint),
+        };
+        let a = EtcdArbitration::connect(config)?;
+        let namespace = a.namespace();
+        Some(Keep::Shared(Box::new(a), Box::new(namespace)))
+    };
     let (journal, recovered) =
         leasefs::store::epochs::EpochJournal::open(&args.state_dir).map_err(|e| e.to_string())?;
     info!(state_dir = %args.state_dir.display(), ceiling = recovered.ceiling, records = recovered.records, "epochs recovered");
-    fs.set_journal(journal, recovered.ceiling);
+    let keep = match shared {
+        Some(keep) => keep,
+        None => recover_namespace(args, notify)?,
+    };
+    Ok(Setup {
+        uid,
+        gid,
+        lease_ttl: args.lease_ttl.and_then(|t| t.0),
+        limits,
+        lock_limits,
+        journal: Some((journal, recovered.ceiling)),
+        keep,
+        mount_point: mountpoint.to_path_buf(),
+        source: args.source.clone(),
+        allow_other,
+        metrics_addr,
+    })
+}
+
+/// The single-host namespace: recovered from the state directory, or
+/// (`--volatile`) discarded there and kept in memory.
+fn recover_namespace(args: &MountArgs, notify: &crate::notify::Notifier) -> Result<Keep, String> {
     let mut storage = leasefs::store::storage::DirStorage::new(&args.state_dir);
-    if !args.etcd.is_empty() {
-        // The namespace lives in etcd; a durable namespace of earlier
-        // single-host mounts stays untouched in the state directory.
-        return Ok(());
-    }
     if args.volatile {
         leasefs::store::snapshot::discard(&mut storage)
             .map_err(|e| format!("{}: discarding the durable namespace: {e}", args.state_dir.display()))?;
-        fs.set_volatile();
-        return Ok(());
+        return Ok(Keep::Memory { volatile: true });
     }
     let started = std::time::Instant::now();
     let _keepalive = notify.keep_starting("recovering the state directory");
@@ -220,9 +247,8 @@ fn recover(args: &MountArgs, fs: &Fs, notify: &crate::notify::Notifier) -> Resul
     let (store, recovered) = leasefs::store::snapshot::Store::open(Box::new(storage))
         .map_err(|e| format!("{}/{e}", args.state_dir.display()))?;
     let (inodes, batches, cut) = (recovered.inodes.len(), recovered.batches, recovered.cut);
-    fs.set_store(store, recovered);
     info!(inodes, batches, cut, ms = started.elapsed().as_millis() as u64, "namespace recovered");
-    Ok(())
+    Ok(Keep::Durable(store, recovered))
 }
 
 /// Start the daemon detached and wait until it reports the mount live.

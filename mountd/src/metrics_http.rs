@@ -9,11 +9,17 @@ use std::time::Duration;
 
 use leasefs::fs::Fs;
 
-/// Bind `addr` and serve `/metrics` from `fs` until the filesystem is gone.
-/// Returns the address bound (the port when `:0` was asked).
-pub fn serve(addr: &str, fs: &Arc<Fs>) -> std::io::Result<SocketAddr> {
+/// Bind `addr` (before the filesystem starts, so it can say where its
+/// metrics are served); the listener and the address bound (the port when
+/// `:0` was asked).
+pub fn bind(addr: &str) -> std::io::Result<(TcpListener, SocketAddr)> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+/// Serve `/metrics` from `fs` on `listener` until the filesystem is gone.
+pub fn serve(listener: TcpListener, fs: &Arc<Fs>) -> std::io::Result<()> {
     let fs = Arc::downgrade(fs);
     std::thread::Builder::new().name("metrics-http".into()).spawn(move || {
         for conn in listener.incoming() {
@@ -26,7 +32,7 @@ pub fn serve(addr: &str, fs: &Arc<Fs>) -> std::io::Result<SocketAddr> {
             }
         }
     })?;
-    Ok(bound)
+    Ok(())
 }
 
 fn answer(mut conn: TcpStream, fs: &Weak<Fs>) -> std::io::Result<()> {

@@ -69,7 +69,7 @@ impl State {
     /// `want` on `ino` for `caller` (`EACCES`), when the daemon checks
     /// permissions.
     pub(super) fn permit(&self, caller: Caller, ino: Ino, want: u8) -> Result<()> {
-        if !self.checks_access {
+        if !self.mount.checks_access {
             return Ok(());
         }
         let a = self.ns.get(ino)?.attr();
@@ -95,7 +95,7 @@ impl State {
     /// and search on the directory (`EACCES`), and in a sticky directory
     /// ownership of the directory or of the victim (`EPERM`).
     pub(super) fn permit_removal(&self, caller: Caller, dir: Ino, victim: Ino) -> Result<()> {
-        if !self.checks_access {
+        if !self.mount.checks_access {
             return Ok(());
         }
         self.permit(caller, dir, W | X)?;
@@ -120,7 +120,7 @@ impl State {
         (newdir, newname): (Ino, &OsStr),
         flags: u32,
     ) -> Result<()> {
-        if !self.checks_access {
+        if !self.mount.checks_access {
             return Ok(());
         }
         let exchange = flags & RENAME_EXCHANGE != 0;
@@ -155,7 +155,7 @@ impl State {
     /// the setgid bit goes when a caller outside the file's group and not
     /// root sets it.
     pub(super) fn permit_setattr(&self, caller: Caller, ino: Ino, set: &SetAttr) -> Result<Option<u32>> {
-        if !self.checks_access {
+        if !self.mount.checks_access {
             return Ok(set.mode);
         }
         let a = self.ns.get(ino)?.attr();
@@ -199,7 +199,7 @@ impl State {
     /// read and write it (`EPERM`); the kernel checks the rest (a regular
     /// file, not setuid, not setgid-executable).
     pub(super) fn permit_hardlink(&self, caller: Caller, ino: Ino) -> Result<()> {
-        if !self.checks_access {
+        if !self.mount.checks_access {
             return Ok(());
         }
         let a = self.ns.get(ino)?.attr();
@@ -219,7 +219,7 @@ impl State {
     /// directories carry them (`ENODATA` to read, `EPERM` to write), and in
     /// a sticky directory only its owner changes them.
     pub(super) fn permit_xattr(&self, caller: Caller, ino: Ino, name: &OsStr, write: bool) -> Result<()> {
-        if !self.checks_access || !name.as_encoded_bytes().starts_with(b"user.") {
+        if !self.mount.checks_access || !name.as_encoded_bytes().starts_with(b"user.") {
             return Ok(());
         }
         let a = self.ns.get(ino)?.attr();

@@ -26,6 +26,36 @@ pub(super) const YOUNG: Duration = Duration::from_secs(1);
 /// than the daemon records it.
 pub(super) const ENTRY_MARGIN: Duration = Duration::from_secs(1);
 
+/// What the kernel may cache of the namespace, and what it must be told
+/// to drop.
+#[derive(Debug)]
+pub(super) struct KernelView {
+    /// Inodes whose cached pages the kernel must drop (content replaced
+    /// behind open descriptors).
+    pub(super) invalidate: Vec<Ino>,
+    /// Renames over a live lease waiting for the kernel to look their
+    /// source up again (see `Fs::rename`).
+    pub(super) pending_renames: PendingRenames,
+    /// Files of which the kernel may hold a cached entry.
+    pub(super) entry_deadlines: EntryDeadlines,
+    /// Keeps the kernel's references to files bounded.
+    pub(super) refs: KernelCache,
+    /// The kernel caches names of files (not on a shared namespace).
+    pub(super) names_cached: bool,
+}
+
+impl Default for KernelView {
+    fn default() -> KernelView {
+        KernelView {
+            invalidate: Vec::new(),
+            pending_renames: PendingRenames::default(),
+            entry_deadlines: EntryDeadlines::default(),
+            refs: KernelCache::default(),
+            names_cached: true,
+        }
+    }
+}
+
 /// The latest time until which the kernel may hold a cached entry (with
 /// [`FILE_ENTRY_TTL`]) of each file it looked up; entries that expire at
 /// once (of files younger than [`YOUNG`], and every entry a create, mknod,

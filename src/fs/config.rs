@@ -1,46 +1,150 @@
-//! How the daemon sets the filesystem up and reads its settings back:
-//! bounds, where it is mounted, where metrics are served, whether the
-//! kernel or the daemon caches names and checks permissions.
+//! How the daemon sets the filesystem up, once ([`Setup`], [`Fs::start`]),
+//! and reads its settings back: bounds, where it is mounted, where metrics
+//! are served, whether the kernel or the daemon caches names and checks
+//! permissions.
 
 use super::*;
 
+/// Where the namespace lives.
+#[allow(clippy::large_enum_variant)] // one per mount, moved once
+pub enum Keep {
+    /// In memory only: deliberately (`--volatile`: any earlier durable
+    /// namespace was discarded), or a filesystem for tests.
+    Memory { volatile: bool },
+    /// In the state directory: its store and what it recovered.
+    Durable(crate::store::snapshot::Store, crate::store::snapshot::Recovered),
+    /// Shared with other hosts: the arbitration of their leases and the
+    /// store their namespace is kept in (etcd).
+    Shared(Box<dyn Arbitration>, Box<dyn crate::namespace::replica::Replica>),
+}
+
+/// Everything a filesystem starts with, built once by the daemon from its
+/// command line and state directory. Nothing is set on the filesystem
+/// afterwards, so there is no order of calls to remember: [`Fs::start`]
+/// applies it in the one order that is right (the epoch journal before
+/// restored files, which resume above its ceiling; the lease arbitration
+/// before the namespace shared with it).
+pub struct Setup {
+    /// Who owns the root of a new namespace.
+    pub uid: u32,
+    pub gid: u32,
+    /// The mount's lease TTL (a file may set its own).
+    pub lease_ttl: Option<u64>,
+    pub limits: limits::Limits,
+    pub lock_limits: crate::lease::machine::LockLimits,
+    /// The epoch journal and the ceiling it recovered (none: epochs are
+    /// not kept, for tests).
+    pub journal: Option<(crate::store::epochs::EpochJournal, u64)>,
+    pub keep: Keep,
+    /// Where it is mounted and its source, for `.leasefs/status`.
+    pub mount_point: PathBuf,
+    pub source: String,
+    /// Other users may use the mount.
+    pub allow_other: bool,
+    /// Where `/metrics` is served over HTTP, if it is.
+    pub metrics_addr: Option<String>,
+}
+
 impl Fs {
+    /// The filesystem `setup` describes. A shared namespace is read from
+    /// its store first (the error when it cannot be), and its mount gets
+    /// its pool of request handlers ([`Fs::handlers`]).
+    pub fn start(setup: Setup) -> Result<Fs> {
+        let Setup {
+            uid,
+            gid,
+            lease_ttl,
+            limits,
+            lock_limits,
+            journal,
+            keep,
+            mount_point,
+            source,
+            allow_other,
+            metrics_addr,
+        } = setup;
+        let fs = Fs::new(uid, gid);
+        let table = LocalAuthority::new(lease_ttl);
+        // The namespace's own part of `keep`, once the leases have theirs.
+        #[allow(clippy::large_enum_variant)]
+        enum Kept {
+            Memory(bool),
+            Durable(crate::store::snapshot::Store, crate::store::snapshot::Recovered),
+            Shared(Box<dyn crate::namespace::replica::Replica>),
+        }
+        let (lease, namespace) = match keep {
+            Keep::Memory { volatile } => (LeaseAuthority::single_host(table), Kept::Memory(volatile)),
+            Keep::Durable(store, rec) => (LeaseAuthority::single_host(table), Kept::Durable(store, rec)),
+            Keep::Shared(arbitration, replica) => (LeaseAuthority::shared(table, arbitration), Kept::Shared(replica)),
+        };
+        {
+            let mut st = fs.state.lock();
+            st.set_authority(lease);
+            st.bounds.limits = limits;
+            st.lease.set_lock_limits(lock_limits);
+            if let Some((journal, ceiling)) = journal {
+                st.lease.floors().set_journal(journal, ceiling);
+            }
+            st.mount = MountInfo { point: mount_point, source, allow_other, metrics_addr, ..MountInfo::default() };
+        }
+        match namespace {
+            Kept::Memory(volatile) => fs.state.lock().durable.volatile = volatile,
+            Kept::Durable(store, recovered) => fs.restore(store, recovered),
+            Kept::Shared(replica) => {
+                fs.share(replica)?;
+                let w = crate::fuse::workers::Workers::start(HANDLER_THREADS, HANDLERS_HELD).map_err(|e| {
+                    tracing::error!("starting request handlers: {e}");
+                    Error::Io
+                })?;
+                fs.state.lock().mount.handlers = Some(w);
+            }
+        }
+        Ok(fs)
+    }
+
+    /// The pool running request handlers of a shared mount (a request that
+    /// waits for etcd holds up no other).
+    pub fn handlers(&self) -> Option<crate::fuse::workers::Workers> {
+        self.state.lock().mount.handlers.clone()
+    }
+
     /// Whether the kernel may cache names (not on a shared namespace:
     /// names change through other hosts' kernels too).
     pub fn names_cached(&self) -> bool {
-        self.state.lock().names_cached
+        self.state.lock().cache.names_cached
     }
 
     /// True when the namespace is shared with other hosts (the kernel must
     /// then cache nothing: another host's change could not reach it in time).
     pub fn is_shared(&self) -> bool {
-        self.state.lock().replica.is_some()
+        self.state.lock().sharing.replica.is_some()
     }
 
     /// True when the daemon checks permissions itself: mount without
     /// `default_permissions` (a shared namespace, see `fs/access.rs`).
     pub fn checks_access(&self) -> bool {
-        self.state.lock().checks_access
+        self.state.lock().mount.checks_access
     }
 
     /// Check permissions in the daemon from now on (tests of a single-host
     /// table; [`Fs::set_replica`] does it for a shared namespace).
     #[cfg(test)]
     pub(crate) fn check_access_here(&self) {
-        self.state.lock().checks_access = true;
+        self.state.lock().mount.checks_access = true;
     }
 
     /// Bound what callers may make the daemon keep.
-    pub fn set_limits(&self, l: limits::Limits, locks: crate::lease::machine::LockLimits) {
+    #[cfg(test)]
+    pub(crate) fn set_limits(&self, l: limits::Limits, locks: crate::lease::machine::LockLimits) {
         let mut st = self.state.lock();
-        st.limits = l;
+        st.bounds.limits = l;
         st.lease.set_lock_limits(locks);
     }
 
     /// The bounds in force.
     pub fn limits(&self) -> (limits::Limits, crate::lease::machine::LockLimits) {
         let st = self.state.lock();
-        (st.limits, st.lease.lock_limits())
+        (st.bounds.limits, st.lease.lock_limits())
     }
 
     /// What wakes the lease timer before its deadline.
@@ -51,24 +155,5 @@ impl Fs {
     /// A file's path for debug logs (empty unless debug logging is on).
     pub fn describe(&self, ino: Ino) -> String {
         self.state.lock().path_for_log(ino)
-    }
-
-    /// Record where `/metrics` is served (for `.leasefs/status`).
-    pub fn set_metrics_addr(&self, addr: String) {
-        self.state.lock().metrics_addr = Some(addr);
-    }
-
-    /// Record where the filesystem is mounted (for `.leasefs/status`).
-    pub fn set_mount_point(&self, p: PathBuf, source: &str, shared: bool) {
-        let mut st = self.state.lock();
-        st.mount_point = p;
-        st.mount_source = source.to_string();
-        st.shared = shared;
-    }
-
-    /// Replace how thread ids map to processes (tests).
-    pub fn set_proc_resolver(&self, resolve: fn(u32) -> Option<Proc>) {
-        let mut st = self.state.lock();
-        st.lease.views().set_resolver(resolve);
     }
 }

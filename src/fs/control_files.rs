@@ -36,10 +36,10 @@ impl Fs {
             Some(ControlFile::Events) => {
                 let mut st = self.state.lock();
                 st.room_for_handle(true)?;
-                let next = st.next_handle;
-                st.events.open(next)?;
+                let next = st.open.next_handle;
+                st.report.events.open(next)?;
                 let h = st.new_handle();
-                st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: None, listing: None });
+                st.open.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: None, listing: None });
                 return Ok(h);
             }
             Some(ControlFile::Break) => {
@@ -66,7 +66,7 @@ impl Fs {
         }
         st.room_for_handle(true)?;
         let h = st.new_handle();
-        st.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content, listing });
+        st.open.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content, listing });
         Ok(h)
     }
 
@@ -75,29 +75,29 @@ impl Fs {
     /// Root only.
     /// Read the event stream on `h` (see [`crate::events::Hub::read`]).
     pub fn events_read(&self, h: Handle, max: u32, nonblock: bool, id: u64) -> Result<crate::events::Read> {
-        self.state.lock().events.read(h.0, max, nonblock, id)
+        self.state.lock().report.events.read(h.0, max, nonblock, id)
     }
 
     /// Filter the event stream on `h` to a path prefix.
     pub fn events_filter(&self, h: Handle, data: &[u8]) -> Result<u32> {
         let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?;
-        self.state.lock().events.filter(h.0, text)?;
+        self.state.lock().report.events.filter(h.0, text)?;
         Ok(data.len() as u32)
     }
 
     /// Whether the event stream on `h` has data; remember `kh` to wake otherwise.
     pub fn events_poll(&self, h: Handle, kh: Option<u64>) -> Result<bool> {
-        self.state.lock().events.poll(h.0, kh)
+        self.state.lock().report.events.poll(h.0, kh)
     }
 
     /// A parked read of the event stream was interrupted.
     pub fn events_interrupt(&self, id: u64) -> bool {
-        self.state.lock().events.interrupt(id)
+        self.state.lock().report.events.interrupt(id)
     }
 
     /// Parked event reads that can be answered, and polls to wake.
     pub fn events_ready(&self) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
-        self.state.lock().events.take_ready()
+        self.state.lock().report.events.take_ready()
     }
 
     /// Whether `ino` is the event stream.
@@ -125,9 +125,9 @@ impl Fs {
         st.clock();
         st.reserve(lease)?;
         let effects = st.lease.break_now(lease);
-        st.breaking = "admin";
+        st.report.breaking = "admin";
         st.account(&effects);
-        st.breaking = "ttl";
+        st.report.breaking = "ttl";
         tracing::info!(path = %format!("/{rel}"), ino = lease.0, epoch = st.lease.epoch(lease).0, pid = caller.pid, "lease broken by administrator");
         Ok((data.len() as u32, effects))
     }
@@ -136,10 +136,10 @@ impl Fs {
     /// the time they are read, a few at a time, so a listing of a mount
     /// with a million held leases is never built as one string.
     pub(super) fn listing_read(st: &mut State, h: Handle, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let mut l = st.handles.get_mut(&h).and_then(|f| f.listing.take()).ok_or(Error::BadHandle)?;
+        let mut l = st.open.handles.get_mut(&h).and_then(|f| f.listing.take()).ok_or(Error::BadHandle)?;
         let now = st.lease.now();
         let out = l.read(st, now, offset, size as usize);
-        if let Some(f) = st.handles.get_mut(&h) {
+        if let Some(f) = st.open.handles.get_mut(&h) {
             f.listing = Some(l);
         }
         Ok(out)
@@ -156,7 +156,7 @@ impl Fs {
         let mut st = self.refreshed_listing(st, &mut fresh)?;
         fresh.base = offset + data.len() as u64;
         fresh.at = fresh.base;
-        let f = st.handles.get_mut(&h).filter(|f| f.listing.is_some()).ok_or(Error::BadHandle)?;
+        let f = st.open.handles.get_mut(&h).filter(|f| f.listing.is_some()).ok_or(Error::BadHandle)?;
         f.listing = Some(Box::new(fresh));
         Ok(data.len() as u32)
     }
@@ -211,10 +211,10 @@ impl Fs {
                     "version": crate::VERSION,
                     "backend": backend,
                     "pid": std::process::id(),
-                    "mount_point": st.mount_point.to_string_lossy(),
-                    "source": st.mount_source,
-                    "access": if st.shared { "shared" } else { "private" },
-                    "metrics_addr": st.metrics_addr,
+                    "mount_point": st.mount.point.to_string_lossy(),
+                    "source": st.mount.source,
+                    "access": if st.mount.allow_other { "shared" } else { "private" },
+                    "metrics_addr": st.mount.metrics_addr,
                     "uptime_secs": st.lease.uptime(),
                     "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": st.lease.known() },
                     "inodes": st.ns.len(),
@@ -227,16 +227,16 @@ impl Fs {
                     "journal_commits": st.lease.floors_ref().journal().map(|j| j.commits()),
                     "epoch_ceiling": st.lease.floors_ref().journal().map(|j| j.ceiling()),
                     "journal_compactions": st.lease.floors_ref().journal().map(|j| j.compactions()),
-                    "durability": match &st.store {
+                    "durability": match &st.durable.store {
                         Some(s) if s.failed() => "failed",
                         Some(_) => "durable",
-                        None if st.replica.is_some() => "etcd",
-                        None if st.volatile => "volatile",
+                        None if st.sharing.replica.is_some() => "etcd",
+                        None if st.durable.volatile => "volatile",
                         None => "memory",
                     },
-                    "namespace_journal_bytes": st.store.as_ref().map(|s| s.journal_bytes()),
-                    "namespace_flushes": st.store.as_ref().map(|s| s.flushes),
-                    "snapshot": st.store.as_ref().map(|s| serde_json::json!({
+                    "namespace_journal_bytes": st.durable.store.as_ref().map(|s| s.journal_bytes()),
+                    "namespace_flushes": st.durable.store.as_ref().map(|s| s.flushes),
+                    "snapshot": st.durable.store.as_ref().map(|s| serde_json::json!({
                         "generation": s.generation(),
                         "bytes": s.snapshot_bytes(),
                         "older_journal_bytes": s.other_bytes(),
@@ -244,14 +244,14 @@ impl Fs {
                         "compaction": st.compaction_phase(),
                     })),
                 });
-                if let Some(w) = &st.handlers {
+                if let Some(w) = &st.mount.handlers {
                     let s = w.stats(super::HANDLER_THREADS);
                     status["handlers"] = serde_json::json!({
                         "threads": s.threads, "bound": s.bound, "held": s.held, "peak": s.peak, "refused": s.refused,
                     });
                 }
                 if let Some(mut remote) = remote {
-                    if let Some(r) = &st.replica {
+                    if let Some(r) = &st.sharing.replica {
                         remote["namespace"] = r.status();
                     }
                     status["etcd"] = remote;
@@ -270,12 +270,12 @@ impl Fs {
                     with_ttl: leases.iter().filter(|(i, _)| st.lease.effective_ttl(*i).is_some()).count(),
                     journal_commits: journal.map_or(0, |j| j.commits()),
                     epoch_journal_bytes: journal.map(|j| j.size()),
-                    namespace_journal_bytes: st.store.as_ref().map(|s| s.journal_bytes()),
-                    snapshot_bytes: st.store.as_ref().map(|s| s.snapshot_bytes()),
+                    namespace_journal_bytes: st.durable.store.as_ref().map(|s| s.journal_bytes()),
+                    snapshot_bytes: st.durable.store.as_ref().map(|s| s.snapshot_bytes()),
                 };
                 drop(leases);
-                st.metrics.limits = st.limit_rows();
-                st.metrics.render(&g, &st.mount_point.to_string_lossy())
+                st.report.metrics.limits = st.limit_rows();
+                st.report.metrics.render(&g, &st.mount.point.to_string_lossy())
             }
             // Read through state of their own handles (`Listing`, events).
             ControlFile::Leases | ControlFile::Break | ControlFile::Events => String::new(),

@@ -5,6 +5,26 @@
 
 use super::*;
 
+/// The durable namespace and its compaction.
+#[derive(Debug)]
+pub(super) struct Durable {
+    /// The durable namespace (none: contents live in memory only).
+    pub(super) store: Option<crate::store::snapshot::Store>,
+    /// `--volatile`: the namespace is deliberately not kept.
+    pub(super) volatile: bool,
+    /// A snapshot being encoded between requests or written off the
+    /// request path.
+    pub(super) compaction: Option<Compaction>,
+    /// How long one slice of a snapshot image may hold the state lock.
+    pub(super) slice: std::time::Duration,
+}
+
+impl Default for Durable {
+    fn default() -> Durable {
+        Durable { store: None, volatile: false, compaction: None, slice: SLICE }
+    }
+}
+
 impl State {
     /// Make the next epoch of `ino` durable before any operation can hand it
     /// out (SPEC 5).
@@ -23,7 +43,7 @@ impl State {
         match self.append_changes()? {
             Some(sync) => sync().map_err(|e| {
                 tracing::error!("journal sync failed: {e}; durability is no longer promised (fail-stop)");
-                if let Some(s) = &self.store {
+                if let Some(s) = &self.durable.store {
                     s.fail_flag().store(true, std::sync::atomic::Ordering::Release);
                 }
                 Error::Io
@@ -38,7 +58,7 @@ impl State {
     /// when this returns).
     pub(super) fn append_changes(&mut self) -> Result<Option<crate::store::storage::Syncer>> {
         self.finish_compaction(false);
-        let Some(store) = self.store.as_ref() else {
+        let Some(store) = self.durable.store.as_ref() else {
             return Ok(None);
         };
         if store.failed() {
@@ -49,14 +69,14 @@ impl State {
             return Ok(None);
         }
         let batch = crate::store::snapshot::encode_changes(&self.ns, |ino| self.extra(ino));
-        let store = self.store.as_mut().expect("checked above");
+        let store = self.durable.store.as_mut().expect("checked above");
         let sync = match store.append(&batch) {
             Ok(sync) => sync,
             Err(e) => return Err(Error::from(&e)),
         };
         self.ns.clear_dirty();
         let live = self.live_bytes();
-        let store = self.store.as_ref().expect("checked above");
+        let store = self.durable.store.as_ref().expect("checked above");
         if !store.compacting() && store.wants_snapshot_for(|| live) {
             self.start_compaction();
         }
@@ -88,8 +108,8 @@ impl State {
     /// journal that compaction continues from stays behind it; when that
     /// is large, the next check compacts once more to replace it.
     pub(super) fn outgrown(&self) -> bool {
-        let Some(store) = self.store.as_ref() else { return false };
-        if self.compaction.is_some() || store.compacting() || store.failed() {
+        let Some(store) = self.durable.store.as_ref() else { return false };
+        if self.durable.compaction.is_some() || store.compacting() || store.failed() {
             return false;
         }
         let (dirty, freed) = self.ns.dirty();
@@ -110,7 +130,7 @@ impl State {
     /// new journal. Backends without a second handle write it in line.
     pub(super) fn start_compaction(&mut self) {
         use crate::store::snapshot::{encode_streamed, Slices};
-        let Some(store) = self.store.as_mut() else { return };
+        let Some(store) = self.durable.store.as_mut() else { return };
         if store.fork_storage().is_none() {
             let (head, ns, lease) = (store.head(), &self.ns, &self.lease);
             // Failures are logged by the store; a full disk postpones it.
@@ -118,20 +138,20 @@ impl State {
             return;
         }
         let Some(head) = store.begin_snapshot() else { return };
-        self.compaction = Some(Compaction::Encoding(Slices::new(head, &self.ns)));
+        self.durable.compaction = Some(Compaction::Encoding(Slices::new(head, &self.ns)));
         // The timer encodes the slices.
         self.wake.wake();
     }
 
     /// What a compaction in progress is doing, for `status`.
     pub(super) fn compaction_phase(&self) -> Option<&'static str> {
-        self.compaction.as_ref().map(Compaction::phase)
+        self.durable.compaction.as_ref().map(Compaction::phase)
     }
 
     /// True while a snapshot image is being encoded: the lease timer calls
     /// [`State::compaction_step`] once the namespace is all in the journal.
     pub(super) fn encoding(&self) -> bool {
-        matches!(self.compaction, Some(Compaction::Encoding(_)))
+        matches!(self.durable.compaction, Some(Compaction::Encoding(_)))
     }
 
     /// Encode the next slice of the snapshot image (the caller appended
@@ -139,14 +159,14 @@ impl State {
     /// is whole, write it on a thread of its own.
     pub(super) fn compaction_step(&mut self) {
         debug_assert!(self.ns.dirty().0.is_empty() && self.ns.dirty().1.is_empty());
-        let Some(Compaction::Encoding(slices)) = &mut self.compaction else { return };
+        let Some(Compaction::Encoding(slices)) = &mut self.durable.compaction else { return };
         let lease = &self.lease;
-        if !slices.step(&self.ns, |ino| extra_of(lease, ino), self.slice) {
+        if !slices.step(&self.ns, |ino| extra_of(lease, ino), self.durable.slice) {
             return;
         }
-        let Some(Compaction::Encoding(slices)) = self.compaction.take() else { unreachable!("matched above") };
+        let Some(Compaction::Encoding(slices)) = self.durable.compaction.take() else { unreachable!("matched above") };
         let img = slices.finish(&self.ns);
-        let Some(store) = self.store.as_mut() else { return };
+        let Some(store) = self.durable.store.as_mut() else { return };
         let Some(mut storage) = store.fork_storage() else {
             store.abandon_snapshot();
             return;
@@ -165,7 +185,7 @@ impl State {
             written
         });
         match spawned {
-            Ok(t) => self.compaction = Some(Compaction::Writing(t)),
+            Ok(t) => self.durable.compaction = Some(Compaction::Writing(t)),
             Err(e) => {
                 tracing::warn!("cannot start the snapshot thread: {e}; compaction postponed");
                 store.abandon_snapshot();
@@ -177,20 +197,20 @@ impl State {
     /// (`wait`: block until it is; an image still being encoded is
     /// dropped).
     pub(super) fn finish_compaction(&mut self, wait: bool) {
-        match &self.compaction {
+        match &self.durable.compaction {
             Some(Compaction::Writing(t)) if wait || t.is_finished() => {}
             Some(Compaction::Encoding(_)) if wait => {
-                self.compaction = None;
-                if let Some(store) = self.store.as_mut() {
+                self.durable.compaction = None;
+                if let Some(store) = self.durable.store.as_mut() {
                     store.abandon_snapshot();
                 }
                 return;
             }
             _ => return,
         }
-        let Some(Compaction::Writing(t)) = self.compaction.take() else { unreachable!("matched above") };
+        let Some(Compaction::Writing(t)) = self.durable.compaction.take() else { unreachable!("matched above") };
         let written = t.join().unwrap_or_else(|_| Err(std::io::Error::from_raw_os_error(libc::EIO)));
-        if let Some(store) = self.store.as_mut() {
+        if let Some(store) = self.durable.store.as_mut() {
             // Failures are logged by the store.
             let _ = store.finish_snapshot(written);
         }
@@ -207,7 +227,7 @@ impl Fs {
     /// `fsync`.
     pub(super) fn write_back(&self, st: &mut State) {
         let (dirty, freed) = st.ns.dirty();
-        if st.store.is_none() || dirty.len() + freed.len() < WRITEBACK {
+        if st.durable.store.is_none() || dirty.len() + freed.len() < WRITEBACK {
             return;
         }
         let _ = self.append_unsynced(st);
@@ -222,22 +242,15 @@ impl Fs {
             return Ok(());
         }
         let sync = st.append_changes()?;
-        let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+        let failed = st.durable.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
         self.group.submit(sync, &failed, Box::new(|_| {}));
         Ok(())
     }
 
-    /// Keep epochs durable in `journal`; `ceiling` is the recovered one,
-    /// above which every path resumes.
-    pub fn set_journal(&self, journal: crate::store::epochs::EpochJournal, ceiling: u64) {
-        let mut st = self.state.lock();
-        st.lease.floors().set_journal(journal, ceiling);
-    }
-
     /// Keep the namespace durable in `store`, starting from what it
-    /// recovered. Call after [`Fs::set_journal`], so restored leases start
-    /// at their path's epoch floor.
-    pub fn set_store(&self, store: crate::store::snapshot::Store, rec: crate::store::snapshot::Recovered) {
+    /// recovered (restored files resume above the epoch journal's
+    /// ceiling, which [`Fs::start`] set first).
+    pub(crate) fn restore(&self, store: crate::store::snapshot::Store, rec: crate::store::snapshot::Recovered) {
         let mut st = self.state.lock();
         let root = st.ns.get(Ino::ROOT).map(|r| (r.perm, r.uid, r.gid)).unwrap_or((0o755, 0, 0));
         let fresh = std::mem::replace(&mut st.ns, Namespace::new(root.0, root.1, root.2, now()));
@@ -258,12 +271,7 @@ impl Fs {
         let floor = st.lease.floors().new_path_floor();
         st.lease.raise_all(floor);
         st.ns.set_tracking();
-        st.store = Some(store);
-    }
-
-    /// `--volatile`: contents live in memory only (epochs stay durable).
-    pub fn set_volatile(&self) {
-        self.state.lock().volatile = true;
+        st.durable.store = Some(store);
     }
 
     /// `fsync`, `fdatasync`, `fsyncdir`: make every change so far durable
@@ -285,7 +293,7 @@ impl Fs {
             Ok(sync) => {
                 // Queued under the state lock: callers are answered in the
                 // order their changes were appended.
-                let failed = st.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
+                let failed = st.durable.store.as_ref().map(|s| s.fail_flag()).unwrap_or_default();
                 self.group.submit(sync, &failed, done);
             }
         }
@@ -309,7 +317,7 @@ impl Fs {
         let mut st = self.state.lock();
         st.lease.shutdown();
         st.finish_compaction(true);
-        let Some(store) = st.store.as_ref() else { return };
+        let Some(store) = st.durable.store.as_ref() else { return };
         let (dirty, freed) = st.ns.dirty();
         let pending = dirty.len() + freed.len();
         if pending == 0 && !store.changed_since_snapshot() {
@@ -323,7 +331,7 @@ impl Fs {
         let started = std::time::Instant::now();
         // Streamed to the file as it is encoded (see `encode_streamed`).
         let st = &mut *st;
-        let (store, ns, lease) = (st.store.as_mut().expect("checked above"), &st.ns, &st.lease);
+        let (store, ns, lease) = (st.durable.store.as_mut().expect("checked above"), &st.ns, &st.lease);
         let head = store.head();
         let written = store.snapshot_streamed(|out| {
             crate::store::snapshot::encode_streamed(head, ns, |ino| extra_of(lease, ino), out)

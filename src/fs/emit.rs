@@ -4,17 +4,46 @@
 
 use super::*;
 
+/// What the operations make known, and what they need to say it.
+#[derive(Debug)]
+pub(super) struct Reporting {
+    pub(super) metrics: Metrics,
+    /// When each parked lock request started waiting (lease clock, ms).
+    pub(super) parked_at: HashMap<WaitId, u64>,
+    /// Parked lock requests, for the events of their grant or cancellation.
+    pub(super) parked_req: HashMap<WaitId, (Ino, Request)>,
+    /// Readers of `.leasefs/events`.
+    pub(super) events: crate::events::Hub,
+    /// Why holders are being broken (`ttl` unless an administrator does it).
+    pub(super) breaking: &'static str,
+    /// Command names of processes named in events (bounded).
+    pub(super) comms: HashMap<Proc, String>,
+}
+
+impl Default for Reporting {
+    fn default() -> Reporting {
+        Reporting {
+            metrics: Metrics::default(),
+            parked_at: HashMap::new(),
+            parked_req: HashMap::new(),
+            events: crate::events::Hub::default(),
+            breaking: "ttl",
+            comms: HashMap::new(),
+        }
+    }
+}
+
 impl State {
     /// Publish `ev` about the lease at `ino` to the readers of
     /// `.leasefs/events` (nothing is computed when nobody reads).
     pub(super) fn emit(&mut self, mut ev: crate::events::Event, ino: Ino) {
-        if !self.events.listening() {
+        if !self.report.events.listening() {
             return;
         }
         ev.path = self.lease_path(ino);
         let ts = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let comm = ev.pid.and_then(|p| self.comm(p));
-        if self.events.publish(crate::events::Item::new(ev, ts, comm)) {
+        if self.report.events.publish(crate::events::Item::new(ev, ts, comm)) {
             self.wake.wake();
         }
     }
@@ -22,13 +51,13 @@ impl State {
     /// Publish events of holders on other hosts (their path, pid and
     /// command name come with them).
     pub(super) fn emit_remote(&mut self, events: Vec<(crate::events::Event, Option<String>)>) {
-        if !self.events.listening() {
+        if !self.report.events.listening() {
             return;
         }
         let ts = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut woke = false;
         for (ev, comm) in events {
-            woke |= self.events.publish(crate::events::Item::new(ev, ts, comm));
+            woke |= self.report.events.publish(crate::events::Item::new(ev, ts, comm));
         }
         if woke {
             self.wake.wake();
@@ -39,14 +68,14 @@ impl State {
     /// time, so a reused pid is not given an old name).
     pub(super) fn comm(&mut self, pid: u32) -> Option<String> {
         let p = self.proc(pid, false)?;
-        if let Some(c) = self.comms.get(&p) {
+        if let Some(c) = self.report.comms.get(&p) {
             return Some(c.clone());
         }
         let c = crate::procfs::comm(pid)?;
-        if self.comms.len() >= 4096 {
-            self.comms.clear();
+        if self.report.comms.len() >= 4096 {
+            self.report.comms.clear();
         }
-        self.comms.insert(p, c.clone());
+        self.report.comms.insert(p, c.clone());
         Some(c)
     }
 
@@ -68,7 +97,7 @@ impl State {
     /// Release events for the locks of `ino` that `gone` selects, before
     /// they go.
     pub(super) fn releases(&mut self, ino: Ino, gone: impl Fn(&Lock) -> bool) -> Vec<crate::events::Event> {
-        if !self.events.listening() {
+        if !self.report.events.listening() {
             return Vec::new();
         }
         let epoch = self.lease.epoch(ino);
@@ -97,18 +126,18 @@ impl State {
         for e in effects {
             match e {
                 Effect::Grant(id) => {
-                    self.metrics.acquisitions += 1;
-                    if let Some(t) = self.parked_at.remove(id) {
-                        self.metrics.waited(now.saturating_sub(t) as f64 / 1000.0);
+                    self.report.metrics.acquisitions += 1;
+                    if let Some(t) = self.report.parked_at.remove(id) {
+                        self.report.metrics.waited(now.saturating_sub(t) as f64 / 1000.0);
                     }
-                    if let Some((ino, req)) = self.parked_req.remove(id) {
+                    if let Some((ino, req)) = self.report.parked_req.remove(id) {
                         let ev = Self::lock_event(crate::events::Kind::Grant, &req, self.lease.epoch(ino));
                         self.emit(ev, ino);
                     }
                 }
                 Effect::Refuse(id, err) => {
-                    self.parked_at.remove(id);
-                    if let Some((ino, req)) = self.parked_req.remove(id) {
+                    self.report.parked_at.remove(id);
+                    if let Some((ino, req)) = self.report.parked_req.remove(id) {
                         let mut ev = Self::lock_event(crate::events::Kind::Cancel, &req, self.lease.epoch(ino));
                         ev.reason = Some(if *err == Error::Interrupted { "signal".into() } else { format!("{err}") });
                         self.emit(ev, ino);
@@ -120,10 +149,10 @@ impl State {
                     self.emit(ev, *ino);
                 }
                 Effect::Broken(ino, f) => {
-                    self.metrics.breaks += 1;
+                    self.report.metrics.breaks += 1;
                     let mut ev = crate::events::Event::new(crate::events::Kind::Break, String::new(), f.epoch.0);
                     ev.pid = Some(f.pid);
-                    ev.reason = Some(self.lease.break_reason(*ino, f).unwrap_or(self.breaking).to_string());
+                    ev.reason = Some(self.lease.break_reason(*ino, f).unwrap_or(self.report.breaking).to_string());
                     self.emit(ev, *ino);
                 }
                 Effect::Epoch(..) => {}

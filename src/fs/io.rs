@@ -47,7 +47,7 @@ impl Fs {
             }
             let now = now();
             if let Some(size) = set.size {
-                if size > st.max_file {
+                if size > st.bounds.max_file {
                     return Err(Error::FileTooBig);
                 }
                 // Growing is sparse (no pages stored), as on tmpfs: only writes take room.
@@ -90,15 +90,15 @@ impl Fs {
     pub(super) fn check_handle(st: &mut State, ino: Ino, h: Handle, what: &str) -> Result<()> {
         if let Some(f) = st.lease.fenced_handle(ino, h.0) {
             debug!(path = %st.path_for_log(ino), ino = ino.0, pid = f.pid, held = f.epoch.0, current = st.lease.epoch(ino).0, op = what, "fenced");
-            st.metrics.fenced_operations += 1;
+            st.report.metrics.fenced_operations += 1;
             st.emit_fence(ino, f.pid, f.epoch, what);
             return Err(Error::Stale(Stale::Fenced { held: f.epoch.0, current: st.lease.epoch(ino).0 }));
         }
-        if let Some((lease, epoch, pid)) = st.handles.get(&h).and_then(|f| f.guard) {
+        if let Some((lease, epoch, pid)) = st.open.handles.get(&h).and_then(|f| f.guard) {
             let now = st.lease.epoch(lease);
             if now != epoch || st.lease.held_by(lease, &[pid]).is_none() {
                 debug!(path = %st.path_for_log(ino), lease = %st.path_for_log(lease), pid, held = epoch.0, current = now.0, op = what, "guard fenced");
-                st.metrics.fenced_operations += 1;
+                st.report.metrics.fenced_operations += 1;
                 st.emit_fence(lease, pid, epoch, what);
                 return Err(Error::Stale(Stale::Guard { held: epoch.0, current: now.0 }));
             }
@@ -126,7 +126,7 @@ impl Fs {
         let i = st.ns.get_mut(ino)?;
         i.opens += 1;
         let h = st.new_handle();
-        st.handles.insert(h, OpenFile { ino, opener, guard, control: None, listing: None });
+        st.open.handles.insert(h, OpenFile { ino, opener, guard, control: None, listing: None });
         Ok(h)
     }
 
@@ -147,10 +147,10 @@ impl Fs {
     /// Every lock taken through it goes; returns what that unblocked.
     pub fn release(&self, h: Handle, flock_owner: Option<Owner>) -> Result<Vec<Effect>> {
         let mut st = self.state.lock();
-        let f = st.handles.remove(&h).ok_or(Error::BadHandle)?;
+        let f = st.open.handles.remove(&h).ok_or(Error::BadHandle)?;
         if Fs::is_events(f.ino) {
             // A read cannot be in flight on a descriptor being released.
-            st.events.close(h.0);
+            st.report.events.close(h.0);
             return Ok(Vec::new());
         }
         if let Err(e) = st.reserve(f.ino) {
@@ -193,17 +193,17 @@ impl Fs {
 
     /// Inodes whose kernel page cache must be dropped.
     pub fn take_invalidations(&self) -> Vec<Ino> {
-        std::mem::take(&mut self.state.lock().invalidate)
+        std::mem::take(&mut self.state.lock().cache.invalidate)
     }
 
     /// Entries (directory, name) the kernel should drop to keep its
     /// references to files near the bound (see `KernelCache`).
     pub fn take_entry_drops(&self) -> Vec<(Ino, OsString)> {
         let mut st = self.state.lock();
-        if st.kernel.drop.is_empty() {
+        if st.cache.refs.drop.is_empty() {
             return Vec::new();
         }
-        std::mem::take(&mut st.kernel.drop)
+        std::mem::take(&mut st.cache.refs.drop)
     }
 
     /// `read` by thread `tid` (an observation).
@@ -213,7 +213,7 @@ impl Fs {
             return Fs::listing_read(&mut st, h, offset, size);
         }
         if control::is_control(ino) {
-            let c = st.handles.get(&h).and_then(|f| f.control.as_ref()).ok_or(Error::BadHandle)?;
+            let c = st.open.handles.get(&h).and_then(|f| f.control.as_ref()).ok_or(Error::BadHandle)?;
             let from = (offset as usize).min(c.len());
             let to = from.saturating_add(size as usize).min(c.len());
             return Ok(c[from..to].to_vec());
@@ -236,19 +236,19 @@ impl Fs {
             Self::check_handle(st, ino, h, "write")?;
             // On a shared namespace the write is stored only while the lease
             // of a guarded file is still held (checked where it is stored).
-            if let Some((lease, _, _)) = st.handles.get(&h).and_then(|f| f.guard) {
+            if let Some((lease, _, _)) = st.open.handles.get(&h).and_then(|f| f.guard) {
                 if let Some(c) = st.lease.hold_condition(lease) {
-                    st.conditions.push(c);
+                    st.sharing.conditions.push(c);
                 }
             }
             // A write through the holder's descriptor renews its lease.
             st.lease.renew(ino, Some(h.0), &[]);
-            let opener = st.handles.get(&h).and_then(|f| f.opener);
+            let opener = st.open.handles.get(&h).and_then(|f| f.opener);
             let d = st.ns.get(ino)?.data()?;
             // O_APPEND writes land at the daemon's end of file, which other
             // writers may have moved since the kernel last saw the size.
             let offset = if how.append { d.size() } else { offset };
-            if offset.saturating_add(data.len() as u64) > st.max_file {
+            if offset.saturating_add(data.len() as u64) > st.bounds.max_file {
                 return Err(Error::FileTooBig);
             }
             let extra = d.new_pages(offset, data.len() as u64) * PAGE as u64;
@@ -279,7 +279,7 @@ impl Fs {
         let tid = caller.pid;
         self.change(|st| {
             let end = offset.checked_add(len).ok_or(Error::FileTooBig)?;
-            if end > st.max_file {
+            if end > st.bounds.max_file {
                 return Err(Error::FileTooBig);
             }
             let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
@@ -360,15 +360,15 @@ impl Fs {
     /// `statfs`.
     pub fn statfs(&self) -> StatFs {
         let st = self.state.lock();
-        let (used, size) = (st.ns.usage().bytes(), st.limits.size);
+        let (used, size) = (st.ns.usage().bytes(), st.bounds.limits.size);
         let block = PAGE as u64;
         StatFs {
             blocks: size / block,
             bfree: size.saturating_sub(used) / block,
             // What users other than root may still use (root's reserve excluded).
             bavail: super::limits::allowed(size, u32::MAX).saturating_sub(used) / block,
-            files: st.limits.inodes,
-            ffree: st.limits.inodes.saturating_sub(st.ns.len() as u64),
+            files: st.bounds.limits.inodes,
+            ffree: st.bounds.limits.inodes.saturating_sub(st.ns.len() as u64),
             bsize: PAGE as u32,
             namelen: crate::namespace::NAME_MAX as u32,
         }

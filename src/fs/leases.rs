@@ -64,7 +64,7 @@ impl State {
         let verdict = self.lease.views().check(tid, ino, version, content_counts);
         verdict.map_err(|v| {
             debug!(path = %self.path_for_log(ino), pid = v.pid, ino = ino.0, seen = v.seen, current = v.current, epoch = self.lease.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
-            self.metrics.cas_rejections += 1;
+            self.report.metrics.cas_rejections += 1;
             let mut ev = crate::events::Event::new(crate::events::Kind::CasReject, String::new(), self.lease.epoch(ino).0);
             ev.pid = Some(v.pid);
             ev.reason = Some(what.to_string());
@@ -105,7 +105,7 @@ impl State {
         let pids = self.lineage(tid);
         if let Some(f) = self.lease.fenced_pid(ino, &pids) {
             debug!(path = %self.path_for_log(ino), pid = f.pid, ino = ino.0, held = f.epoch.0, current = self.lease.epoch(ino).0, op = what, "fenced");
-            self.metrics.fenced_operations += 1;
+            self.report.metrics.fenced_operations += 1;
             self.emit_fence(ino, f.pid, f.epoch, what);
             return Err(Error::Stale(Stale::Fenced { held: f.epoch.0, current: self.lease.epoch(ino).0 }));
         }

@@ -192,13 +192,29 @@ pub fn check(used: u64, extra: u64, total: u64, uid: u32) -> Result<()> {
     Ok(())
 }
 
+/// The bounds in force and the refusals they made.
+#[derive(Debug)]
+pub(super) struct Bounds {
+    pub(super) limits: Limits,
+    /// Refusals by each limit.
+    pub(super) hits: Hits,
+    /// Largest file size accepted (`EFBIG` beyond).
+    pub(super) max_file: u64,
+}
+
+impl Default for Bounds {
+    fn default() -> Bounds {
+        Bounds { limits: Limits::default(), hits: Hits::default(), max_file: crate::namespace::MAX_FILE_SIZE }
+    }
+}
+
 impl super::State {
     /// Refuse with `ENOSPC` unless `extra` more bytes fit in what `uid` may use.
     pub(super) fn room_for_bytes(&mut self, uid: u32, extra: u64) -> Result<()> {
         let used = self.ns.usage().bytes();
-        check(used, extra, self.limits.size, uid).map_err(|e| {
-            let size = self.limits.size;
-            self.hits.refuse(
+        check(used, extra, self.bounds.limits.size, uid).map_err(|e| {
+            let size = self.bounds.limits.size;
+            self.bounds.hits.refuse(
                 Limit::Size,
                 e,
                 format_args!("{used} of {size} bytes used, {extra} more asked by uid {uid}"),
@@ -209,19 +225,27 @@ impl super::State {
     /// Refuse with `ENOSPC` unless `uid` may make one more inode.
     pub(super) fn room_for_inode(&mut self, uid: u32) -> Result<()> {
         let used = self.ns.len() as u64;
-        check(used, 1, self.limits.inodes, uid).map_err(|e| {
-            let max = self.limits.inodes;
-            self.hits.refuse(Limit::Inodes, e, format_args!("{used} of {max} inodes used, one more asked by uid {uid}"))
+        check(used, 1, self.bounds.limits.inodes, uid).map_err(|e| {
+            let max = self.bounds.limits.inodes;
+            self.bounds.hits.refuse(
+                Limit::Inodes,
+                e,
+                format_args!("{used} of {max} inodes used, one more asked by uid {uid}"),
+            )
         })
     }
 
     /// Refuse with `ENFILE` when no more handles may be open (control
     /// files have a few more, so `.leasefs/` stays readable).
     pub(super) fn room_for_handle(&mut self, control: bool) -> Result<()> {
-        let max = self.limits.handles + if control { CONTROL_HANDLES } else { 0 };
-        if self.handles.len() >= max {
-            let open = self.handles.len();
-            return Err(self.hits.refuse(Limit::Handles, Error::TooManyOpen, format_args!("{open} handles open")));
+        let max = self.bounds.limits.handles + if control { CONTROL_HANDLES } else { 0 };
+        if self.open.handles.len() >= max {
+            let open = self.open.handles.len();
+            return Err(self.bounds.hits.refuse(
+                Limit::Handles,
+                Error::TooManyOpen,
+                format_args!("{open} handles open"),
+            ));
         }
         Ok(())
     }
@@ -234,21 +258,26 @@ impl super::State {
         let ll = self.lease.lock_limits();
         let row = |name, used, max, refused| LimitRow { name, used, max, refused };
         vec![
-            row("size", Some(self.ns.usage().bytes()), self.limits.size, self.hits.count(Limit::Size)),
-            row("inodes", Some(self.ns.len() as u64), self.limits.inodes, self.hits.count(Limit::Inodes)),
+            row("size", Some(self.ns.usage().bytes()), self.bounds.limits.size, self.bounds.hits.count(Limit::Size)),
+            row("inodes", Some(self.ns.len() as u64), self.bounds.limits.inodes, self.bounds.hits.count(Limit::Inodes)),
             row(
                 "handles",
-                Some(self.handles.len() as u64),
-                self.limits.handles as u64,
-                self.hits.count(Limit::Handles),
+                Some(self.open.handles.len() as u64),
+                self.bounds.limits.handles as u64,
+                self.bounds.hits.count(Limit::Handles),
             ),
-            row("xattrs_per_file", None, self.limits.xattrs_per_file as u64, self.hits.count(Limit::Xattrs)),
-            row("xattr_bytes_per_file", None, self.limits.xattr_bytes_per_file, 0),
-            row("locks", Some(locks as u64), ll.locks_total as u64, self.hits.count(Limit::Locks)),
+            row(
+                "xattrs_per_file",
+                None,
+                self.bounds.limits.xattrs_per_file as u64,
+                self.bounds.hits.count(Limit::Xattrs),
+            ),
+            row("xattr_bytes_per_file", None, self.bounds.limits.xattr_bytes_per_file, 0),
+            row("locks", Some(locks as u64), ll.locks_total as u64, self.bounds.hits.count(Limit::Locks)),
             row("ranges_per_owner", None, ll.ranges_per_owner as u64, 0),
             row("waiters", Some(waiters as u64), ll.waiters_total as u64, 0),
             row("waiters_per_lease", None, ll.waiters_per_lease as u64, 0),
-            row("kernel_inodes", Some(self.ns.held() as u64), self.limits.kernel_inodes as u64, 0),
+            row("kernel_inodes", Some(self.ns.held() as u64), self.bounds.limits.kernel_inodes as u64, 0),
         ]
     }
 }

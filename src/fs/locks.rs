@@ -45,7 +45,7 @@ impl Fs {
             // Without an fsync nothing else would shrink the directory.
             self.tidy(&mut st);
         }
-        if st.compaction.is_some() {
+        if st.durable.compaction.is_some() {
             // The next slice of the image; or, while it is written: the
             // snapshot thread wakes the timer as it ends, and this covers
             // the moment between its wake-up and its exit.
@@ -54,9 +54,9 @@ impl Fs {
         }
         // Files the kernel holds past its bound, once new ones stop coming
         // (sent by the caller with `take_entry_drops`).
-        let bound = st.limits.kernel_inodes;
+        let bound = st.bounds.limits.kernel_inodes;
         let parts = &mut *st;
-        if let Some(again) = parts.kernel.trim(&parts.ns, bound, std::time::Instant::now()) {
+        if let Some(again) = parts.cache.refs.trim(&parts.ns, bound, std::time::Instant::now()) {
             next = Some(next.map_or(again, |n| n.min(again)));
         }
         // Releases and renewals no request path sent.
@@ -88,7 +88,7 @@ impl Fs {
         // A full state disk: try again on the next tick; other failures
         // are fail-stop and end the compaction.
         if self.append_unsynced(st).is_err() {
-            if st.store.as_ref().is_some_and(|s| s.failed()) {
+            if st.durable.store.as_ref().is_some_and(|s| s.failed()) {
                 st.finish_compaction(true);
             }
             return;
@@ -106,9 +106,9 @@ impl Fs {
             st.reserve(ino)?;
         }
         let effects = st.lease.fence_all();
-        st.breaking = "admin";
+        st.report.breaking = "admin";
         st.account(&effects);
-        st.breaking = "ttl";
+        st.report.breaking = "ttl";
         let fenced = effects.iter().filter(|e| matches!(e, Effect::Broken(..))).count();
         Ok((fenced, effects))
     }
@@ -121,9 +121,9 @@ impl Fs {
             return Vec::new();
         }
         let effects = st.lease.break_now(ino);
-        st.breaking = "admin";
+        st.report.breaking = "admin";
         st.account(&effects);
-        st.breaking = "ttl";
+        st.report.breaking = "ttl";
         effects
     }
 
@@ -160,7 +160,7 @@ impl Fs {
         };
         match outcome {
             Outcome::Granted if req.mode.is_some() => {
-                st.metrics.acquisitions += 1;
+                st.report.metrics.acquisitions += 1;
                 let ev = State::lock_event(crate::events::Kind::Grant, &req, st.lease.epoch(ino));
                 st.emit(ev, ino);
             }
@@ -174,23 +174,23 @@ impl Fs {
                 }
             }
             Outcome::Parked => {
-                st.metrics.contention += 1;
+                st.report.metrics.contention += 1;
                 if let Some(id) = wait {
-                    st.parked_at.insert(id, now);
-                    st.parked_req.insert(id, (ino, req));
+                    st.report.parked_at.insert(id, now);
+                    st.report.parked_req.insert(id, (ino, req));
                 }
                 let ev = State::lock_event(crate::events::Kind::Wait, &req, st.lease.epoch(ino));
                 st.emit(ev, ino);
             }
             Outcome::Refused(Error::NoLock) => {
                 let (held, waiting) = st.lease.lock_usage();
-                st.hits.refuse(
+                st.bounds.hits.refuse(
                     super::limits::Limit::Locks,
                     Error::NoLock,
                     format_args!("lock table bound reached ({held} locks held, {waiting} waiters on the mount)"),
                 );
             }
-            Outcome::Refused(_) => st.metrics.contention += 1,
+            Outcome::Refused(_) => st.report.metrics.contention += 1,
         }
         st.account(&effects);
         st.collect(ino);

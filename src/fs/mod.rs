@@ -31,6 +31,7 @@ mod cache;
 mod control_files;
 mod durability;
 mod emit;
+use emit::Reporting;
 mod leases;
 pub use control_files::BREAK_ALL;
 mod io;
@@ -42,7 +43,9 @@ use durability::*;
 mod locks;
 mod names;
 mod shared;
+use shared::Sharing;
 mod types;
+pub use config::{Keep, Setup};
 pub use types::*;
 mod config;
 mod xattr;
@@ -78,94 +81,64 @@ struct OpenFile {
     listing: Option<Box<control_files::Listing>>,
 }
 
+/// Everything the filesystem keeps, behind one lock, in named parts.
 #[derive(Debug)]
 struct State {
     ns: Namespace,
-    handles: HashMap<Handle, OpenFile>,
-    next_handle: u64,
     /// Every lease question is asked here (SPEC 3 to 7).
     lease: LeaseAuthority,
-    /// Inodes whose cached pages the kernel must drop (content replaced
-    /// behind open descriptors).
-    invalidate: Vec<Ino>,
-    /// Renames over a live lease waiting for the kernel to look their
-    /// source up again (see `Fs::rename`).
-    pending_renames: PendingRenames,
-    /// Files of which the kernel may hold a cached entry.
-    entry_deadlines: EntryDeadlines,
-    /// Keeps the kernel's references to files bounded.
-    kernel: KernelCache,
-    /// The kernel caches names of files (not on a shared namespace).
-    names_cached: bool,
-    /// The daemon checks permissions, not the kernel (a shared namespace:
-    /// see [`access`]).
-    checks_access: bool,
-    /// Open `O_TMPFILE` files that were never linked: `link()` may give
-    /// them their first name (the kernel allows it unless `O_EXCL`).
-    tmpfiles: std::collections::HashSet<Ino>,
-    metrics: Metrics,
-    /// When each parked lock request started waiting (lease clock, ms).
-    parked_at: HashMap<WaitId, u64>,
-    /// Where and how it is mounted, for `.leasefs/status`.
-    mount_point: PathBuf,
-    mount_source: String,
-    /// Other users may use the mount (`allow_other`).
-    shared: bool,
-    /// Where `/metrics` is served over HTTP, if it is.
-    metrics_addr: Option<String>,
-    /// The durable namespace (none: contents live in memory only).
-    store: Option<crate::store::snapshot::Store>,
-    /// `--volatile`: the namespace is deliberately not kept.
-    volatile: bool,
-    /// A snapshot being encoded between requests or written off the
-    /// request path.
-    compaction: Option<Compaction>,
-    /// How long one slice of a snapshot image may hold the state lock.
-    slice: std::time::Duration,
+    open: OpenFiles,
+    /// What the kernel may cache, and what it must be told to drop.
+    cache: KernelView,
+    /// Events and metrics.
+    report: Reporting,
+    mount: MountInfo,
+    /// The journal, snapshots and compaction (none of it on a volatile or
+    /// shared mount).
+    durable: Durable,
+    /// What callers may make the daemon keep.
+    bounds: limits::Bounds,
+    /// A namespace shared with other hosts, and the change on its way.
+    sharing: Sharing,
     /// Wakes the lease timer (the authority has effects to hand over, a
     /// snapshot was written).
     wake: Wake,
-    /// What callers may make the daemon keep.
-    limits: limits::Limits,
-    /// Refusals by each limit.
-    hits: limits::Hits,
-    /// Readers of `.leasefs/events`.
-    events: crate::events::Hub,
-    /// Parked lock requests, for the events of their grant or cancellation.
-    parked_req: HashMap<WaitId, (Ino, Request)>,
-    /// Why holders are being broken (`ttl` unless an administrator does it).
-    breaking: &'static str,
-    /// Command names of processes named in events.
-    comms: HashMap<Proc, String>,
-    /// The store the namespace is shared through (an `--etcd` mount).
-    replica: Option<Box<dyn crate::namespace::replica::Replica>>,
-    /// Largest file size accepted (`EFBIG` beyond).
-    max_file: u64,
-    /// What the change in progress may be stored under only (guarded writes).
-    conditions: Vec<crate::namespace::replica::Condition>,
-    /// Inodes the change being decided on a shared namespace handed to
-    /// the kernel (a lookup reference each), let go if it does not land.
-    referenced_now: Option<Vec<Ino>>,
-    /// Handles the change being decided on a shared namespace opened, let
-    /// go if it does not land.
-    opened_now: Option<Vec<Handle>>,
-    /// Inodes of this host's change on its way to the shared store: the
-    /// table has the change already, so readers of these inodes wait until
-    /// it is stored or undone ([`Fs::settled`]).
-    in_flight: std::collections::HashSet<Ino>,
-    /// Names (directory, name) that change with it: lookups of them wait
-    /// too (lookups of other names in those directories do not).
-    in_flight_names: std::collections::HashSet<(Ino, OsString)>,
+}
+
+/// Open files. Invariant: every handle number is issued once
+/// (`next_handle` only grows), and a tmpfile in `tmpfiles` is open.
+#[derive(Debug)]
+struct OpenFiles {
+    handles: HashMap<Handle, OpenFile>,
+    next_handle: u64,
+    /// Open `O_TMPFILE` files that were never linked: `link()` may give
+    /// them their first name (the kernel allows it unless `O_EXCL`).
+    tmpfiles: std::collections::HashSet<Ino>,
+}
+
+/// Where and how the filesystem is mounted, for `.leasefs/status`, and
+/// who checks permissions. Set once by the daemon before it serves.
+#[derive(Debug, Default)]
+struct MountInfo {
+    point: PathBuf,
+    source: String,
+    /// Other users may use the mount (`allow_other`).
+    allow_other: bool,
+    /// Where `/metrics` is served over HTTP, if it is.
+    metrics_addr: Option<String>,
     /// The pool running request handlers (a shared mount), for `status`.
     handlers: Option<crate::fuse::workers::Workers>,
+    /// The daemon checks permissions, not the kernel (a shared namespace:
+    /// see [`access`]).
+    checks_access: bool,
 }
 
 impl State {
     /// A new handle number, remembered by the change being decided.
     fn new_handle(&mut self) -> Handle {
-        let h = Handle(self.next_handle);
-        self.next_handle += 1;
-        if let Some(now) = self.opened_now.as_mut() {
+        let h = Handle(self.open.next_handle);
+        self.open.next_handle += 1;
+        if let Some(now) = self.sharing.opened_now.as_mut() {
             now.push(h);
         }
         h
@@ -174,12 +147,12 @@ impl State {
     /// The kernel took a reference to `ino` (a lookup, create, mknod,
     /// symlink or link reply).
     fn referenced(&mut self, ino: Ino) {
-        if let Some(now) = self.referenced_now.as_mut() {
+        if let Some(now) = self.sharing.referenced_now.as_mut() {
             now.push(ino);
         }
         if self.ns.add_lookup(ino) {
-            let bound = self.limits.kernel_inodes;
-            if self.kernel.took(&self.ns, ino, bound, Instant::now()) {
+            let bound = self.bounds.limits.kernel_inodes;
+            if self.cache.refs.took(&self.ns, ino, bound, Instant::now()) {
                 self.wake.wake();
             }
         }
@@ -226,7 +199,7 @@ impl State {
         }
         if self.ns.get(ino).is_err() {
             self.lease.forget(ino);
-            self.tmpfiles.remove(&ino);
+            self.open.tmpfiles.remove(&ino);
         }
         let ns = &self.ns;
         self.lease.retain_detached(&mut |i| ns.get(i).is_ok());
@@ -262,62 +235,20 @@ fn resolve(t: SetTime, now: SystemTime) -> SystemTime {
 }
 
 impl Fs {
-    /// A filesystem whose leases carry `ttl_ms` unless a file sets its own.
-    pub fn with_lease_ttl(uid: u32, gid: u32, ttl_ms: Option<u64>) -> Fs {
-        let fs = Fs::new(uid, gid);
-        fs.state.lock().set_authority(LeaseAuthority::single_host(LocalAuthority::new(ttl_ms)));
-        fs
-    }
-
-    /// A filesystem whose leases are shared with other hosts through
-    /// `arbitration` (the etcd backend), carrying `ttl_ms` unless a file
-    /// sets its own.
-    pub fn with_arbitration(uid: u32, gid: u32, ttl_ms: Option<u64>, arbitration: Box<dyn Arbitration>) -> Fs {
-        let fs = Fs::new(uid, gid);
-        fs.state.lock().set_authority(LeaseAuthority::shared(LocalAuthority::new(ttl_ms), arbitration));
-        fs
-    }
-
     /// A filesystem with an empty root owned by `uid:gid` (mode 0755).
     pub fn new(uid: u32, gid: u32) -> Fs {
         let fs = Fs {
             state: Mutex::new(State {
                 ns: Namespace::new(0o755, uid, gid, now()),
-                handles: HashMap::new(),
-                next_handle: 1,
                 lease: LeaseAuthority::single_host(LocalAuthority::new(None)),
-                invalidate: Vec::new(),
-                pending_renames: PendingRenames::default(),
-                entry_deadlines: EntryDeadlines::default(),
-                kernel: KernelCache::default(),
-                names_cached: true,
-                tmpfiles: std::collections::HashSet::new(),
-                metrics: Metrics::default(),
-                parked_at: HashMap::new(),
-                mount_point: PathBuf::new(),
-                mount_source: String::new(),
-                shared: false,
-                metrics_addr: None,
-                store: None,
-                volatile: false,
-                compaction: None,
-                slice: SLICE,
+                open: OpenFiles { handles: HashMap::new(), next_handle: 1, tmpfiles: Default::default() },
+                cache: KernelView::default(),
+                report: Reporting::default(),
+                mount: MountInfo::default(),
+                durable: Durable::default(),
+                bounds: limits::Bounds::default(),
+                sharing: Sharing::default(),
                 wake: Wake::default(),
-                limits: limits::Limits::default(),
-                hits: limits::Hits::default(),
-                events: crate::events::Hub::default(),
-                parked_req: HashMap::new(),
-                breaking: "ttl",
-                comms: HashMap::new(),
-                checks_access: false,
-                replica: None,
-                max_file: crate::namespace::MAX_FILE_SIZE,
-                conditions: Vec::new(),
-                referenced_now: None,
-                opened_now: None,
-                in_flight: std::collections::HashSet::new(),
-                in_flight_names: std::collections::HashSet::new(),
-                handlers: None,
             }),
             group: crate::store::group::GroupCommit::default(),
             barrier: std::sync::OnceLock::new(),

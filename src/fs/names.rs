@@ -17,12 +17,12 @@ impl Fs {
         st.permit(caller, parent, access::X)?;
         let ino = st.ns.child(parent, name)?;
         st.referenced(ino);
-        let mut keep = !st.pending_renames.looked_up(parent, name, caller.pid);
+        let mut keep = !st.cache.pending_renames.looked_up(parent, name, caller.pid);
         let a = st.ns.get(ino)?.attr();
-        if keep && st.names_cached && a.kind != Kind::Dir {
+        if keep && st.cache.names_cached && a.kind != Kind::Dir {
             keep = SystemTime::now().duration_since(a.crtime).is_ok_and(|age| age >= YOUNG);
             if keep {
-                st.entry_deadlines.given(ino, Instant::now());
+                st.cache.entry_deadlines.given(ino, Instant::now());
             }
         }
         Ok((a, keep))
@@ -203,7 +203,7 @@ impl Fs {
             now(),
         );
         st.referenced(ino);
-        st.tmpfiles.insert(ino);
+        st.open.tmpfiles.insert(ino);
         let h = Self::open_locked(&mut st, ino, flags, caller.pid)?;
         st.observe(caller.pid, ino);
         Ok((st.ns.get(ino)?.attr(), h))
@@ -277,7 +277,7 @@ impl Fs {
             if i.kind == Kind::Dir {
                 return Err(Error::NotPermitted);
             }
-            if i.nlink == 0 && !st.tmpfiles.contains(&ino) {
+            if i.nlink == 0 && !st.open.tmpfiles.contains(&ino) {
                 return Err(Error::NotFound);
             }
             let p = st.ns.get(parent)?;
@@ -293,7 +293,7 @@ impl Fs {
             let path = st.path_of(parent, name);
             st.ns.link(parent, name, ino)?;
             st.referenced(ino);
-            st.tmpfiles.remove(&ino);
+            st.open.tmpfiles.remove(&ino);
             st.ns.get_mut(parent)?.touch_content(now);
             // link() creating the name acquires the lease (the dotlock idiom).
             let floor = st.path_floor(path.as_ref());
@@ -452,11 +452,11 @@ impl Fs {
         // rename holds. A source the kernel only got from its create (the
         // usual renewal) has no valid entry and is renamed at the first
         // try.
-        if st.names_cached
-            && st.entry_deadlines.cached(src, Instant::now())
-            && !st.pending_renames.retried(parent, name, tid)
+        if st.cache.names_cached
+            && st.cache.entry_deadlines.cached(src, Instant::now())
+            && !st.cache.pending_renames.retried(parent, name, tid)
         {
-            st.pending_renames.ask(parent, name, tid);
+            st.cache.pending_renames.ask(parent, name, tid);
             return Err(Error::Stale(Stale::Lookup));
         }
         let old_path = st.path_of(parent, name);
@@ -471,7 +471,7 @@ impl Fs {
         st.ns.unlink(parent, name)?;
         st.ns.get_mut(parent)?.touch_content(m.now);
         st.ns.get_mut(newparent)?.touch_content(m.now);
-        st.invalidate.push(dst);
+        st.cache.invalidate.push(dst);
         st.repoint(dst);
         st.collect(src);
         // Its own rename is an observation of the new version.

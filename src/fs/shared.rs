@@ -9,13 +9,43 @@ use std::collections::HashSet;
 
 use super::*;
 
+/// A namespace shared with other hosts, and what the change being decided
+/// or on its way touches. Invariant: `in_flight` and `in_flight_names` are
+/// empty unless a change is on its way to the store, and
+/// `referenced_now`/`opened_now` are `Some` only while one is decided.
+#[derive(Default)]
+pub(super) struct Sharing {
+    /// The store the namespace is shared through (an `--etcd` mount).
+    pub(super) replica: Option<Box<dyn crate::namespace::replica::Replica>>,
+    /// What the change in progress may be stored under only (guarded writes).
+    pub(super) conditions: Vec<crate::namespace::replica::Condition>,
+    /// Inodes the change being decided handed to the kernel (a lookup
+    /// reference each), let go if it does not land.
+    pub(super) referenced_now: Option<Vec<Ino>>,
+    /// Handles the change being decided opened, let go if it does not land.
+    pub(super) opened_now: Option<Vec<Handle>>,
+    /// Inodes of this host's change on its way to the shared store: the
+    /// table has the change already, so readers of these inodes wait until
+    /// it is stored or undone ([`Fs::settled`]).
+    pub(super) in_flight: HashSet<Ino>,
+    /// Names (directory, name) that change with it: lookups of them wait
+    /// too (lookups of other names in those directories do not).
+    pub(super) in_flight_names: HashSet<(Ino, OsString)>,
+}
+
+impl std::fmt::Debug for Sharing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sharing").field("shared", &self.replica.is_some()).finish_non_exhaustive()
+    }
+}
+
 impl State {
     /// Bring a shared namespace up to `target` (from its barrier): every
     /// change other hosts committed before the barrier was asked; when its
     /// store cannot be reached, reads answer from the table as it is
     /// (SPEC 10).
     pub(super) fn catch_up_to(&mut self, target: Result<i64>) {
-        let Some(r) = self.replica.as_mut() else { return };
+        let Some(r) = self.sharing.replica.as_mut() else { return };
         match r.catch_up_to(&mut self.ns, target) {
             Ok(c) => self.caught(c),
             Err(e) => tracing::debug!("answering from the local copy of the namespace: {e:?}"),
@@ -49,7 +79,7 @@ impl State {
     /// either).
     pub(super) fn let_go(&mut self, opened: Vec<Handle>, referenced: Vec<Ino>) {
         for h in opened {
-            if let Some(f) = self.handles.remove(&h) {
+            if let Some(f) = self.open.handles.remove(&h) {
                 let _ = self.lease.release_handle(f.ino, h.0, None);
                 if let Ok(i) = self.ns.get_mut(f.ino) {
                     i.opens = i.opens.saturating_sub(1);
@@ -103,13 +133,13 @@ impl Fs {
     /// until that change is stored or undone (it never sees a change that
     /// may not land).
     pub(super) fn fresh(&self, inos: &[Ino]) -> parking_lot::MutexGuard<'_, State> {
-        self.fresh_unless(|st| inos.iter().any(|i| st.in_flight.contains(i)))
+        self.fresh_unless(|st| inos.iter().any(|i| st.sharing.in_flight.contains(i)))
     }
 
     /// As [`Fs::fresh`], for a listing of directory `dir`: it waits for
     /// changes of the directory's names.
     pub(super) fn fresh_listing(&self, dir: Ino) -> parking_lot::MutexGuard<'_, State> {
-        self.fresh_unless(|st| st.in_flight_names.iter().any(|(d, _)| *d == dir))
+        self.fresh_unless(|st| st.sharing.in_flight_names.iter().any(|(d, _)| *d == dir))
     }
 
     /// As [`Fs::fresh`], for a lookup of `name` in `dir`: it waits for a
@@ -117,9 +147,9 @@ impl Fs {
     /// of the directory.
     pub(super) fn fresh_name(&self, dir: Ino, name: &OsStr) -> parking_lot::MutexGuard<'_, State> {
         self.fresh_unless(|st| {
-            (!st.in_flight.is_empty() || !st.in_flight_names.is_empty())
-                && (st.in_flight_names.contains(&(dir, name.to_owned()))
-                    || st.ns.child(dir, name).is_ok_and(|c| st.in_flight.contains(&c)))
+            (!st.sharing.in_flight.is_empty() || !st.sharing.in_flight_names.is_empty())
+                && (st.sharing.in_flight_names.contains(&(dir, name.to_owned()))
+                    || st.ns.child(dir, name).is_ok_and(|c| st.sharing.in_flight.contains(&c)))
         })
     }
 
@@ -170,29 +200,29 @@ impl Fs {
             let fresh = tries > 1;
             let target = fresh.then(|| barrier.target_now());
             let mut st = self.state.lock();
-            let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+            let Some(mut r) = st.sharing.replica.take() else { return Err(Error::Unreachable) };
             let c = match r.begin(&mut st.ns, target) {
                 Ok(c) => c,
                 Err(e) => {
-                    st.replica = Some(r);
+                    st.sharing.replica = Some(r);
                     return Err(e);
                 }
             };
             st.caught(c);
-            st.referenced_now = Some(Vec::new());
-            st.opened_now = Some(Vec::new());
+            st.sharing.referenced_now = Some(Vec::new());
+            st.sharing.opened_now = Some(Vec::new());
             let out = op(&mut st);
             let claims = st.lease.take_claims();
-            st.conditions.extend(claims);
-            let referenced = st.referenced_now.take().unwrap_or_default();
-            let opened = st.opened_now.take().unwrap_or_default();
+            st.sharing.conditions.extend(claims);
+            let referenced = st.sharing.referenced_now.take().unwrap_or_default();
+            let opened = st.sharing.opened_now.take().unwrap_or_default();
             let (dirty, freed) = st.ns.dirty();
-            if !fresh && dirty.is_empty() && freed.is_empty() && st.conditions.is_empty() {
+            if !fresh && dirty.is_empty() && freed.is_empty() && st.sharing.conditions.is_empty() {
                 // Nothing to store, so nothing compared: an answer that
                 // changes nothing (an error, an existing file opened) stands
                 // only if the namespace had not moved on before the call.
                 let before = r.applied();
-                st.replica = Some(r);
+                st.sharing.replica = Some(r);
                 drop(st);
                 match self.still_current(barrier.as_ref(), before, opened, referenced) {
                     Ok(true) => return out,
@@ -201,25 +231,25 @@ impl Fs {
                 }
             }
             let (in_flight, in_flight_names) = st.touched(dirty, freed);
-            let conditions = std::mem::take(&mut st.conditions);
+            let conditions = std::mem::take(&mut st.sharing.conditions);
             let st_ref = &mut *st;
             let lease = &st_ref.lease;
             let prepared = r.prepare(&mut st_ref.ns, &|ino| extra_of(lease, ino), &conditions);
             let mut publication = match prepared {
                 Ok(Some(p)) => p,
                 Ok(None) => {
-                    st.replica = Some(r);
+                    st.sharing.replica = Some(r);
                     return out;
                 }
                 Err(e) => {
                     st.let_go(opened, referenced);
-                    st.replica = Some(r);
+                    st.sharing.replica = Some(r);
                     return Err(e);
                 }
             };
-            st.in_flight = in_flight;
-            st.in_flight_names = in_flight_names;
-            st.replica = Some(r);
+            st.sharing.in_flight = in_flight;
+            st.sharing.in_flight_names = in_flight_names;
+            st.sharing.replica = Some(r);
             drop(st);
             if !conditions.is_empty() {
                 crate::failpoints::pausepoint("guarded-publish");
@@ -235,12 +265,12 @@ impl Fs {
                 tracing::error!("sending a change to the shared store panicked; it is undone");
             }
             let mut st = self.state.lock();
-            st.in_flight.clear();
-            st.in_flight_names.clear();
+            st.sharing.in_flight.clear();
+            st.sharing.in_flight_names.clear();
             self.settled.notify_all();
-            let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+            let Some(mut r) = st.sharing.replica.take() else { return Err(Error::Unreachable) };
             let published = r.settle(&mut st.ns, publication);
-            st.replica = Some(r);
+            st.sharing.replica = Some(r);
             match (out, published) {
                 (Ok(v), Ok(())) => return Ok(v),
                 (_, Err(Error::Conflict)) if tries < CONFLICT_TRIES => st.let_go(opened, referenced),
@@ -267,10 +297,10 @@ impl Fs {
     ) -> Result<bool> {
         let target = barrier.target_now();
         let mut st = self.state.lock();
-        let Some(mut r) = st.replica.take() else { return Err(Error::Unreachable) };
+        let Some(mut r) = st.sharing.replica.take() else { return Err(Error::Unreachable) };
         let caught = r.catch_up_to(&mut st.ns, target);
         let moved = r.applied() != before;
-        st.replica = Some(r);
+        st.sharing.replica = Some(r);
         match caught {
             Ok(c) if !moved => {
                 st.caught(c);
@@ -310,7 +340,7 @@ impl Fs {
     /// even while the shared store cannot be reached.
     pub(super) fn precheck(&self, check: impl FnOnce(&mut State) -> Result<()>) -> Result<()> {
         let mut st = self.state.lock();
-        if st.replica.is_some() {
+        if st.sharing.replica.is_some() {
             check(&mut st)?;
         }
         Ok(())
@@ -318,25 +348,16 @@ impl Fs {
 
     /// Share the namespace through `replica`: the table is replaced by the
     /// shared namespace as it is now.
-    pub fn set_replica(&self, mut replica: Box<dyn crate::namespace::replica::Replica>) -> Result<()> {
+    pub(super) fn share(&self, mut replica: Box<dyn crate::namespace::replica::Replica>) -> Result<()> {
         let _ = self.barrier.set(replica.barrier());
         let mut st = self.state.lock();
         st.ns.set_tracking();
         let c = replica.catch_up(&mut st.ns)?;
         st.caught(c);
-        st.max_file = replica.max_file_size();
-        st.replica = Some(replica);
-        st.names_cached = false;
-        st.checks_access = true;
+        st.bounds.max_file = replica.max_file_size();
+        st.sharing.replica = Some(replica);
+        st.cache.names_cached = false;
+        st.mount.checks_access = true;
         Ok(())
-    }
-
-    /// Start the pool that runs request handlers of a shared mount
-    /// (`HANDLER_THREADS` threads, at most `HANDLERS_HELD` requests
-    /// queued or running); `status` shows it.
-    pub fn start_handlers(&self) -> std::io::Result<crate::fuse::workers::Workers> {
-        let w = crate::fuse::workers::Workers::start(HANDLER_THREADS, HANDLERS_HELD)?;
-        self.state.lock().handlers = Some(w.clone());
-        Ok(w)
     }
 }

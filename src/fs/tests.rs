@@ -328,7 +328,7 @@ fn changes_without_fsync_are_written_back_in_bounded_batches() {
     let dir = tempfile::tempdir().unwrap();
     let fs = fs();
     let (store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
-    fs.set_store(store, rec);
+    fs.restore(store, rec);
     let n = 3 * WRITEBACK + 10;
     for i in 0..n {
         fs.mknod(C, Ino::ROOT, OsStr::new(&format!("f{i}")), libc::S_IFREG | 0o644, 0, 0).unwrap();
@@ -350,8 +350,8 @@ fn fs_compacting_often() -> (tempfile::TempDir, Fs) {
     let fs = fs();
     let (mut store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
     store.snapshot_min = 4096;
-    fs.set_store(store, rec);
-    fs.state.lock().slice = std::time::Duration::ZERO;
+    fs.restore(store, rec);
+    fs.state.lock().durable.slice = std::time::Duration::ZERO;
     (dir, fs)
 }
 
@@ -388,12 +388,12 @@ fn a_snapshot_encoded_between_unsynced_changes_recovers_a_namespace_that_existed
     }
     assert!(slices >= 3, "the image took {slices} slices");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while fs.state.lock().compaction.is_some() {
+    while fs.state.lock().durable.compaction.is_some() {
         assert!(std::time::Instant::now() < deadline, "the snapshot was not written in 30 s");
         fs.tick();
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
-    assert_eq!(fs.state.lock().store.as_ref().unwrap().generation(), 1, "the snapshot was installed");
+    assert_eq!(fs.state.lock().durable.store.as_ref().unwrap().generation(), 1, "the snapshot was installed");
     // What a crash now leaves: the files as they are.
     let (_, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
     let got = paths(&Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now())));
@@ -409,13 +409,13 @@ fn run_timer(fs: &Fs, ticks: usize) -> u64 {
     for _ in 0..ticks {
         fs.tick();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while fs.state.lock().compaction.is_some() {
+        while fs.state.lock().durable.compaction.is_some() {
             assert!(std::time::Instant::now() < deadline, "the snapshot was not written in 30 s");
             fs.tick();
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
     }
-    fs.state.lock().store.as_ref().unwrap().generation()
+    fs.state.lock().durable.store.as_ref().unwrap().generation()
 }
 
 /// The timer compacts a state directory that outgrew the live state
@@ -438,7 +438,7 @@ fn the_timer_compacts_once_what_was_removed_without_fsync_and_then_rests() {
     let settled = run_timer(&fs, 3);
     let disk = |fs: &Fs| {
         let st = fs.state.lock();
-        let store = st.store.as_ref().unwrap();
+        let store = st.durable.store.as_ref().unwrap();
         (store.disk_bytes(), st.live_state())
     };
     let (before, live) = disk(&fs);
@@ -517,7 +517,7 @@ fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
     let trim = |at: Instant| {
         let mut st = fs.state.lock();
         let st = &mut *st;
-        st.kernel.trim(&st.ns, 16, at)
+        st.cache.refs.trim(&st.ns, 16, at)
     };
     let wait = trim(Instant::now()).expect("past the bound");
     assert!(wait <= TRIM_AFTER && fs.take_entry_drops().is_empty(), "{wait:?}");

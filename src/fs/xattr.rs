@@ -66,9 +66,9 @@ impl Fs {
             let new = (name.len() + value.len()) as u64;
             let count = i.xattrs.len() + usize::from(!exists);
             let bytes = crate::namespace::xattr_bytes(&i.xattrs) - old + new;
-            let (max_count, max_bytes) = (st.limits.xattrs_per_file, st.limits.xattr_bytes_per_file);
+            let (max_count, max_bytes) = (st.bounds.limits.xattrs_per_file, st.bounds.limits.xattr_bytes_per_file);
             if count > max_count || bytes > max_bytes {
-                return Err(st.hits.refuse(
+                return Err(st.bounds.hits.refuse(
                     super::limits::Limit::Xattrs,
                     Error::NoSpace,
                     format_args!("{count} attributes, {bytes} bytes on one file (at most {max_count}, {max_bytes})"),

@@ -206,7 +206,7 @@ mod tests {
             crate::store::snapshot::Store::open(Box::new(Gated { mem: MemStorage::recording(), gate: gate.clone() }))
                 .unwrap();
         let fs = Arc::new(Fs::new(0, 0));
-        fs.set_store(store, rec);
+        fs.restore(store, rec);
         (fs, gate)
     }
 
