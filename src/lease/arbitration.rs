@@ -66,8 +66,8 @@ pub trait Arbitration: Send + std::fmt::Debug {
     fn changed(&mut self, local: &LocalAuthority, ino: Ino);
     /// A holder of `ino` renewed its lease on `local`.
     fn renewed(&mut self, local: &LocalAuthority, ino: Ino);
-    /// The lock requests parked in the arbiter, one entry per waiter.
-    fn parked(&self) -> Vec<Ino>;
+    /// The lease of each lock request parked in the arbiter, one per waiter.
+    fn parked(&self) -> Box<dyn Iterator<Item = Ino> + '_>;
     /// Work for the lease timer: deliver what the arbiter decided
     /// meanwhile, then tick `local`; the effects and the next deadline.
     fn tick(&mut self, local: &mut LocalAuthority) -> (Vec<Effect>, Option<u64>);

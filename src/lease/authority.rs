@@ -353,7 +353,7 @@ impl LeaseAuthority {
 
     /// True while the lease has a holder or a waiter on this host.
     pub fn is_live(&self, ino: Ino) -> bool {
-        self.local.is_live(ino) || self.shared.as_ref().is_some_and(|a| a.parked().contains(&ino))
+        self.local.is_live(ino) || self.shared.as_ref().is_some_and(|a| a.parked().any(|i| i == ino))
     }
 
     /// Live on this host or, with other hosts, on any host (asked before a
@@ -426,7 +426,7 @@ impl LeaseAuthority {
     /// Locks held and waiters queued on the whole mount.
     pub fn lock_usage(&self) -> (usize, usize) {
         let (held, waiting) = self.local.lock_usage();
-        (held, waiting + self.shared.as_ref().map_or(0, |a| a.parked().len()))
+        (held, waiting + self.shared.as_ref().map_or(0, |a| a.parked().count()))
     }
 
     /// Requests refused because a lock-table bound was reached.

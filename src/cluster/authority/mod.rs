@@ -546,8 +546,8 @@ impl Arbitration for EtcdArbitration {
         self.touch(local, ino);
     }
 
-    fn parked(&self) -> Vec<Ino> {
-        self.parked.values().map(|p| p.ino).collect()
+    fn parked(&self) -> Box<dyn Iterator<Item = Ino> + '_> {
+        Box::new(self.parked.values().map(|p| p.ino))
     }
 
     fn tick(&mut self, local: &mut LocalAuthority) -> (Vec<Effect>, Option<u64>) {
