@@ -7,8 +7,11 @@
 //! TTL_SECONDS (default 0) is the entry and attribute timeout of every reply:
 //! 0 makes the kernel ask for every name and attribute, 1 lets it cache them.
 //!
-//! One flat directory of regular files; contents are ignored (writes succeed,
-//! reads return nothing). Blocked lock waits cannot be interrupted.
+//! One flat directory of regular files whose contents are kept in memory,
+//! one contiguous buffer per file, served through the kernel's page cache
+//! (fuser's defaults: no direct I/O, default readahead); `fsync` has
+//! nothing to do. `scripts/databench.sh` measures leasefs's data path
+//! against it. Blocked lock waits cannot be interrupted.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{OsStr, OsString};
@@ -16,7 +19,8 @@ use std::time::{Duration, SystemTime};
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
-    OpenFlags, ReplyAttr, ReplyCreate, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyWrite, Request, WriteFlags,
+    OpenFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyWrite, Request,
+    WriteFlags,
 };
 use parking_lot::Mutex;
 
@@ -53,22 +57,42 @@ impl FileLocks {
 
 #[derive(Default)]
 struct State {
-    names: HashMap<OsString, u64>,
+    /// (parent, name) -> inode.
+    names: HashMap<(u64, OsString), u64>,
+    dirs: std::collections::HashSet<u64>,
     locks: HashMap<u64, FileLocks>,
+    data: HashMap<u64, Vec<u8>>,
     next: u64,
     next_fh: u64,
+}
+
+impl State {
+    fn attr(&self, ino: u64) -> FileAttr {
+        let mut a = attr(ino, self.data.get(&ino).map_or(0, |d| d.len() as u64));
+        if self.dirs.contains(&ino) {
+            (a.kind, a.perm, a.nlink) = (FileType::Directory, 0o777, 2);
+        }
+        a
+    }
+
+    /// A new inode under `parent`, or the one the name already has.
+    fn make(&mut self, parent: u64, name: &OsStr) -> u64 {
+        self.next = self.next.max(1) + 1;
+        let fresh = self.next;
+        *self.names.entry((parent, name.to_os_string())).or_insert(fresh)
+    }
 }
 
 struct MinimalFs {
     st: Mutex<State>,
 }
 
-fn attr(ino: u64) -> FileAttr {
+fn attr(ino: u64, size: u64) -> FileAttr {
     let t = SystemTime::UNIX_EPOCH;
     FileAttr {
         ino: INodeNo(ino),
-        size: 0,
-        blocks: 0,
+        size,
+        blocks: size.div_ceil(512),
         atime: t,
         mtime: t,
         ctime: t,
@@ -97,21 +121,65 @@ impl fuser::Filesystem for MinimalFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, _parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        match self.st.lock().names.get(name) {
-            Some(&ino) => reply.entry(ttl(), &attr(ino), Generation(0)),
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let found = self.st.lock().names.get(&(parent.0, name.to_os_string())).copied();
+        match found.as_ref() {
+            Some(&ino) => reply.entry(ttl(), &self.st.lock().attr(ino), Generation(0)),
             None => reply.error(Errno::ENOENT),
         }
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        reply.attr(ttl(), &attr(ino.0));
+        reply.attr(ttl(), &self.st.lock().attr(ino.0));
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<fuser::TimeOrNow>,
+        _mtime: Option<fuser::TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let mut st = self.st.lock();
+        if let Some(size) = size {
+            st.data.entry(ino.0).or_default().resize(size as usize, 0);
+        }
+        reply.attr(ttl(), &st.attr(ino.0));
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let st = self.st.lock();
+        let d = st.data.get(&ino.0).map_or(&[][..], |d| &d[..]);
+        let from = (offset as usize).min(d.len());
+        let to = from.saturating_add(size as usize).min(d.len());
+        reply.data(&d[from..to]);
     }
 
     fn create(
         &self,
         _req: &Request,
-        _parent: INodeNo,
+        parent: INodeNo,
         name: &OsStr,
         _mode: u32,
         _umask: u32,
@@ -119,11 +187,31 @@ impl fuser::Filesystem for MinimalFs {
         reply: ReplyCreate,
     ) {
         let mut st = self.st.lock();
-        st.next = st.next.max(1) + 1;
-        let fresh = st.next;
-        let ino = *st.names.entry(name.to_os_string()).or_insert(fresh);
+        let ino = st.make(parent.0, name);
         st.next_fh += 1;
-        reply.created(ttl(), &attr(ino), Generation(0), FileHandle(st.next_fh), FopenFlags::empty());
+        reply.created(ttl(), &st.attr(ino), Generation(0), FileHandle(st.next_fh), FopenFlags::empty());
+    }
+
+    fn mkdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, _mode: u32, _umask: u32, reply: ReplyEntry) {
+        let mut st = self.st.lock();
+        let ino = st.make(parent.0, name);
+        st.dirs.insert(ino);
+        reply.entry(ttl(), &st.attr(ino), Generation(0));
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let mut st = self.st.lock();
+        match st.names.remove(&(parent.0, name.to_os_string())) {
+            Some(ino) => {
+                st.data.remove(&ino);
+                reply.ok();
+            }
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        self.unlink(req, parent, name, reply);
     }
 
     fn open(&self, _req: &Request, _ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -135,15 +223,22 @@ impl fuser::Filesystem for MinimalFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _offset: u64,
+        offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let mut st = self.st.lock();
+        let d = st.data.entry(ino.0).or_default();
+        let end = offset as usize + data.len();
+        if d.len() < end {
+            d.resize(end, 0);
+        }
+        d[offset as usize..end].copy_from_slice(data);
         reply.written(data.len() as u32);
     }
 

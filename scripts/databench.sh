@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Data-path benchmark, side by side in one run: leasefs (durable, state
+# directory on the root disk), leasefs --volatile, the minimal fuser
+# filesystem keeping its data in memory with a zero TTL ("minimal",
+# scripts/minimalfs.rs), ext4 (a directory on the root disk, "disk") and
+# tmpfs. Rounds alternate the columns; medians over the rounds.
+#   scripts/databench.sh [ROUNDS] [MIB] [MMAP_SECONDS]   (defaults: 3, 256, 5)
+#   PIN=1 scripts/databench.sh                          (everything on CPU 0)
+#   BASELINE=/path/to/older/leasefs scripts/databench.sh (adds that build)
+# Metrics, per column:
+#   write_fsync_s  dd of MIB MiB in 1 MiB blocks, conv=fsync (a fresh file)
+#   read_cold_s    dd it back in 1 MiB blocks after dropping the page cache
+#   read_warm_s    dd it back again at once (the page cache, where kept)
+#   mmap4m_ops     stress-ng --mmap 1 --mmap-file --mmap-bytes 4M, ops/s
+#   mmap256m_ops   the same with 256M
+#   disk_per_byte  (durable leasefs only) bytes the daemon wrote to the
+#                  state directory's disk per byte of file data, over the
+#                  write and 6 s of idling after it (/proc/PID/io)
+# Needs root, dd and stress-ng.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+mib=${2:-256}
+msecs=${3:-5}
+command -v stress-ng >/dev/null || { echo "databench: needs stress-ng (apt-get install stress-ng)" >&2; exit 1; }
+
+work=$(mktemp -d /tmp/leasefs-databench.XXXXXX)
+. scripts/benchmounts.sh
+bench_mount_all
+mkdir -p "$work/disk"
+cols="${cols} minimal disk"
+head -c $((mib << 20)) /dev/urandom > "$work/tmpfs/source"
+daemon_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1] + '/.leasefs/status'))['pid'])" "$1"; }
+written() { awk '/^write_bytes/ {print $2}' "/proc/$1/io"; }
+secs() { # command... -> seconds it took
+    local t0 t1
+    t0=$(date +%s.%N)
+    "$@" >/dev/null 2>&1
+    t1=$(date +%s.%N)
+    python3 -c "print(f'{$t1 - $t0:.4f}')"
+}
+mmap_ops() { # dir bytes -> bogo ops/s (real time)
+    (cd "$1" && "${pin[@]}" stress-ng --mmap 1 --mmap-file --mmap-bytes "$2" -t "$msecs" --temp-path "$1" --metrics-brief 2>&1) |
+        awk '$2 == "metrc:" && $4 == "mmap" { print $8 }'
+}
+
+for r in $(seq "$rounds"); do
+    for fs in $cols; do
+        d="$work/$fs"
+        case $fs in minimal) f="$d/data$r" ;; *) mkdir -p "$d/run$r"; f="$d/run$r/data" ;; esac
+        pid=
+        [ "$fs" = leasefs ] && pid=$(daemon_pid "$d") && w0=$(written "$pid")
+        echo "$fs write_fsync_s $(secs "${pin[@]}" dd if="$work/tmpfs/source" of="$f" bs=1M conv=fsync)"
+        if [ -n "$pid" ]; then
+            sleep 6
+            echo "$fs disk_per_byte $(python3 -c "print(f'{($(written "$pid") - $w0) / ($mib << 20):.3f}')")"
+        fi
+        sync
+        echo 3 > /proc/sys/vm/drop_caches
+        echo "$fs read_cold_s $(secs "${pin[@]}" dd if="$f" of=/dev/null bs=1M)"
+        echo "$fs read_warm_s $(secs "${pin[@]}" dd if="$f" of=/dev/null bs=1M)"
+        cmp -s "$f" "$work/tmpfs/source" || { echo "databench: $fs returned other bytes than were written" >&2; exit 1; }
+        rm -f "$f"
+        case $fs in minimal) md="$d" ;; *) md="$d/run$r" ;; esac
+        echo "$fs mmap4m_ops $(mmap_ops "$md" 4M)"
+        echo "$fs mmap256m_ops $(mmap_ops "$md" 256M)"
+    done
+done > "$work/results"
+
+python3 - "$work/results" "$rounds" "$mib" $cols <<'PY'
+import statistics, sys
+data = {}
+for fs, metric, v in (l.split() for l in open(sys.argv[1])):
+    try:
+        data.setdefault(metric, {}).setdefault(fs, []).append(float(v))
+    except ValueError:
+        pass
+cols = sys.argv[4:]
+print(f"# medians of {sys.argv[2]} rounds, {sys.argv[3]} MiB; ratio = leasefs / minimal")
+print("%-14s" % "metric" + "".join("%12s" % c for c in cols) + "%16s%16s" % ("leasefs/min", "volatile/min"))
+for m in ("write_fsync_s", "read_cold_s", "read_warm_s", "mmap4m_ops", "mmap256m_ops", "disk_per_byte"):
+    row = data.get(m, {})
+    med = {c: statistics.median(row[c]) for c in cols if row.get(c)}
+    line = "%-14s" % m + "".join("%12s" % (f"{med[c]:.3f}" if c in med else "-") for c in cols)
+    for c in ("leasefs", "volatile"):
+        ok = c in med and med.get("minimal")
+        line += "%16s" % (f"{med[c] / med['minimal']:.2f}" if ok else "-")
+    print(line)
+PY
