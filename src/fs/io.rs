@@ -208,19 +208,30 @@ impl Fs {
 
     /// `read` by thread `tid` (an observation).
     pub fn read(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_into(ino, h, offset, size, tid, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Fs::read`] into `out`: a caller that keeps its buffer from read
+    /// to read touches no fresh memory for the bytes.
+    pub fn read_into(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32, out: &mut Vec<u8>) -> Result<()> {
         let mut st = self.fresh(&[ino]);
         if ControlFile::by_ino(ino) == Some(ControlFile::Leases) {
-            return Fs::listing_read(&mut st, h, offset, size);
+            *out = Fs::listing_read(&mut st, h, offset, size)?;
+            return Ok(());
         }
         if control::is_control(ino) {
             let c = st.open.handles.get(&h).and_then(|f| f.control.as_ref()).ok_or(Error::BadHandle)?;
             let from = (offset as usize).min(c.len());
             let to = from.saturating_add(size as usize).min(c.len());
-            return Ok(c[from..to].to_vec());
+            out.clear();
+            out.extend_from_slice(&c[from..to]);
+            return Ok(());
         }
-        let d = st.ns.get(ino)?.data()?.read(offset, size as usize);
+        st.ns.get(ino)?.data()?.read_into(offset, size as usize, out);
         st.observe(tid, ino);
-        Ok(d)
+        Ok(())
     }
 
     /// `write`; returns the number of bytes written.

@@ -133,6 +133,12 @@ impl Intercept for Interceptor {
 /// page limit per request, 256 pages).
 pub const MAX_WRITE: u32 = 1024 * 1024;
 
+thread_local! {
+    /// Each session or handler thread's buffer for file reads, kept from
+    /// read to read (see [`Fs::read_into`]).
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The `fuser::Filesystem` implementation.
 pub struct LeaseFs {
     fs: Arc<Fs>,
@@ -490,9 +496,18 @@ impl fuser::Filesystem for LeaseFs {
                 }
             });
         }
-        guarded("read", || match self.fs.read(Ino(ino.0), Handle(fh.0), offset, size, req.pid()) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(refuse("read", e)),
+        guarded("read", || {
+            READ_BUF.with_borrow_mut(|buf| {
+                match self.fs.read_into(Ino(ino.0), Handle(fh.0), offset, size, req.pid(), buf) {
+                    Ok(()) => reply.data(buf),
+                    Err(e) => reply.error(refuse("read", e)),
+                }
+                // A buffer grown past the largest read the kernel sends
+                // (a listing, say) is not kept.
+                if buf.capacity() > 2 * MAX_WRITE as usize {
+                    *buf = Vec::new();
+                }
+            })
         });
     }
 

@@ -17,6 +17,34 @@ fn sparse_data_reads_holes_as_zeros() {
     assert_eq!(d.read(10_000, 1), b"\0");
 }
 
+/// A reused read buffer holds exactly the bytes read: holes, short pages
+/// and the end of file read as zeros or stop the read, never as what the
+/// buffer held before.
+#[test]
+fn reads_into_a_reused_buffer_hold_only_the_bytes_read() {
+    let mut d = Data::default();
+    d.write(0, b"head").unwrap();
+    d.write(3 * PAGE as u64 + 1, b"xy").unwrap();
+    let mut buf = vec![0xAA; 5 * PAGE];
+    d.read_into(2, 3 * PAGE, &mut buf);
+    let mut want = vec![0u8; 3 * PAGE];
+    want[..2].copy_from_slice(b"ad");
+    want[3 * PAGE - 1] = b'x';
+    assert_eq!(buf, want);
+    d.read_into(3 * PAGE as u64, 100, &mut buf);
+    assert_eq!(buf, b"\0xy");
+    d.read_into(3 * PAGE as u64 + 3, 100, &mut buf);
+    assert!(buf.is_empty(), "at the end of file");
+    d.read_into(1, 2, &mut buf);
+    assert_eq!(buf, b"ea");
+    // Starting in a hole, with a buffer full of other bytes.
+    buf = vec![0xAA; 5 * PAGE];
+    d.read_into(PAGE as u64, 2 * PAGE + 3, &mut buf);
+    assert_eq!(buf.len(), 2 * PAGE + 3);
+    assert_eq!(&buf[..2 * PAGE + 1], &vec![0u8; 2 * PAGE + 1][..]);
+    assert_eq!(&buf[2 * PAGE + 1..], b"xy");
+}
+
 fn new_file(ns: &mut Namespace, parent: Ino, name: &str) -> Ino {
     let new = NewInode { kind: Kind::File, perm: 0o644, uid: 0, gid: 0, rdev: 0, symlink: None };
     let ino = ns.alloc(new, parent, SystemTime::now());
