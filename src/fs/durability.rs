@@ -17,11 +17,14 @@ pub(super) struct Durable {
     pub(super) compaction: Option<Compaction>,
     /// How long one slice of a snapshot image may hold the state lock.
     pub(super) slice: std::time::Duration,
+    /// Content pages the namespace held at the last flush: pages gained
+    /// since are new records, pages lost left garbage behind.
+    pub(super) pages_at_flush: u64,
 }
 
 impl Default for Durable {
     fn default() -> Durable {
-        Durable { store: None, volatile: false, compaction: None, slice: SLICE }
+        Durable { store: None, volatile: false, compaction: None, slice: SLICE, pages_at_flush: 0 }
     }
 }
 
@@ -69,12 +72,20 @@ impl State {
             return Ok(None);
         }
         let batch = crate::store::snapshot::encode_changes(&self.ns, |ino| self.extra(ino));
+        // The batch's records of pages the namespace did not hold at the
+        // last flush are new data; the rest rewrite what is stored.
+        let pages = self.ns.usage().pages;
+        let (gained, lost) =
+            (pages.saturating_sub(self.durable.pages_at_flush), self.durable.pages_at_flush.saturating_sub(pages));
+        let fresh = gained.saturating_mul(PAGE_RECORD).min(batch.len() as u64);
         let store = self.durable.store.as_mut().expect("checked above");
-        let sync = match store.append(&batch) {
+        let sync = match store.append_fresh(&batch, fresh) {
             Ok(sync) => sync,
             Err(e) => return Err(Error::from(&e)),
         };
         self.ns.clear_dirty();
+        store.note_removed(lost * PAGE as u64);
+        self.durable.pages_at_flush = pages;
         let live = self.live_bytes();
         let store = self.durable.store.as_ref().expect("checked above");
         if !store.compacting() && store.wants_snapshot_for(|| live) {
@@ -271,6 +282,7 @@ impl Fs {
         let floor = st.lease.floors().new_path_floor();
         st.lease.raise_all(floor);
         st.ns.set_tracking();
+        st.durable.pages_at_flush = st.ns.usage().pages;
         st.durable.store = Some(store);
     }
 
@@ -349,6 +361,10 @@ impl Fs {
 /// the state lock; 2 048 took up to 17 ms, traced, when each also
 /// re-encoded a directory).
 pub(super) const WRITEBACK: usize = 1024;
+
+/// The most a journal record of one new page takes (the page and its
+/// record's frame, tag, inode, index and length).
+const PAGE_RECORD: u64 = PAGE as u64 + 64;
 
 /// How long one slice of a snapshot image holds the state lock.
 pub(super) const SLICE: std::time::Duration = std::time::Duration::from_millis(2);

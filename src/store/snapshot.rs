@@ -23,9 +23,10 @@
 //! acknowledged — and is cut off with a warning; a bad record followed by
 //! good ones is corruption and stops start-up.
 //!
-//! **Compaction.** When the journal outgrows the snapshot (and at clean
-//! unmount) the whole namespace is written as a new snapshot of the next
-//! generation and a new journal starts. There are two journal files
+//! **Compaction.** When what the journal superseded (rewritten pages and
+//! inodes, removed content: [`Store::wants_snapshot`]) outweighs what is
+//! live, and at clean unmount, the whole namespace is written as a new
+//! snapshot of the next generation and a new journal starts. There are two journal files
 //! ([`JOURNALS`]), each starting with the generation it belongs to; which
 //! one is current is decided by that header, never by the name. While the
 //! mount serves, the snapshot is written by another thread
@@ -76,7 +77,8 @@ fn other_journal(name: &str) -> &'static str {
     }
 }
 
-/// A journal this large (and larger than the snapshot) is compacted.
+/// A journal is compacted only past this size (and when its garbage
+/// outweighs the live state, see [`Store::wants_snapshot`]).
 pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 
 /// The state a store recovered.
@@ -189,8 +191,14 @@ pub struct Store {
     failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Batches committed since start.
     pub flushes: u64,
-    /// Compact when the journal exceeds this many bytes (and the snapshot).
+    /// Compact only when the journal and its garbage exceed this many bytes.
     pub snapshot_min: u64,
+    /// An estimate of the bytes of the snapshot and the current journal
+    /// that later records superseded (rewritten pages and inodes, removed
+    /// files): what a compaction would reclaim. Data appended once (a
+    /// large file written and left alone) is not garbage, so it is written
+    /// to the state directory once, not again into a snapshot soon after.
+    garbage: u64,
     /// A snapshot is being written off the request path.
     compacting: bool,
     /// Recovery replayed batches of an older journal the snapshot
@@ -440,6 +448,9 @@ impl Store {
             failed: Default::default(),
             flushes: 0,
             snapshot_min: SNAPSHOT_MIN_BYTES,
+            // What the journal found at start-up replaced is unknown: all
+            // of it counts, as if every record superseded one.
+            garbage: keep,
             compacting: false,
             replayed_older,
         };
@@ -510,6 +521,13 @@ impl Store {
     /// leaves the journal as it was (retry later); other errors are
     /// fail-stop.
     pub fn append(&mut self, batch: &[u8]) -> io::Result<Syncer> {
+        self.append_fresh(batch, 0)
+    }
+
+    /// [`Store::append`] of a batch of which `fresh` bytes are new content
+    /// (pages that did not exist before): the rest supersedes records
+    /// already stored, and counts as garbage once appended.
+    pub fn append_fresh(&mut self, batch: &[u8], fresh: u64) -> io::Result<Syncer> {
         if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
@@ -521,6 +539,7 @@ impl Store {
         match r {
             Ok(sync) => {
                 self.journal_bytes += batch.len() as u64;
+                self.garbage += (batch.len() as u64).saturating_sub(fresh);
                 self.flushes += 1;
                 Ok(sync)
             }
@@ -536,9 +555,26 @@ impl Store {
         }
     }
 
-    /// True when the journal should be folded into a snapshot.
+    /// Content removed since the last snapshot (freed pages): its records
+    /// are garbage.
+    pub fn note_removed(&mut self, bytes: u64) {
+        self.garbage = self.garbage.saturating_add(bytes);
+    }
+
+    /// The estimate of superseded bytes (see the field).
+    pub fn garbage(&self) -> u64 {
+        self.garbage
+    }
+
+    /// True when the journal should be folded into a snapshot: it has
+    /// grown past the minimum and what is superseded outweighs what is
+    /// live (so a compaction writes at most about as much as it reclaims,
+    /// and the snapshot plus journal stay within about twice the live
+    /// state plus the minimum).
     pub fn wants_snapshot(&self) -> bool {
-        self.journal_bytes > self.snapshot_min.max(self.snapshot_bytes)
+        let stored = self.journal_bytes + self.snapshot_bytes;
+        let live = stored.saturating_sub(self.garbage);
+        self.journal_bytes > self.snapshot_min && self.garbage > self.snapshot_min.max(live)
     }
 
     /// Also compact when the snapshot holds far more than is live (large
@@ -621,6 +657,9 @@ impl Store {
         self.generation = w.generation;
         self.replayed_older = false;
         self.snapshot_bytes = w.bytes;
+        // The snapshot holds what was live when it began; what the old
+        // journal gained since is counted by `other_bytes`.
+        self.garbage = 0;
         self.last_snapshot = Some(SystemTime::now());
         match w.journal {
             Ok(bytes) => {
@@ -714,6 +753,7 @@ impl Store {
         self.generation = generation;
         self.replayed_older = false;
         self.snapshot_bytes = bytes;
+        self.garbage = 0;
         self.last_snapshot = Some(SystemTime::now());
         let journal = other_journal(self.journal);
         match start_journal(&mut *self.storage, journal, generation) {
