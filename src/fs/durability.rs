@@ -17,14 +17,14 @@ pub(super) struct Durable {
     pub(super) compaction: Option<Compaction>,
     /// How long one slice of a snapshot image may hold the state lock.
     pub(super) slice: std::time::Duration,
-    /// Content pages the namespace held at the last flush: pages gained
-    /// since are new records, pages lost left garbage behind.
-    pub(super) pages_at_flush: u64,
+    /// The namespace's page churn at the last flush: pages added since
+    /// are new records, pages removed since left garbage behind.
+    pub(super) churn_at_flush: crate::namespace::PageChurn,
 }
 
 impl Default for Durable {
     fn default() -> Durable {
-        Durable { store: None, volatile: false, compaction: None, slice: SLICE, pages_at_flush: 0 }
+        Durable { store: None, volatile: false, compaction: None, slice: SLICE, churn_at_flush: Default::default() }
     }
 }
 
@@ -72,20 +72,19 @@ impl State {
             return Ok(None);
         }
         let batch = crate::store::snapshot::encode_changes(&self.ns, |ino| self.extra(ino));
-        // The batch's records of pages the namespace did not hold at the
-        // last flush are new data; the rest rewrite what is stored.
-        let pages = self.ns.usage().pages;
-        let (gained, lost) =
-            (pages.saturating_sub(self.durable.pages_at_flush), self.durable.pages_at_flush.saturating_sub(pages));
-        let fresh = gained.saturating_mul(PAGE_RECORD).min(batch.len() as u64);
+        // The batch's records of pages added since the last flush are new
+        // data; the rest rewrite what is stored.
+        let (churn, then) = (self.ns.churn(), self.durable.churn_at_flush);
+        let (added, removed) = (churn.added - then.added, churn.removed - then.removed);
+        let fresh = added.saturating_mul(PAGE_RECORD).min(batch.len() as u64);
         let store = self.durable.store.as_mut().expect("checked above");
         let sync = match store.append_fresh(&batch, fresh) {
             Ok(sync) => sync,
             Err(e) => return Err(Error::from(&e)),
         };
         self.ns.clear_dirty();
-        store.note_removed(lost * PAGE as u64);
-        self.durable.pages_at_flush = pages;
+        store.note_removed(removed.saturating_mul(PAGE as u64));
+        self.durable.churn_at_flush = churn;
         let live = self.live_bytes();
         let store = self.durable.store.as_ref().expect("checked above");
         if !store.compacting() && store.wants_snapshot_for(|| live) {
@@ -282,7 +281,7 @@ impl Fs {
         let floor = st.lease.floors().new_path_floor();
         st.lease.raise_all(floor);
         st.ns.set_tracking();
-        st.durable.pages_at_flush = st.ns.usage().pages;
+        st.durable.churn_at_flush = st.ns.churn();
         st.durable.store = Some(store);
     }
 

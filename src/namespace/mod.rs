@@ -506,8 +506,19 @@ pub struct Namespace {
     /// [`Namespace::account`] and [`Namespace::maybe_drop`] so the size
     /// limit is checked in O(1).
     usage: Usage,
+    /// Content pages added and removed since start (every page stored
+    /// or freed), counted apart so a flush can tell new content from
+    /// rewritten or removed content.
+    churn: PageChurn,
     /// Non-directories the kernel holds a reference to (lookups > 0).
     held: usize,
+}
+
+/// Content pages added and removed since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PageChurn {
+    pub added: u64,
+    pub removed: u64,
 }
 
 /// Space the namespace occupies.
@@ -574,6 +585,7 @@ impl Namespace {
             freed: InoSet::default(),
             hints: InoMap::default(),
             usage: Usage::default(),
+            churn: PageChurn::default(),
             held: 0,
         }
     }
@@ -664,6 +676,7 @@ impl Namespace {
             freed: InoSet::default(),
             hints,
             usage,
+            churn: PageChurn::default(),
             held: 0,
         }
     }
@@ -764,6 +777,11 @@ impl Namespace {
         self.usage
     }
 
+    /// Content pages added and removed since start.
+    pub fn churn(&self) -> PageChurn {
+        self.churn
+    }
+
     /// Run `change` on the inode `ino` and account for the space it takes
     /// or frees (every change of contents or extended attributes goes
     /// through here, so [`Namespace::usage`] stays exact).
@@ -772,6 +790,8 @@ impl Namespace {
         let before = Usage::of(i);
         let out = change(i);
         let after = Usage::of(i);
+        self.churn.added += after.pages.saturating_sub(before.pages);
+        self.churn.removed += before.pages.saturating_sub(after.pages);
         self.usage.pages = (self.usage.pages + after.pages).saturating_sub(before.pages);
         self.usage.xattr_bytes = (self.usage.xattr_bytes + after.xattr_bytes).saturating_sub(before.xattr_bytes);
         out
@@ -920,6 +940,7 @@ impl Namespace {
                     freed(d.pages.len());
                 }
                 let gone = Usage::of(i);
+                self.churn.removed += gone.pages;
                 self.usage.pages -= gone.pages.min(self.usage.pages);
                 self.usage.xattr_bytes -= gone.xattr_bytes.min(self.usage.xattr_bytes);
                 self.inodes.remove(&ino);
