@@ -255,3 +255,65 @@ fn a_rename_over_a_live_lease_leaves_other_mounts_inside_alone() {
     assert_eq!(sh_ok(&m.path, "cat lease; ls sub"), "v1inside\n");
     assert!(sh_ok(&m.path, "cat /proc/self/mountinfo").contains(&format!("{} ", m.path.join("sub").display())));
 }
+
+/// A regular file that is not used as a lease is read through the page
+/// cache, which is kept across opens: a second process reading it again
+/// sends no reads to the daemon. A lease (here: a file that was locked) is
+/// opened with direct I/O, so each of its reads reaches the daemon (an
+/// observation, SPEC 6).
+#[test]
+fn data_files_keep_their_page_cache_across_opens_and_leases_do_not() {
+    let m = Mount::new();
+    sh_ok(
+        &m.path,
+        "head -c 4194304 /dev/urandom > data && cp data lease && flock lease true && cat data lease > /dev/null",
+    );
+    // Reading the metrics costs reads of their own (a control file):
+    // measured first, and taken off each count.
+    let first = requests(&m, &["read"]);
+    let before = requests(&m, &["read"]);
+    let metrics = before - first;
+    sh_ok(&m.path, "cat data > /dev/null; cat data > /dev/null");
+    let data_again = requests(&m, &["read"]) - before - metrics;
+    let between = requests(&m, &["read"]);
+    sh_ok(&m.path, "cat lease > /dev/null");
+    let lease_again = requests(&m, &["read"]) - between - metrics;
+    assert_eq!(data_again, 0, "the data file read twice more, from the cache");
+    // 4 MiB in reads of at most 1 MiB.
+    assert!(lease_again >= 4, "each read of the lease reaches the daemon: {lease_again} reads");
+    assert_eq!(sh_ok(&m.path, "cmp data lease && echo same").trim(), "same");
+}
+
+/// Pages the kernel keeps of a data file are dropped before a write that
+/// did not go through them is answered: a process that read the file
+/// through the cache and kept it open reads the new bytes at once after
+/// the file became a lease and another process wrote it (with direct I/O),
+/// and after a rename over the live lease replaced its content.
+#[test]
+fn content_changed_past_the_page_cache_is_read_at_once_through_old_descriptors() {
+    let m = Mount::new();
+    let out = py_ok(
+        &m.path,
+        r#"
+import os, subprocess, time
+open("d", "wb").write(b"o" * 8192)
+fd = os.open("d", os.O_RDONLY)
+assert os.pread(fd, 8192, 0) == b"o" * 8192
+holder = subprocess.Popen(["python3", "-c", "import fcntl, time; f = open('d'); fcntl.flock(f, fcntl.LOCK_EX); time.sleep(30)"])
+try:
+    deadline = time.time() + 10
+    while os.getxattr("d", "user.leasefs.epoch") == b"0":
+        assert time.time() < deadline, "the holder never got the lock"
+        time.sleep(0.01)
+    subprocess.run(["sh", "-c", "printf new | dd of=d conv=notrunc status=none"], check=True, timeout=10)
+    first = os.pread(fd, 4, 0)
+    subprocess.run(["sh", "-c", "printf renamed > tmp && mv tmp d"], check=True, timeout=10)
+    second = os.pread(fd, 8, 0)
+    print(first, second, os.fstat(fd).st_ino == os.stat("d").st_ino)
+finally:
+    holder.kill()
+    holder.wait()
+"#,
+    );
+    assert_eq!(out.trim(), "b'newo' b'renamed' True");
+}

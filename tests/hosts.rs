@@ -1245,7 +1245,13 @@ time.sleep(60)
     let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
     let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
     await_entries(&cluster, &p, "x", 2);
-    assert_eq!(status(&b)["leases"]["awaited"], 1, "a wait parked in etcd counts");
+    // The entry is in etcd once the enqueue committed; b counts the wait
+    // once it has the answer, a moment later.
+    let deadline = Instant::now() + STEP;
+    while status(&b)["leases"]["awaited"] != 1 {
+        assert!(Instant::now() < deadline, "a wait parked in etcd counts: {}", status(&b)["leases"]);
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // ...and so does a non-blocking contender, try after try.
     let renewing = Instant::now();
     while renewing.elapsed() < Duration::from_secs(6) {

@@ -42,6 +42,11 @@ pub(super) struct KernelView {
     pub(super) refs: KernelCache,
     /// The kernel caches names of files (not on a shared namespace).
     pub(super) names_cached: bool,
+    /// Files opened through the page cache since the kernel last looked
+    /// them up: it may hold pages of them (kept across opens) until it
+    /// forgets the inode. A change of their content that does not pass
+    /// through that cache (a write through a direct descriptor) drops them.
+    pub(super) paged: std::collections::HashSet<Ino>,
 }
 
 impl Default for KernelView {
@@ -52,6 +57,7 @@ impl Default for KernelView {
             entry_deadlines: EntryDeadlines::default(),
             refs: KernelCache::default(),
             names_cached: true,
+            paged: Default::default(),
         }
     }
 }

@@ -39,7 +39,9 @@ impl Fs {
                 let next = st.open.next_handle;
                 st.report.events.open(next)?;
                 let h = st.new_handle();
-                st.open.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: None, listing: None });
+                st.open
+                    .handles
+                    .insert(h, OpenFile { ino, opener: None, guard: None, control: None, listing: None, paged: false });
                 return Ok(h);
             }
             Some(ControlFile::Break) => {
@@ -66,7 +68,7 @@ impl Fs {
         }
         st.room_for_handle(true)?;
         let h = st.new_handle();
-        st.open.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content, listing });
+        st.open.handles.insert(h, OpenFile { ino, opener: None, guard: None, control: content, listing, paged: false });
         Ok(h)
     }
 

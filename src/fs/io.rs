@@ -126,8 +126,35 @@ impl Fs {
         let i = st.ns.get_mut(ino)?;
         i.opens += 1;
         let h = st.new_handle();
-        st.open.handles.insert(h, OpenFile { ino, opener, guard, control: None, listing: None });
+        st.open.handles.insert(h, OpenFile { ino, opener, guard, control: None, listing: None, paged: false });
         Ok(h)
+    }
+
+    /// Whether the descriptor `h` just opened on `ino` goes through the
+    /// kernel's page cache, its pages kept across opens (else every read
+    /// and write of it reaches the daemon). Files used as leases do not:
+    /// one that is live, has a lease record, an epoch or a guard, so that
+    /// every read of a lease is an observation (SPEC 6). Nor does anything
+    /// on a shared namespace (another host's change could not reach this
+    /// kernel's pages in time). Every other regular file does: its reads
+    /// are served from the page cache, with the kernel's readahead, and
+    /// its writes still reach the daemon before they return (no
+    /// write-back cache). Content changed behind the cache drops its pages
+    /// before the change is answered (a rename over a live lease, a write
+    /// through a direct descriptor).
+    pub fn page_cache(&self, ino: Ino, h: Handle) -> bool {
+        let mut st = self.state.lock();
+        if st.sharing.replica.is_some() || !st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
+            return false;
+        }
+        let lease = &st.lease;
+        if lease.is_live(ino) || lease.lease(ino).is_some() || lease.guard(ino).is_some() || lease.epoch(ino).0 > 0 {
+            return false;
+        }
+        let Some(f) = st.open.handles.get_mut(&h) else { return false };
+        f.paged = true;
+        st.cache.paged.insert(ino);
+        true
     }
 
     /// `open` / `opendir` (an observation by the caller's thread).
@@ -279,6 +306,17 @@ impl Fs {
             match (how.writeback || how.tid == 0, opener) {
                 (true, Some(p)) => st.observe_as(p, ino),
                 _ => st.observe(how.tid, ino),
+            }
+            // Written past the page cache (a direct descriptor) while the
+            // kernel may hold pages of the file: they must go before the
+            // writer is answered, or a cached reader could read old bytes
+            // (kernels that drop them around a direct write themselves
+            // find nothing left to drop). Never for the write-back of
+            // cached pages: those pages are the content, and dropping them
+            // would wait for this very write to be answered.
+            let paged = st.open.handles.get(&h).is_some_and(|f| f.paged);
+            if !paged && !how.writeback && st.cache.paged.contains(&ino) {
+                st.cache.invalidate.push(ino);
             }
             Ok(data.len() as u32)
         })

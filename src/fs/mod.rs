@@ -79,6 +79,8 @@ struct OpenFile {
     control: Option<Vec<u8>>,
     /// `.leasefs/leases`: rendered row by row as it is read.
     listing: Option<Box<control_files::Listing>>,
+    /// Opened through the kernel's page cache ([`Fs::page_cache`]).
+    paged: bool,
 }
 
 /// Everything the filesystem keeps, behind one lock, in named parts.

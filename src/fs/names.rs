@@ -32,6 +32,10 @@ impl Fs {
     pub fn forget(&self, ino: Ino, n: u64) {
         let mut st = self.state.lock();
         st.ns.forget(ino, n);
+        // A forgotten inode's pages went with it.
+        if st.ns.get(ino).map_or(true, |i| i.lookups == 0) {
+            st.cache.paged.remove(&ino);
+        }
         st.collect(ino);
     }
 

@@ -216,16 +216,39 @@ impl LeaseFs {
     /// Answer a request that replaced file content only after the kernel
     /// dropped its cached pages of those files.
     fn reply_after_invalidation(&self, reply: ReplyEmpty) {
-        let w = self.waits.lock();
+        self.answer_after_invalidation(move || reply.ok());
+    }
+
+    /// Run `answer` once the kernel dropped its cached pages of the files
+    /// whose content changed behind its page cache (at once when none).
+    fn answer_after_invalidation(&self, answer: impl FnOnce() + Send + 'static) {
         let mut inos = self.fs.take_invalidations();
+        if inos.is_empty() {
+            return answer();
+        }
+        let w = self.waits.lock();
         match (&w.notices, inos.pop()) {
             (Some(n), Some(last)) => {
                 for ino in inos {
                     n.inval_inode(ino.0, None);
                 }
-                n.inval_inode(last.0, Some(Box::new(move || reply.ok())));
+                n.inval_inode(last.0, Some(Box::new(answer)));
             }
-            _ => reply.ok(),
+            _ => answer(),
+        }
+    }
+
+    /// The open flags of a regular file's new descriptor: through the page
+    /// cache, kept across opens, where [`Fs::page_cache`] allows it;
+    /// otherwise direct I/O (when the kernel keeps shared mappings working
+    /// with it).
+    fn file_open_flags(&self, ino: Ino, h: Handle) -> FopenFlags {
+        if self.fs.page_cache(ino, h) {
+            FopenFlags::FOPEN_KEEP_CACHE
+        } else if self.direct_io {
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
         }
     }
 }
@@ -459,10 +482,10 @@ impl fuser::Filesystem for LeaseFs {
                     reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_NONSEEKABLE)
                 }
                 // Control files have no size: their reads must reach the daemon.
-                Ok(h) if crate::control::is_control(Ino(ino.0)) || self.direct_io => {
+                Ok(h) if crate::control::is_control(Ino(ino.0)) => {
                     reply.opened(FileHandle(h.0), FopenFlags::FOPEN_DIRECT_IO)
                 }
-                Ok(h) => reply.opened(FileHandle(h.0), FopenFlags::empty()),
+                Ok(h) => reply.opened(FileHandle(h.0), self.file_open_flags(Ino(ino.0), h)),
                 Err(e) => reply.error(refuse("open", e)),
             }
         });
@@ -554,7 +577,7 @@ impl fuser::Filesystem for LeaseFs {
             writeback: write_flags.contains(WriteFlags::FUSE_WRITE_CACHE),
         };
         guarded("write", || match self.fs.write(Ino(ino.0), Handle(fh.0), offset, data, how) {
-            Ok(n) => reply.written(n),
+            Ok(n) => self.answer_after_invalidation(move || reply.written(n)),
             Err(e) => reply.error(refuse("write", e)),
         });
     }
@@ -685,7 +708,7 @@ impl fuser::Filesystem for LeaseFs {
     ) {
         guarded("create", || match self.fs.create(caller(req), Ino(parent.0), name, mode, umask, flags) {
             Ok((a, h)) => {
-                let flags = if self.direct_io { FopenFlags::FOPEN_DIRECT_IO } else { FopenFlags::empty() };
+                let flags = self.file_open_flags(a.ino, h);
                 reply.created_with_ttls(
                     self.ttls.attr(&a),
                     self.ttls.made_entry(&a),
