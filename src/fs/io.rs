@@ -144,7 +144,12 @@ impl Fs {
     /// through a direct descriptor).
     pub fn page_cache(&self, ino: Ino, h: Handle) -> bool {
         let mut st = self.state.lock();
-        if st.sharing.replica.is_some() || !st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
+        // Nor a set-id file: a write through the page cache leaves clearing
+        // the set-id bits to the kernel, which keeps a set-group-id bit
+        // without group execute that a write by a non-member must clear
+        // (tmpfs clears it; the daemon does, for writes it sees as direct).
+        let setid = (libc::S_ISUID | libc::S_ISGID) as u16;
+        if st.sharing.replica.is_some() || !st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File && i.perm & setid == 0) {
             return false;
         }
         let lease = &st.lease;
