@@ -42,11 +42,13 @@ pub(super) struct KernelView {
     pub(super) refs: KernelCache,
     /// The kernel caches names of files (not on a shared namespace).
     pub(super) names_cached: bool,
-    /// Files opened through the page cache since the kernel last looked
-    /// them up: it may hold pages of them (kept across opens) until it
-    /// forgets the inode. A change of their content that does not pass
-    /// through that cache (a write through a direct descriptor) drops them.
-    pub(super) paged: std::collections::HashSet<Ino>,
+    /// Files the kernel may hold pages of (kept across opens, until it
+    /// forgets the inode or they are dropped), with the number of their
+    /// descriptors open through the page cache. A change of their content
+    /// that does not pass through that cache (a write through a direct
+    /// descriptor) drops the pages; once no such descriptor is open, none
+    /// can bring pages back, and the file leaves this map.
+    pub(super) paged: HashMap<Ino, usize>,
 }
 
 impl Default for KernelView {

@@ -158,7 +158,7 @@ impl Fs {
         }
         let Some(f) = st.open.handles.get_mut(&h) else { return false };
         f.paged = true;
-        st.cache.paged.insert(ino);
+        *st.cache.paged.entry(ino).or_default() += 1;
         true
     }
 
@@ -180,6 +180,11 @@ impl Fs {
     pub fn release(&self, h: Handle, flock_owner: Option<Owner>) -> Result<Vec<Effect>> {
         let mut st = self.state.lock();
         let f = st.open.handles.remove(&h).ok_or(Error::BadHandle)?;
+        if f.paged {
+            if let Some(open) = st.cache.paged.get_mut(&f.ino) {
+                *open = open.saturating_sub(1);
+            }
+        }
         if Fs::is_events(f.ino) {
             // A read cannot be in flight on a descriptor being released.
             st.report.events.close(h.0);
@@ -320,8 +325,11 @@ impl Fs {
             // cached pages: those pages are the content, and dropping them
             // would wait for this very write to be answered.
             let paged = st.open.handles.get(&h).is_some_and(|f| f.paged);
-            if !paged && !how.writeback && st.cache.paged.contains(&ino) {
+            if let (false, false, Some(&open)) = (paged, how.writeback, st.cache.paged.get(&ino)) {
                 st.cache.invalidate.push(ino);
+                if open == 0 {
+                    st.cache.paged.remove(&ino);
+                }
             }
             Ok(data.len() as u32)
         })
