@@ -282,6 +282,10 @@ fn data_files_keep_their_page_cache_across_opens_and_leases_do_not() {
     // 4 MiB in reads of at most 1 MiB.
     assert!(lease_again >= 4, "each read of the lease reaches the daemon: {lease_again} reads");
     assert_eq!(sh_ok(&m.path, "cmp data lease && echo same").trim(), "same");
+    // As root the daemon raised the mount's readahead to 1 MiB.
+    let dev = sh_ok(&m.path, "mountpoint -d .");
+    let knob = format!("/sys/class/bdi/{}/read_ahead_kb", dev.trim());
+    assert_eq!(std::fs::read_to_string(knob).unwrap().trim(), "1024");
 }
 
 /// Pages the kernel keeps of a data file are dropped before a write that

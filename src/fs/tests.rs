@@ -681,3 +681,32 @@ fn data_written_once_is_not_compacted_again_and_rewrites_are() {
     }
     assert!(store(&fs).2 < 256 * 1024, "the compaction reclaimed the garbage: {:?}", store(&fs));
 }
+
+/// A data file goes through the page cache, a lease or set-id file does
+/// not; a write through a direct descriptor drops the file's cached pages
+/// (every time while a cached descriptor is open, once after), and the
+/// write-back of cached pages never does.
+#[test]
+fn direct_writes_drop_cached_pages_until_no_cached_descriptor_can_refill_them() {
+    let fs = fs();
+    let (f, cached) = fs.create(C, Ino::ROOT, OsStr::new("data"), 0o644, 0, libc::O_RDWR).unwrap();
+    assert!(fs.page_cache(f.ino, cached), "a data file is cached");
+    let (s, h) = fs.create(C, Ino::ROOT, OsStr::new("setid"), 0o2767, 0, libc::O_RDWR).unwrap();
+    assert!(!fs.page_cache(s.ino, h), "a set-id file is not");
+    let direct = fs.open(f.ino, libc::O_RDWR, C).unwrap();
+    let write = |h: Handle, writeback: bool| {
+        fs.write(f.ino, h, 0, b"x", WriteOpts { writeback, ..WriteOpts::default() }).unwrap();
+        fs.take_invalidations()
+    };
+    assert_eq!(write(direct, false), vec![f.ino], "dropped while a cached descriptor is open");
+    assert_eq!(write(direct, false), vec![f.ino], "and again");
+    assert!(write(cached, false).is_empty(), "a write through the cache keeps it");
+    assert!(write(direct, true).is_empty(), "write-back never waits for a drop");
+    fs.release(cached, None).unwrap();
+    assert_eq!(write(direct, false), vec![f.ino], "once more after the last cached descriptor closed");
+    assert!(write(direct, false).is_empty(), "then nothing can have refilled them");
+    // Locked once, the file is a lease: later opens are direct.
+    fs.state.lock().lease.raise_all(Epoch(1));
+    let again = fs.open(f.ino, libc::O_RDWR, C).unwrap();
+    assert!(!fs.page_cache(f.ino, again), "a file with an epoch is not cached");
+}
