@@ -20,11 +20,25 @@ pub(super) struct Durable {
     /// The namespace's page churn at the last flush: pages added since
     /// are new records, pages removed since left garbage behind.
     pub(super) churn_at_flush: crate::namespace::PageChurn,
+    /// Bytes of file content written since the last flush: past
+    /// [`WRITEBACK_BYTES`] they are appended without waiting for an
+    /// `fsync`.
+    pub(super) unflushed: u64,
+    /// The buffer journal batches are encoded into, kept between flushes.
+    pub(super) batch: Vec<u8>,
 }
 
 impl Default for Durable {
     fn default() -> Durable {
-        Durable { store: None, volatile: false, compaction: None, slice: SLICE, churn_at_flush: Default::default() }
+        Durable {
+            store: None,
+            volatile: false,
+            compaction: None,
+            slice: SLICE,
+            churn_at_flush: Default::default(),
+            unflushed: 0,
+            batch: Vec::new(),
+        }
     }
 }
 
@@ -71,18 +85,26 @@ impl State {
         if dirty.is_empty() && freed.is_empty() {
             return Ok(None);
         }
-        let batch = crate::store::snapshot::encode_changes(&self.ns, |ino| self.extra(ino));
+        let buf = std::mem::take(&mut self.durable.batch);
+        let batch = crate::store::snapshot::encode_changes_into(&self.ns, |ino| self.extra(ino), buf);
         // The batch's records of pages added since the last flush are new
         // data; the rest rewrite what is stored.
         let (churn, then) = (self.ns.churn(), self.durable.churn_at_flush);
         let (added, removed) = (churn.added - then.added, churn.removed - then.removed);
         let fresh = added.saturating_mul(PAGE_RECORD).min(batch.len() as u64);
         let store = self.durable.store.as_mut().expect("checked above");
-        let sync = match store.append_fresh(&batch, fresh) {
+        let appended = store.append_fresh(&batch, fresh);
+        // Kept for the next flush unless it was a rare large one.
+        if batch.capacity() <= KEPT_BATCH {
+            self.durable.batch = batch;
+        }
+        let sync = match appended {
             Ok(sync) => sync,
             Err(e) => return Err(Error::from(&e)),
         };
+        let store = self.durable.store.as_mut().expect("checked above");
         self.ns.clear_dirty();
+        self.durable.unflushed = 0;
         store.note_removed(removed.saturating_mul(PAGE as u64));
         self.durable.churn_at_flush = churn;
         let live = self.live_bytes();
@@ -229,7 +251,8 @@ impl State {
 
 impl Fs {
     /// Changes without a sync are appended to the journal once
-    /// [`WRITEBACK`] inodes have changed (their sync runs on the
+    /// [`WRITEBACK`] inodes have changed or [`WRITEBACK_BYTES`] of content
+    /// were written (their sync runs on the
     /// group-commit thread, answering nobody), so no `fsync` has to encode
     /// and append more than that while it holds the state lock: an `fsync`
     /// after a million leases created without one would stop every request
@@ -237,7 +260,9 @@ impl Fs {
     /// `fsync`.
     pub(super) fn write_back(&self, st: &mut State) {
         let (dirty, freed) = st.ns.dirty();
-        if st.durable.store.is_none() || dirty.len() + freed.len() < WRITEBACK {
+        if st.durable.store.is_none()
+            || (dirty.len() + freed.len() < WRITEBACK && st.durable.unflushed < WRITEBACK_BYTES)
+        {
             return;
         }
         let _ = self.append_unsynced(st);
@@ -360,6 +385,15 @@ impl Fs {
 /// the state lock; 2 048 took up to 17 ms, traced, when each also
 /// re-encoded a directory).
 pub(super) const WRITEBACK: usize = 1024;
+
+/// File content written without an `fsync` that is appended to the
+/// journal as it comes (in batches of about this size): an `fsync` after a
+/// large write then appends only the last of it, and no batch as large as
+/// the file is encoded, copied and written at once.
+pub(super) const WRITEBACK_BYTES: u64 = 8 << 20;
+
+/// The largest batch buffer kept between flushes.
+const KEPT_BATCH: usize = 2 * WRITEBACK_BYTES as usize;
 
 /// The most a journal record of one new page takes (the page and its
 /// record's frame, tag, inode, index and length).

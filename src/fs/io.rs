@@ -302,6 +302,7 @@ impl Fs {
             let extra = d.new_pages(offset, data.len() as u64) * PAGE as u64;
             st.room_for_bytes(how.uid, extra)?;
             st.ns.account(ino, |i| i.data_mut()?.write(offset, data))?;
+            st.durable.unflushed += data.len() as u64;
             let i = st.ns.get_mut(ino)?;
             i.change_content(now());
             if how.kill_suidgid && i.perm & (libc::S_ISUID | libc::S_ISGID) as u16 != 0 {

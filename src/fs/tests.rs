@@ -341,6 +341,33 @@ fn changes_without_fsync_are_written_back_in_bounded_batches() {
     assert!(got.len() > n - WRITEBACK && got.len() <= n + 1, "{} of {n} files in the journal", got.len());
 }
 
+/// Content written without an fsync is appended to the journal every
+/// WRITEBACK_BYTES, so an fsync after a large write appends only the last
+/// of it (and no batch as large as the file is encoded at once).
+#[test]
+fn content_written_without_fsync_is_written_back_in_bounded_batches() {
+    use crate::store::snapshot::Store;
+    use crate::store::storage::DirStorage;
+    let dir = tempfile::tempdir().unwrap();
+    let fs = fs();
+    let (store, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
+    fs.restore(store, rec);
+    let (f, h) = fs.create(C, Ino::ROOT, OsStr::new("big"), 0o644, 0o022, libc::O_RDWR).unwrap();
+    let chunk = vec![5u8; 1 << 20];
+    let total = 3 * WRITEBACK_BYTES + (1 << 20);
+    for at in (0..total).step_by(chunk.len()) {
+        fs.write(f.ino, h, at, &chunk, WriteOpts::default()).unwrap();
+        let st = fs.state.lock();
+        assert!(st.durable.unflushed < WRITEBACK_BYTES, "{} bytes unflushed at {at}", st.durable.unflushed);
+        assert!(st.durable.batch.capacity() <= 2 * WRITEBACK_BYTES as usize + (1 << 20));
+    }
+    // What the journal holds now, without any fsync.
+    let (_, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
+    let ns = Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now()));
+    let size = ns.get(f.ino).unwrap().data().unwrap().size();
+    assert_eq!(size, 3 * WRITEBACK_BYTES, "written back in whole batches: {size}");
+}
+
 /// A filesystem kept in a state directory that compacts past 4 KiB, with
 /// snapshot images encoded in the smallest slices.
 fn fs_compacting_often() -> (tempfile::TempDir, Fs) {

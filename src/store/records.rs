@@ -47,6 +47,10 @@ pub struct Enc {
 }
 
 impl Enc {
+    /// An encoder appending to `buf`.
+    pub fn with_buf(buf: Vec<u8>) -> Enc {
+        Enc { buf, start: 0 }
+    }
     pub(super) fn begin(&mut self, tag: u8) {
         self.start = self.buf.len();
         self.buf.extend_from_slice(&[0u8; FRAME]);

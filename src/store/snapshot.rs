@@ -783,7 +783,14 @@ impl Store {
 
 /// Encode what changed in `ns` since the last flush as one batch.
 pub fn encode_changes(ns: &Namespace, extra: impl Fn(Ino) -> Extra) -> Vec<u8> {
-    let mut e = Enc::default();
+    encode_changes_into(ns, extra, Vec::new())
+}
+
+/// [`encode_changes`] into `buf` (emptied first): a flush reuses one
+/// buffer, so a batch does not touch fresh memory every time.
+pub fn encode_changes_into(ns: &Namespace, extra: impl Fn(Ino) -> Extra, mut buf: Vec<u8>) -> Vec<u8> {
+    buf.clear();
+    let mut e = Enc::with_buf(buf);
     let (dirty, freed) = ns.dirty();
     let mut entries = Vec::new();
     for &ino in dirty {

@@ -59,16 +59,21 @@ pub trait Storage: Send {
 /// A deferred `sync` (see [`Storage::syncer`]).
 pub type Syncer = Box<dyn FnOnce() -> io::Result<()> + Send>;
 
+/// Appended bytes after which a sync also lets the file's cached pages go.
+const DROP_CACHE_BYTES: u64 = 1 << 20;
+
 /// A real directory.
 pub struct DirStorage {
     dir: PathBuf,
     /// Files kept open for appending.
     open: HashMap<String, File>,
+    /// Bytes appended to each file since its cached pages were last let go.
+    cached: HashMap<String, u64>,
 }
 
 impl DirStorage {
     pub fn new(dir: &Path) -> DirStorage {
-        DirStorage { dir: dir.to_path_buf(), open: HashMap::new() }
+        DirStorage { dir: dir.to_path_buf(), open: HashMap::new(), cached: HashMap::new() }
     }
 
     fn file(&mut self, name: &str) -> io::Result<&mut File> {
@@ -78,6 +83,16 @@ impl DirStorage {
             self.open.insert(name.to_string(), f);
         }
         Ok(self.open.get_mut(name).expect("just inserted"))
+    }
+
+    /// True when a sync of `name` should also let its cached pages go
+    /// (see [`let_cache_go`]); counts from zero again.
+    fn cache_to_drop(&mut self, name: &str) -> bool {
+        let drop_cache = self.cached.get(name).is_some_and(|&n| n >= DROP_CACHE_BYTES);
+        if drop_cache {
+            self.cached.remove(name);
+        }
+        drop_cache
     }
 }
 
@@ -125,7 +140,9 @@ impl Storage for DirStorage {
     }
 
     fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
-        self.file(name)?.write_all(data)
+        self.file(name)?.write_all(data)?;
+        *self.cached.entry(name.to_string()).or_default() += data.len() as u64;
+        Ok(())
     }
 
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
@@ -140,7 +157,14 @@ impl Storage for DirStorage {
         // A second descriptor of the same file: its fdatasync covers data
         // appended through the first.
         let f = self.file(name)?.try_clone()?;
-        Ok(Box::new(move || f.sync_data()))
+        let drop_cache = self.cache_to_drop(name);
+        Ok(Box::new(move || {
+            f.sync_data()?;
+            if drop_cache {
+                let_cache_go(&f);
+            }
+            Ok(())
+        }))
     }
 
     fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
@@ -365,9 +389,56 @@ impl Storage for MemStorage {
     }
 }
 
+/// What is appended is only read again at start-up: once written out, its
+/// pages are let go (a megabyte or more at a time), so a large write does
+/// not leave a second copy in the page cache, and later appends reuse that
+/// memory instead of taking fresh memory.
+fn let_cache_go(f: &File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an advisory call on a descriptor the caller owns.
+    unsafe {
+        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Pages of the file at `path` in the page cache.
+    fn resident_pages(path: &Path) -> usize {
+        use std::os::fd::AsRawFd;
+        let f = File::open(path).unwrap();
+        let len = f.metadata().unwrap().len() as usize;
+        let pages = len.div_ceil(4096);
+        // SAFETY: a read-only shared mapping of a file this test owns,
+        // unmapped below; mincore only reports on it.
+        unsafe {
+            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, f.as_raw_fd(), 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            let mut v = vec![0u8; pages];
+            assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0);
+            libc::munmap(p, len);
+            v.iter().filter(|&&b| b & 1 != 0).count()
+        }
+    }
+
+    /// The journal is only read again at start-up: a sync after a
+    /// megabyte or more was appended lets its cached pages go, and what
+    /// was appended stays readable.
+    #[test]
+    fn a_sync_lets_the_appended_pages_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DirStorage::new(dir.path());
+        let chunk = vec![7u8; 1 << 20];
+        s.append("j", &chunk).unwrap();
+        s.append("j", &chunk).unwrap();
+        let path = dir.path().join("j");
+        assert!(resident_pages(&path) > 256, "appended pages start out cached");
+        s.syncer("j").unwrap()().unwrap();
+        assert_eq!(resident_pages(&path), 0, "synced pages were let go");
+        assert_eq!(s.read("j").unwrap().unwrap().len(), 2 << 20);
+    }
 
     #[test]
     fn crash_images_keep_synced_data_and_durable_names_only() {
