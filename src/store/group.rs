@@ -157,6 +157,9 @@ mod tests {
         fn append(&mut self, name: &str, data: &[u8]) -> std::io::Result<()> {
             self.mem.append(name, data)
         }
+        fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.mem.write_at(name, offset, data)
+        }
         fn truncate(&mut self, name: &str, len: u64) -> std::io::Result<()> {
             self.mem.truncate(name, len)
         }

@@ -356,8 +356,9 @@ pub(super) fn scan_each(image: &[u8], mut each: impl FnMut(Rec)) -> Result<Scan,
         let crc = u32::from_le_bytes(rest[8..12].try_into().expect("4 bytes"));
         let len = u32::from_le_bytes(len_bytes) as usize;
         if len == 0 || crc32(&len_bytes) != len_crc {
-            // A torn append leaves a prefix, never a wrong length.
-            return Err(pos as u64);
+            // A torn append leaves a prefix, never a wrong length; a write
+            // over zeros written ahead may leave the zeros.
+            return if unwritten_sector(image, pos, pos + FRAME) { torn(()) } else { Err(pos as u64) };
         }
         if len > rest.len() - FRAME {
             return torn(());
@@ -366,7 +367,8 @@ pub(super) fn scan_each(image: &[u8], mut each: impl FnMut(Rec)) -> Result<Scan,
         let is_last = FRAME + len == rest.len();
         let rec = if crc32(payload) == crc { decode(payload) } else { None };
         let Some(rec) = rec else {
-            return if is_last { torn(()) } else { Err(pos as u64) };
+            let torn_here = is_last || unwritten_sector(image, pos, pos + FRAME + len);
+            return if torn_here { torn(()) } else { Err(pos as u64) };
         };
         pos += FRAME + len;
         let end = matches!(rec, Rec::Commit(_));
@@ -376,6 +378,26 @@ pub(super) fn scan_each(image: &[u8], mut each: impl FnMut(Rec)) -> Result<Scan,
         }
     }
     Ok(if committed == image.len() { Scan::Clean(committed as u64) } else { Scan::Torn(committed as u64) })
+}
+
+/// True when a 512-byte sector of `image` overlapping the record at
+/// `pos..end` holds only zeros from `pos` on: a sector a crash did not let
+/// reach the disk, over zeros written ahead of the journal's end (disks
+/// write a sector whole or not at all; a record that fails its checksum
+/// without such a sector is corruption). Like the torn-write check of
+/// etcd's write-ahead log, which also writes over space made ahead.
+fn unwritten_sector(image: &[u8], pos: usize, end: usize) -> bool {
+    const SECTOR: usize = 512;
+    let end = end.min(image.len());
+    let mut at = pos / SECTOR * SECTOR;
+    while at < end.max(pos + 1) {
+        let chunk = &image[at.max(pos)..(at + SECTOR).min(image.len())];
+        if !chunk.is_empty() && chunk.iter().all(|&b| b == 0) {
+            return true;
+        }
+        at += SECTOR;
+    }
+    false
 }
 
 /// One inode as a self-contained value (the etcd backend stores each

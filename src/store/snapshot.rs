@@ -81,6 +81,14 @@ fn other_journal(name: &str) -> &'static str {
 /// outweighs the live state, see [`Store::wants_snapshot`]).
 pub const SNAPSHOT_MIN_BYTES: u64 = 1 << 20;
 
+/// Zeros written (and synced with the batch) past the end of the journal
+/// after a small batch, for the small batches after it to overwrite in
+/// place: an `fdatasync` of data written within the file's size is one
+/// write of the data, while one that grew the file also commits the
+/// filesystem's journal (about 140 against 330 µs on ext4 here). Large
+/// batches (content) are appended as they are, without zeros.
+pub const ZERO_AHEAD: u64 = 512 << 10;
+
 /// The state a store recovered.
 #[derive(Debug, Default)]
 pub struct Recovered {
@@ -89,7 +97,8 @@ pub struct Recovered {
     pub dirs: InoSet,
     pub extras: InoMap<Extra>,
     pub next_ino: u64,
-    /// Bytes cut off the journal's tail.
+    /// Bytes of a torn tail cut off the journal (zeros past its end are
+    /// unused space, not counted).
     pub cut: u64,
     /// Committed batches replayed from the journal.
     pub batches: u64,
@@ -177,7 +186,11 @@ pub struct Store {
     /// snapshot's, except after a new journal could not be started).
     journal: &'static str,
     journal_gen: u64,
+    /// Where the next batch goes: the journal's records end here.
     journal_bytes: u64,
+    /// The journal file's size: past `journal_bytes` it holds zeros written
+    /// ahead (see [`ZERO_AHEAD`]).
+    journal_end: u64,
     snapshot_bytes: u64,
     /// Bytes in the other journal file: the journal a background snapshot
     /// continues from (recovery replays its tail), kept until the next
@@ -411,17 +424,23 @@ impl Store {
                 replayed_older = !batches.is_empty();
                 rec.replay(batches);
             }
-            if (f.data.len() as u64) > f.keep {
+            if f.data[f.keep as usize..].iter().any(|&b| b != 0) {
                 tracing::warn!(file = f.name, bytes = f.data.len() as u64 - f.keep, "ignoring a torn journal tail");
             }
         }
         let mut journal = None;
         if let Some(i) = current {
             let f = &mut found[i];
-            rec.cut = f.data.len() as u64 - f.keep;
+            let tail = f.data.len() as u64 - f.keep;
+            // Zeros written ahead (or left by a crash before anything went
+            // past them) are unused space, not a torn tail.
+            let unused = f.data[f.keep as usize..].iter().all(|&b| b == 0);
+            rec.cut = if unused { 0 } else { tail };
             rec.replay(std::mem::take(&mut f.batches));
             if rec.cut > 0 {
                 tracing::warn!(file = f.name, bytes = rec.cut, offset = f.keep, "cutting off a torn journal tail");
+            }
+            if tail > 0 {
                 storage.truncate(f.name, f.keep).and_then(|()| storage.sync(f.name)).map_err(|e| io(f.name, e))?;
             }
             journal = Some((f.name, f.keep));
@@ -435,13 +454,14 @@ impl Store {
                 (name, start_journal(&mut *storage, name, generation).map_err(|e| io(name, e))?)
             }
         };
-        let other_bytes = found.iter().find(|f| f.name == other_journal(journal)).map_or(0, |f| f.data.len() as u64);
+        let other_bytes = found.iter().find(|f| f.name == other_journal(journal)).map_or(0, |f| f.keep);
         let store = Store {
             storage,
             generation,
             journal,
             journal_gen: generation,
             journal_bytes: keep,
+            journal_end: keep,
             snapshot_bytes,
             other_bytes,
             last_snapshot: written_at,
@@ -478,7 +498,8 @@ impl Store {
     }
 
     /// Bytes of the namespace in the state directory: the snapshot, the
-    /// journal and the other journal file (see [`Store::other_bytes`]).
+    /// journal and the other journal file (see [`Store::other_bytes`]);
+    /// besides, each journal file may end in up to [`ZERO_AHEAD`] zeros.
     pub fn disk_bytes(&self) -> u64 {
         self.snapshot_bytes + self.journal_bytes + self.other_bytes
     }
@@ -531,19 +552,33 @@ impl Store {
         if self.failed() {
             return Err(io::Error::from_raw_os_error(libc::EIO));
         }
-        let journal = self.journal;
-        let r = injected("journal-eio").and_then(|()| self.storage.append(journal, batch)).and_then(|()| {
+        let (journal, at, end) = (self.journal, self.journal_bytes, self.journal_bytes + batch.len() as u64);
+        // A small batch past the zeros written ahead brings more with it
+        // (unless the disk has no room for them: they are only an aid).
+        let mut ahead = end > self.journal_end && batch.len() as u64 <= ZERO_AHEAD / 4;
+        let r = injected("journal-eio").and_then(|()| self.storage.write_at(journal, at, batch)).and_then(|()| {
+            if ahead {
+                if let Err(e) = self.storage.write_zeros(journal, end, ZERO_AHEAD as usize) {
+                    if e.raw_os_error() != Some(libc::ENOSPC) {
+                        return Err(e);
+                    }
+                    ahead = false;
+                    self.storage.truncate(journal, end)?;
+                }
+            }
             failpoint("journal-appended");
             self.storage.syncer(journal)
         });
         match r {
             Ok(sync) => {
-                self.journal_bytes += batch.len() as u64;
+                self.journal_bytes = end;
+                self.journal_end = self.journal_end.max(end + if ahead { ZERO_AHEAD } else { 0 });
                 self.garbage += (batch.len() as u64).saturating_sub(fresh);
                 self.flushes += 1;
                 Ok(sync)
             }
             Err(e) => {
+                self.journal_end = self.journal_bytes;
                 let undo = self.storage.truncate(journal, self.journal_bytes).and_then(|()| self.storage.sync(journal));
                 if e.raw_os_error() == Some(libc::ENOSPC) && undo.is_ok() {
                     tracing::warn!(file = journal, "state disk full: sync refused until space returns");
@@ -669,7 +704,7 @@ impl Store {
                 self.other_bytes = self.journal_bytes;
                 self.journal = other_journal(self.journal);
                 self.journal_gen = w.generation;
-                self.journal_bytes = bytes;
+                (self.journal_bytes, self.journal_end) = (bytes, bytes);
                 Ok(())
             }
             Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
@@ -759,7 +794,7 @@ impl Store {
         match start_journal(&mut *self.storage, journal, generation) {
             Ok(bytes) => {
                 let old = std::mem::replace(&mut self.journal, journal);
-                (self.journal_gen, self.journal_bytes) = (generation, bytes);
+                (self.journal_gen, self.journal_bytes, self.journal_end) = (generation, bytes, bytes);
                 // The snapshot names no older journal: the old one is
                 // obsolete (a crash that keeps it keeps an ignored file).
                 self.other_bytes = match self.storage.remove(old) {

@@ -334,8 +334,11 @@ fn corruption_before_the_tail_refuses_and_a_torn_tail_is_cut() {
     flush(&mut ns, &mut store);
     file(&mut ns, Ino::ROOT, "b", b"2");
     flush(&mut ns, &mut store);
+    let end = store.journal_bytes() as usize;
     let mem = recording_mut(&mut store);
-    let j = mem.read(JOURNAL).unwrap().unwrap();
+    let mut j = mem.read(JOURNAL).unwrap().unwrap();
+    assert!(j.len() > end && j[end..].iter().all(|&b| b == 0), "zeros written ahead");
+    j.truncate(end);
     // Torn: drop the last 3 bytes: "b" is gone, "a" stays.
     let mut torn = MemStorage::default();
     torn.append(JOURNAL, &j[..j.len() - 3]).unwrap();
@@ -357,6 +360,59 @@ fn corruption_before_the_tail_refuses_and_a_torn_tail_is_cut() {
     bad.append(JOURNAL, &jb).unwrap();
     let err = Store::open(Box::new(bad)).unwrap_err();
     assert!(err.contains("namespace.journal") && err.contains("offset"), "{err}");
+}
+
+/// Small batches are written over zeros written ahead of the journal's
+/// records, and a crash may leave those writes' sectors out of order: a
+/// sector of zeros inside a batch, with later batches after it, is a torn
+/// tail (cut, with what follows it); a damaged sector without zeros is
+/// corruption and stops start-up.
+#[test]
+fn a_hole_of_zeros_over_the_space_written_ahead_is_a_torn_tail() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    file(&mut ns, Ino::ROOT, "a", b"1");
+    flush(&mut ns, &mut store);
+    let after_a = store.journal_bytes() as usize;
+    file(&mut ns, Ino::ROOT, "b", &[2; 3 * 4096]);
+    flush(&mut ns, &mut store);
+    let after_b = store.journal_bytes() as usize;
+    file(&mut ns, Ino::ROOT, "c", b"3");
+    flush(&mut ns, &mut store);
+    let j = recording_mut(&mut store).read(JOURNAL).unwrap().unwrap();
+    assert!(j.len() > store.journal_bytes() as usize, "b and c were written over zeros written ahead");
+    let open = |img: &[u8]| {
+        let mut m = MemStorage::default();
+        m.append(JOURNAL, img).unwrap();
+        Store::open(Box::new(m))
+    };
+    let names = |rec: crate::store::snapshot::Recovered| {
+        let ns = Namespace::restore(
+            rec.inodes,
+            &rec.dirs,
+            rec.next_ino,
+            Namespace::new(0o755, 0, 0, SystemTime::UNIX_EPOCH),
+        );
+        ["a", "b", "c"].into_iter().filter(|n| ns.child(Ino::ROOT, OsStr::new(n)).is_ok()).collect::<Vec<_>>()
+    };
+    // A sector in the middle of b's batch never reached the disk.
+    let sector = (after_a + after_b) / 2 / 512 * 512;
+    assert!(sector > after_a + 512 && sector + 512 < after_b);
+    let mut hole = j.clone();
+    hole[sector..sector + 512].fill(0);
+    let (_, rec) = open(&hole).expect("a hole over zeros written ahead is a torn tail");
+    assert!(rec.cut > 0, "the torn tail is reported");
+    assert_eq!(names(rec), ["a"], "b and everything after the hole is cut");
+    // The same sector damaged instead: corruption.
+    let mut rot = j.clone();
+    rot[sector + 100] ^= 0x40;
+    let err = open(&rot).unwrap_err();
+    assert!(err.contains("namespace.journal") && err.contains("corrupt"), "{err}");
+    // Whole, with its zeros: everything, nothing cut.
+    let (_, rec) = open(&j).unwrap();
+    assert_eq!(rec.cut, 0);
+    assert_eq!(names(rec), ["a", "b", "c"]);
 }
 
 fn recording_mut(store: &mut Store) -> &mut MemStorage {
@@ -550,15 +606,16 @@ fn the_old_journal_counts_until_the_next_snapshot_replaces_it() {
     assert_eq!(store.other_bytes(), old, "the journal the snapshot continues from");
     let (journal, other) = (store.journal, other_journal(store.journal));
     assert_eq!(store.disk_bytes(), store.snapshot_bytes() + store.journal_bytes() + old);
-    assert_eq!(recording_mut(&mut store).len(other), old);
+    assert_eq!(recording_mut(&mut store).len(other), old + ZERO_AHEAD, "its records and the zeros ahead");
     let (reopened, _) = Store::open(Box::new(recording_mut(&mut store).clone())).unwrap();
     assert_eq!((reopened.journal, reopened.other_bytes()), (journal, old), "found again at start-up");
     // The next (background) snapshot starts its journal in that file.
     let job = background_job(&mut store, &ns);
     let written = write_snapshot(recording_mut(&mut store), &job);
+    let records = store.journal_bytes();
     store.finish_snapshot(written).unwrap();
     assert_eq!(store.journal, other);
-    assert_eq!(store.other_bytes(), recording_mut(&mut store).len(journal));
+    assert_eq!(store.other_bytes(), records);
     assert!(store.other_bytes() < old);
     // In line: the other file is gone.
     file(&mut ns, Ino::ROOT, "b", b"2");

@@ -29,6 +29,16 @@ pub trait Storage: Send {
     }
     /// Append to a file, creating it when missing.
     fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()>;
+    /// Write `data` at `offset` of a file, creating it when missing and
+    /// growing it (with zeros up to `offset`) when shorter. Not durable
+    /// until `sync`; until then a crash may keep any part of what it
+    /// overwrote, not only a prefix.
+    fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()>;
+    /// [`Storage::write_at`] of `len` zeros, made ahead for later writes to
+    /// overwrite in place.
+    fn write_zeros(&mut self, name: &str, offset: u64, len: usize) -> io::Result<()> {
+        self.write_at(name, offset, &vec![0; len])
+    }
     /// Cut a file to `len` bytes.
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()>;
     /// Make a file's content durable (`fdatasync`).
@@ -67,8 +77,18 @@ pub struct DirStorage {
     dir: PathBuf,
     /// Files kept open for appending.
     open: HashMap<String, File>,
-    /// Bytes appended to each file since its cached pages were last let go.
-    cached: HashMap<String, u64>,
+    /// What was written to each file since its cached pages were last let go.
+    cached: HashMap<String, Cached>,
+}
+
+/// What [`DirStorage`] knows of a file's cached pages.
+#[derive(Default)]
+struct Cached {
+    /// Bytes written since they were last let go.
+    written: u64,
+    /// Where the zeros written ahead begin: their pages stay cached, so
+    /// the small writes over them do not read them back from the disk.
+    zeros_from: Option<u64>,
 }
 
 impl DirStorage {
@@ -78,21 +98,37 @@ impl DirStorage {
 
     fn file(&mut self, name: &str) -> io::Result<&mut File> {
         if !self.open.contains_key(name) {
-            let f =
-                OpenOptions::new().create(true).truncate(false).read(true).append(true).open(self.dir.join(name))?;
+            // Not O_APPEND: `write_at` writes where it is told.
+            let f = OpenOptions::new().create(true).truncate(false).read(true).write(true).open(self.dir.join(name))?;
             self.open.insert(name.to_string(), f);
         }
         Ok(self.open.get_mut(name).expect("just inserted"))
     }
 
-    /// True when a sync of `name` should also let its cached pages go
-    /// (see [`let_cache_go`]); counts from zero again.
-    fn cache_to_drop(&mut self, name: &str) -> bool {
-        let drop_cache = self.cached.get(name).is_some_and(|&n| n >= DROP_CACHE_BYTES);
-        if drop_cache {
-            self.cached.remove(name);
+    /// How much of `name` a sync should let go of from the page cache
+    /// (see [`let_cache_go`]): none until a megabyte was written since the
+    /// last time; then all of it (0: to the end) but the pages of the zeros
+    /// written ahead.
+    fn cache_to_drop(&mut self, name: &str) -> Option<u64> {
+        let c = self.cached.get_mut(name)?;
+        if c.written < DROP_CACHE_BYTES {
+            return None;
         }
-        drop_cache
+        c.written = 0;
+        match c.zeros_from {
+            Some(z) if z < 4096 => None,
+            Some(z) => Some(z / 4096 * 4096),
+            None => Some(0),
+        }
+    }
+
+    /// Account for `len` bytes written at `offset` of `name`.
+    fn wrote(&mut self, name: &str, offset: u64, len: u64) {
+        let c = self.cached.entry(name.to_string()).or_default();
+        c.written += len;
+        if let Some(z) = &mut c.zeros_from {
+            *z = (*z).max(offset + len);
+        }
     }
 }
 
@@ -140,13 +176,34 @@ impl Storage for DirStorage {
     }
 
     fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
-        self.file(name)?.write_all(data)?;
-        *self.cached.entry(name.to_string()).or_default() += data.len() as u64;
+        use std::io::{Seek, SeekFrom};
+        let f = self.file(name)?;
+        let at = f.seek(SeekFrom::End(0))?;
+        f.write_all(data)?;
+        self.wrote(name, at, data.len() as u64);
+        Ok(())
+    }
+
+    fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file(name)?.write_all_at(data, offset)?;
+        self.wrote(name, offset, data.len() as u64);
+        Ok(())
+    }
+
+    fn write_zeros(&mut self, name: &str, offset: u64, len: usize) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        self.file(name)?.write_all_at(&vec![0; len], offset)?;
+        self.cached.entry(name.to_string()).or_default().zeros_from = Some(offset);
         Ok(())
     }
 
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
-        self.file(name)?.set_len(len)
+        self.file(name)?.set_len(len)?;
+        if let Some(c) = self.cached.get_mut(name) {
+            c.zeros_from = c.zeros_from.filter(|&z| z < len);
+        }
+        Ok(())
     }
 
     fn sync(&mut self, name: &str) -> io::Result<()> {
@@ -160,8 +217,8 @@ impl Storage for DirStorage {
         let drop_cache = self.cache_to_drop(name);
         Ok(Box::new(move || {
             f.sync_data()?;
-            if drop_cache {
-                let_cache_go(&f);
+            if let Some(len) = drop_cache {
+                let_cache_go(&f, len);
             }
             Ok(())
         }))
@@ -169,6 +226,7 @@ impl Storage for DirStorage {
 
     fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
         self.open.remove(name);
+        self.cached.remove(name);
         let mut f = OpenOptions::new().create(true).truncate(true).write(true).open(self.dir.join(name))?;
         f.write_all(data)?;
         Ok(())
@@ -177,11 +235,14 @@ impl Storage for DirStorage {
     fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
         self.open.remove(from);
         self.open.remove(to);
+        self.cached.remove(from);
+        self.cached.remove(to);
         std::fs::rename(self.dir.join(from), self.dir.join(to))
     }
 
     fn remove(&mut self, name: &str) -> io::Result<()> {
         self.open.remove(name);
+        self.cached.remove(name);
         match std::fs::remove_file(self.dir.join(name)) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
             _ => Ok(()),
@@ -202,6 +263,37 @@ impl Storage for DirStorage {
 struct MemFile {
     data: Vec<u8>,
     synced: Vec<u8>,
+}
+
+impl MemFile {
+    /// The content a crash may leave (`keep` 0 to 3 picks one of these):
+    /// the synced content and all of what was written since, and between
+    /// them, for appends, the synced content plus half of what was
+    /// appended (a torn tail); for writes within the file (over zeros
+    /// written ahead), the first half of what changed (a torn tail) or only
+    /// the second half (the pages written out of order: a hole, then data).
+    fn crash_content(&self, keep: usize) -> Vec<u8> {
+        let (data, synced) = (&self.data, &self.synced);
+        if keep == 0 {
+            return synced.clone();
+        }
+        if keep == 2 || data.len() < synced.len() {
+            return data.clone();
+        }
+        if data.starts_with(synced) {
+            let extra = data.len() - synced.len();
+            return data[..synced.len() + extra * keep.min(2) / 2].to_vec();
+        }
+        let mut base = synced.clone();
+        base.resize(data.len(), 0);
+        let lo = (0..data.len()).find(|&i| data[i] != base[i]).unwrap_or(0);
+        let hi = (0..data.len()).rfind(|&i| data[i] != base[i]).map_or(0, |i| i + 1);
+        // Sectors of 512 bytes are written whole or not at all.
+        let mid = ((lo + (hi - lo) / 2) / 512 * 512).clamp(lo, hi);
+        let (from, to) = if keep == 1 { (lo, mid) } else { (mid, hi) };
+        base[from..to].copy_from_slice(&data[from..to]);
+        base
+    }
 }
 
 /// An in-memory state directory that records, at every write and sync, the
@@ -250,8 +342,8 @@ impl MemStorage {
 
     /// What the directory could look like after a crash now: the durable
     /// names with any subset of the unsynced name changes applied (in
-    /// order; only none or all of them beyond 4), and each file's synced
-    /// content plus none, half, or all of what was written since.
+    /// order; only none or all of them beyond 4), and each file's content
+    /// as [`MemFile::crash_content`] makes it.
     pub fn crash_images(&self) -> Vec<MemStorage> {
         let n = self.name_ops.len();
         let masks: Vec<u32> = if n <= 4 { (0..1u32 << n).collect() } else { vec![0, u32::MAX] };
@@ -272,19 +364,11 @@ impl MemStorage {
         }
         let mut out = Vec::new();
         for names in &variants {
-            for keep in [0usize, 1, 2] {
+            for keep in [0usize, 1, 2, 3] {
                 let mut files = Vec::new();
                 let mut map = HashMap::new();
                 for (name, &idx) in names {
-                    let f = &self.files[idx];
-                    let content = if f.data.starts_with(&f.synced) {
-                        let extra = f.data.len() - f.synced.len();
-                        f.data[..f.synced.len() + extra * keep / 2].to_vec()
-                    } else if keep == 2 {
-                        f.data.clone()
-                    } else {
-                        f.synced.clone()
-                    };
+                    let content = self.files[idx].crash_content(keep);
                     map.insert(name.clone(), files.len());
                     files.push(MemFile { data: content.clone(), synced: content });
                 }
@@ -339,6 +423,18 @@ impl Storage for MemStorage {
         Ok(())
     }
 
+    fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.step()?;
+        let i = self.idx(name);
+        let f = &mut self.files[i].data;
+        let end = offset as usize + data.len();
+        if f.len() < end {
+            f.resize(end, 0);
+        }
+        f[offset as usize..end].copy_from_slice(data);
+        Ok(())
+    }
+
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
         self.step()?;
         let i = self.idx(name);
@@ -390,14 +486,15 @@ impl Storage for MemStorage {
 }
 
 /// What is appended is only read again at start-up: once written out, its
-/// pages are let go (a megabyte or more at a time), so a large write does
-/// not leave a second copy in the page cache, and later appends reuse that
-/// memory instead of taking fresh memory.
-fn let_cache_go(f: &File) {
+/// pages (the first `len` bytes; 0: all) are let go, a megabyte or more at
+/// a time, so a large write does not leave a second copy in the page
+/// cache, and later appends reuse that memory instead of taking fresh
+/// memory.
+fn let_cache_go(f: &File, len: u64) {
     use std::os::fd::AsRawFd;
     // SAFETY: an advisory call on a descriptor the caller owns.
     unsafe {
-        libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+        libc::posix_fadvise(f.as_raw_fd(), 0, len as libc::off_t, libc::POSIX_FADV_DONTNEED);
     }
 }
 
@@ -405,8 +502,8 @@ fn let_cache_go(f: &File) {
 mod tests {
     use super::*;
 
-    /// Pages of the file at `path` in the page cache.
-    fn resident_pages(path: &Path) -> usize {
+    /// Pages of the file at `path` in the page cache: before 2 MiB, and from there.
+    fn resident_pages(path: &Path) -> (usize, usize) {
         use std::os::fd::AsRawFd;
         let f = File::open(path).unwrap();
         let len = f.metadata().unwrap().len() as usize;
@@ -419,25 +516,34 @@ mod tests {
             let mut v = vec![0u8; pages];
             assert_eq!(libc::mincore(p, len, v.as_mut_ptr()), 0);
             libc::munmap(p, len);
-            v.iter().filter(|&&b| b & 1 != 0).count()
+            let count = |v: &[u8]| v.iter().filter(|&&b| b & 1 != 0).count();
+            let split = v.len().min(512);
+            (count(&v[..split]), count(&v[split..]))
         }
     }
 
     /// The journal is only read again at start-up: a sync after a
-    /// megabyte or more was appended lets its cached pages go, and what
-    /// was appended stays readable.
+    /// megabyte or more was written lets its cached pages go, except those
+    /// of the zeros written ahead (later small writes go there), and what
+    /// was written stays readable.
     #[test]
-    fn a_sync_lets_the_appended_pages_go() {
+    fn a_sync_lets_the_written_pages_go_but_not_the_zeros_ahead() {
         let dir = tempfile::tempdir().unwrap();
         let mut s = DirStorage::new(dir.path());
         let chunk = vec![7u8; 1 << 20];
         s.append("j", &chunk).unwrap();
-        s.append("j", &chunk).unwrap();
+        s.write_at("j", 1 << 20, &chunk).unwrap();
+        s.write_zeros("j", 2 << 20, 512 << 10).unwrap();
         let path = dir.path().join("j");
-        assert!(resident_pages(&path) > 256, "appended pages start out cached");
+        assert_eq!(resident_pages(&path), (512, 128), "written pages start out cached");
         s.syncer("j").unwrap()().unwrap();
-        assert_eq!(resident_pages(&path), 0, "synced pages were let go");
-        assert_eq!(s.read("j").unwrap().unwrap().len(), 2 << 20);
+        assert_eq!(resident_pages(&path), (0, 128), "synced pages were let go, the zeros ahead were not");
+        assert_eq!(s.read("j").unwrap().unwrap().len(), (2 << 20) + (512 << 10));
+        // Without zeros ahead, all of it goes.
+        s.write_at("j", 2 << 20, &chunk).unwrap();
+        s.truncate("j", 3 << 20).unwrap();
+        s.syncer("j").unwrap()().unwrap();
+        assert_eq!(resident_pages(&path), (0, 0));
     }
 
     #[test]
