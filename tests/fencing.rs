@@ -128,6 +128,46 @@ print("again", code(lambda: os.write(fd, b"back\n")))
     assert_eq!(sh_ok(&m.path, "cat L"), "mine\nback\n", "no fenced write landed");
 }
 
+/// A broken holder's writes through a shared mapping of the lease are
+/// refused like its `write`s: its `msync` fails with `ESTALE` and the
+/// content keeps the new holder's bytes, also while other processes (one
+/// that opened the file for writing before the holder, and the new holder)
+/// have it open for writing, whose descriptors the kernel could otherwise
+/// have written the pages back through.
+#[test]
+fn a_broken_holders_writes_through_a_shared_mapping_are_refused() {
+    let m = Mount::new();
+    sh_ok(&m.path, "head -c 4096 /dev/zero | tr '\\0' 0 > L && setfattr -n user.leasefs.ttl -v 500ms L");
+    let out = py_ok(
+        &m.path,
+        r#"
+import errno, fcntl, mmap, os, subprocess, time
+other = subprocess.Popen(["python3", "-c", "import os, time; f = os.open('L', os.O_RDWR); print('open', flush=True); time.sleep(5)"], stdout=subprocess.PIPE, text=True)
+assert other.stdout.readline().strip() == "open"
+fd = os.open("L", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+mm = mmap.mmap(fd, 4096, mmap.MAP_SHARED)
+mm[0:4] = b"mine"
+mm.flush()                                         # while it holds the lease
+time.sleep(0.8)                                    # no renewal: expired
+taker = subprocess.Popen(["flock", "-w", "5", "L", "python3", "-c",
+    "import os, time; f = os.open('L', os.O_RDWR); print('taken', flush=True); time.sleep(1); os.pwrite(f, b'TAKE', 8)"],
+    stdout=subprocess.PIPE, text=True)
+assert taker.stdout.readline().strip() == "taken"
+mm[0:5] = b"stale"
+try:
+    mm.flush()
+    print("msync ok")
+except OSError as e:
+    print("msync", errno.errorcode[e.errno])
+taker.wait()
+other.kill()
+"#,
+    );
+    assert_eq!(out.trim(), "msync ESTALE");
+    assert_eq!(sh_ok(&m.path, "head -c 16 L"), "mine0000TAKE0000", "no fenced write landed");
+}
+
 /// The returning primary: it holds a 1 s lease and appends to a guarded
 /// file, is frozen for 1.5 s, the standby takes over and appends; the
 /// primary's next append fails and the file holds exactly both first appends.
