@@ -41,7 +41,7 @@ secs() { # command... -> seconds it took
 }
 mmap_ops() { # dir bytes -> bogo ops/s (real time)
     (cd "$1" && "${pin[@]}" stress-ng --mmap 1 --mmap-file --mmap-bytes "$2" -t "$msecs" --temp-path "$1" --metrics-brief 2>&1) |
-        awk '$2 == "metrc:" && $4 == "mmap" { print $8 }'
+        awk '$2 == "metrc:" && $4 == "mmap" { print $9 }'
 }
 
 for r in $(seq "$rounds"); do

@@ -212,6 +212,48 @@ print(" ".join(out))
     );
 }
 
+/// A write (through the page cache or direct I/O), a truncate, an
+/// `fallocate` or a `chown` removes a file's capabilities
+/// (`security.capability`), also when root does it; a write through a
+/// shared mapping does not; as on tmpfs.
+#[test]
+fn writes_truncates_and_chowns_remove_file_capabilities() {
+    let program = r#"
+import fcntl, mmap, os, struct
+caps = struct.pack("<5I", 0x02000001, 1 << 10, 0, 0, 0)   # CAP_NET_BIND_SERVICE, effective
+def has(f):
+    try:
+        os.getxattr(f, "security.capability"); return "caps"
+    except OSError:
+        return "none"
+out = []
+for how in ["write", "locked", "truncate", "fallocate", "chown", "mmap"]:
+    f = how
+    with open(f, "wb") as w:
+        w.write(b"x" * 4096)
+    os.setxattr(f, "security.capability", caps)
+    before = has(f)
+    fd = os.open(f, os.O_RDWR)
+    if how == "write": os.write(fd, b"y")
+    if how == "locked":                                    # a lease: direct I/O
+        fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b"y")
+    if how == "truncate": os.ftruncate(fd, 1)
+    if how == "fallocate": os.posix_fallocate(fd, 0, 8192)
+    if how == "chown": os.chown(f, 65534, 65534)
+    if how == "mmap":
+        m = mmap.mmap(fd, 4096, mmap.MAP_SHARED); m[0:1] = b"z"; m.flush(); m.close()
+    os.close(fd)
+    out.append(how + ":" + before + "," + has(f))
+print(" ".join(out))
+"#;
+    same_as_tmpfs(
+        "true",
+        program,
+        false,
+        "write:caps,none locked:caps,none truncate:caps,none fallocate:caps,none chown:caps,none mmap:caps,caps",
+    );
+}
+
 /// Item 5, the owner's side: root (CAP_FSETID) writing keeps the bits.
 #[test]
 fn writes_by_root_keep_suid() {

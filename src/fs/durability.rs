@@ -335,6 +335,13 @@ impl Fs {
         }
     }
 
+    /// True when nothing of the namespace is kept on disk (`--volatile`, or
+    /// a shared namespace, where every change is stored before it is
+    /// answered): a sync has nothing to do.
+    pub fn nothing_to_sync(&self) -> bool {
+        self.state.lock().durable.store.is_none()
+    }
+
     /// [`Fs::sync_then`], waiting for the answer.
     pub fn sync(&self) -> Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();

@@ -168,6 +168,14 @@ impl LeaseFs {
     /// thread: other requests are served meanwhile.
     fn sync(&self, op: &'static str, reply: ReplyEmpty) {
         guarded(op, || {
+            if self.fs.nothing_to_sync() {
+                // The kernel takes ENOSYS as "fsync needs no request" and
+                // answers every later `fsync` (`fsyncdir`) of the mount
+                // with success itself, after writing back dirty pages as
+                // always: a `--volatile` mount's `msync` loop or SQLite
+                // commits cost no round trip for a sync that does nothing.
+                return reply.error(Errno::from_i32(libc::ENOSYS));
+            }
             self.fs.sync_then(Box::new(move |r| match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(refuse(op, e)),
@@ -328,6 +336,14 @@ impl fuser::Filesystem for LeaseFs {
         // reaches the daemon (observations, fencing, rename-over content);
         // this flag keeps shared mmap working (SQLite WAL's -shm).
         self.direct_io = config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP).is_ok();
+        // The daemon clears suid/sgid on writes, truncates and fallocate
+        // itself (`FUSE_WRITE_KILL_SUIDGID`, the caller's groups): with
+        // this the kernel also marks inodes it found without privileges to
+        // kill (`SB_NOSEC`) and stops asking for `security.capability`
+        // before every write (two requests per page in a shared-mapping
+        // loop). It still removes file capabilities itself
+        // (compat::writes_truncates_and_chowns_remove_file_capabilities).
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         self.waits.lock().direct_io = self.direct_io;
         if !self.direct_io {
             warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
