@@ -7,6 +7,7 @@
 #   scripts/databench.sh [ROUNDS] [MIB] [MMAP_SECONDS]   (defaults: 3, 256, 5)
 #   PIN=1 scripts/databench.sh                          (everything on CPU 0)
 #   BASELINE=/path/to/older/leasefs scripts/databench.sh (adds that build)
+#   RAW=FILE scripts/databench.sh                       (keeps every round's figures)
 # Metrics, per column:
 #   write_fsync_s  dd of MIB MiB in 1 MiB blocks, conv=fsync (a fresh file)
 #   read_cold_s    dd it back in 1 MiB blocks after dropping the page cache
@@ -32,6 +33,15 @@ cols="${cols} minimal disk"
 head -c $((mib << 20)) /dev/urandom > "$work/tmpfs/source"
 daemon_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1] + '/.leasefs/status'))['pid'])" "$1"; }
 written() { awk '/^write_bytes/ {print $2}' "/proc/$1/io"; }
+settle() { # leasefs mount -> wait (at most 60 s) until no compaction runs
+    python3 - "$1" <<'PY'
+import json, sys, time
+for _ in range(600):
+    if (json.load(open(sys.argv[1] + "/.leasefs/status")).get("snapshot") or {}).get("compaction") is None:
+        break
+    time.sleep(0.1)
+PY
+}
 secs() { # command... -> seconds it took
     local t0 t1
     t0=$(date +%s.%N)
@@ -49,6 +59,9 @@ for r in $(seq "$rounds"); do
         d="$work/$fs"
         case $fs in minimal) f="$d/data$r" ;; *) mkdir -p "$d/run$r"; f="$d/run$r/data" ;; esac
         pid=
+        # A timed write starts with no compaction of the last round's
+        # leftovers running.
+        [ -e "$d/.leasefs/status" ] && settle "$d"
         [ "$fs" = leasefs ] && pid=$(daemon_pid "$d") && w0=$(written "$pid")
         echo "$fs write_fsync_s $(secs "${pin[@]}" dd if="$work/tmpfs/source" of="$f" bs=1M conv=fsync)"
         if [ -n "$pid" ]; then
@@ -66,6 +79,7 @@ for r in $(seq "$rounds"); do
         echo "$fs mmap256m_ops $(mmap_ops "$md" 256M)"
     done
 done > "$work/results"
+[ -n "${RAW:-}" ] && cp "$work/results" "$RAW"
 
 python3 - "$work/results" "$rounds" "$mib" $cols <<'PY'
 import statistics, sys
