@@ -343,7 +343,7 @@ impl MemStorage {
     /// What the directory could look like after a crash now: the durable
     /// names with any subset of the unsynced name changes applied (in
     /// order; only none or all of them beyond 4), and each file's content
-    /// as [`MemFile::crash_content`] makes it.
+    /// as `MemFile::crash_content` makes it.
     pub fn crash_images(&self) -> Vec<MemStorage> {
         let n = self.name_ops.len();
         let masks: Vec<u32> = if n <= 4 { (0..1u32 << n).collect() } else { vec![0, u32::MAX] };
