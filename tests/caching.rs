@@ -321,3 +321,54 @@ finally:
     );
     assert_eq!(out.trim(), "b'newo' b'renamed' True");
 }
+
+/// On a mount with nothing to sync (`--volatile`) the first `fsync` is
+/// answered `ENOSYS`, which the kernel takes as "no request needed": every
+/// `fsync`, `fdatasync` and directory `fsync` succeeds, and only the first
+/// of each kind reaches the daemon. A durable mount's reach it every time.
+#[test]
+fn a_volatile_mount_lets_the_kernel_answer_fsync() {
+    let program = r#"
+import os
+fd = os.open("f", os.O_CREAT | os.O_RDWR, 0o644)
+for i in range(20):
+    os.write(fd, b"x"); os.fsync(fd); os.fdatasync(fd)
+d = os.open(".", os.O_RDONLY)
+for i in range(5):
+    os.fsync(d)
+print("ok")
+"#;
+    let volatile = Mount::with_args(&["--allow-other", "--volatile"]);
+    assert_eq!(py_ok(&volatile.path, program).trim(), "ok");
+    assert_eq!(requests(&volatile, &["fsync"]), 1, "the kernel answered the rest");
+    assert_eq!(requests(&volatile, &["fsyncdir"]), 1);
+    let durable = Mount::new();
+    assert_eq!(py_ok(&durable.path, program).trim(), "ok");
+    assert_eq!(requests(&durable, &["fsync"]), 40, "a durable mount syncs every time");
+    assert_eq!(requests(&durable, &["fsyncdir"]), 5);
+}
+
+/// The daemon clears suid/sgid itself (`FUSE_HANDLE_KILLPRIV_V2`), so the
+/// kernel does not ask for `security.capability` before each write of a
+/// file without privileges: writes through the page cache and direct I/O
+/// cost one request each, not two.
+#[test]
+fn writes_do_not_ask_for_file_capabilities_each_time() {
+    let m = Mount::new();
+    let before = requests(&m, &["getxattr"]);
+    py_ok(
+        &m.path,
+        r#"
+import fcntl, os
+for name, lock in [("data", False), ("lease", True)]:
+    fd = os.open(name, os.O_CREAT | os.O_RDWR, 0o644)
+    if lock:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    for i in range(100):
+        os.pwrite(fd, b"x", i)
+    os.close(fd)
+"#,
+    );
+    let asked = requests(&m, &["getxattr"]) - before;
+    assert!(asked <= 4, "{asked} getxattr requests for 200 writes");
+}

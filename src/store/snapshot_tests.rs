@@ -445,6 +445,28 @@ fn a_journal_newer_than_its_snapshot_refuses_to_start() {
     assert!(err.contains("generation 1 is newer than the snapshot's (0)"), "{err}");
 }
 
+/// The zeros written ahead are only an aid: a disk without room for them
+/// still takes the batch, without zeros, and the next small batch tries
+/// again.
+#[test]
+fn a_full_disk_skips_the_zeros_ahead_but_keeps_the_batch() {
+    let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();
+    let mut ns = Namespace::new(0o755, 0, 0, SystemTime::now());
+    ns.set_tracking();
+    file(&mut ns, Ino::ROOT, "a", b"1");
+    let ops = recording_mut(&mut store).ops;
+    // The batch's write, then the zeros' write: that one finds the disk full.
+    recording_mut(&mut store).fail_at = Some((ops + 2, libc::ENOSPC));
+    flush(&mut ns, &mut store);
+    assert!(!store.failed());
+    assert_eq!(recording_mut(&mut store).len(JOURNAL), store.journal_bytes(), "no zeros ahead");
+    file(&mut ns, Ino::ROOT, "b", b"2");
+    flush(&mut ns, &mut store);
+    assert_eq!(recording_mut(&mut store).len(JOURNAL), store.journal_bytes() + ZERO_AHEAD, "tried again");
+    let names = view(&recover(recording_mut(&mut store).clone()));
+    assert_eq!(names, view(&ns));
+}
+
 #[test]
 fn enospc_keeps_changes_pending_and_other_errors_are_fail_stop() {
     let (mut store, _) = Store::open(Box::new(MemStorage::default())).unwrap();

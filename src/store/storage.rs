@@ -69,7 +69,7 @@ pub trait Storage: Send {
 /// A deferred `sync` (see [`Storage::syncer`]).
 pub type Syncer = Box<dyn FnOnce() -> io::Result<()> + Send>;
 
-/// Appended bytes after which a sync also lets the file's cached pages go.
+/// Bytes written after which a sync also lets the file's cached pages go.
 const DROP_CACHE_BYTES: u64 = 1 << 20;
 
 /// A real directory.
