@@ -2,7 +2,9 @@
 # Data-path benchmark, side by side in one run: leasefs (durable, state
 # directory on the root disk), leasefs --volatile, the minimal fuser
 # filesystem keeping its data in memory with a zero TTL ("minimal",
-# scripts/minimalfs.rs), ext4 (a directory on the root disk, "disk") and
+# scripts/minimalfs.rs), the same answering fallocate ("minpunch": the
+# stress-ng mmap stressor punches a hole in every page it wrote, work the
+# plain minimal filesystem refuses with ENOSYS and so skips), ext4 (a directory on the root disk, "disk") and
 # tmpfs. Rounds alternate the columns; medians over the rounds.
 #   scripts/databench.sh [ROUNDS] [MIB] [MMAP_SECONDS]   (defaults: 3, 256, 5)
 #   PIN=1 scripts/databench.sh                          (everything on CPU 0)
@@ -28,8 +30,19 @@ command -v stress-ng >/dev/null || { echo "databench: needs stress-ng (apt-get i
 work=$(mktemp -d /tmp/leasefs-databench.XXXXXX)
 . scripts/benchmounts.sh
 bench_mount_all
-mkdir -p "$work/disk"
-cols="${cols} minimal disk"
+mkdir -p "$work/disk" "$work/minpunch"
+"${pin[@]}" ./target/release/examples/minimalfs "$work/minpunch" 0 punch &
+minpunch_pid=$!
+unmount_minpunch() {
+    umount "$work/minpunch" 2>/dev/null || umount -l "$work/minpunch" 2>/dev/null || true
+    kill "$minpunch_pid" 2>/dev/null || true
+    wait "$minpunch_pid" 2>/dev/null || true
+    bench_unmount_all
+}
+trap unmount_minpunch EXIT
+for _ in $(seq 100); do mountpoint -q "$work/minpunch" && break; sleep 0.05; done
+mountpoint -q "$work/minpunch" || { echo "minimalfs did not mount on minpunch" >&2; exit 1; }
+cols="${cols} minimal minpunch disk"
 head -c $((mib << 20)) /dev/urandom > "$work/tmpfs/source"
 daemon_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1] + '/.leasefs/status'))['pid'])" "$1"; }
 written() { awk '/^write_bytes/ {print $2}' "/proc/$1/io"; }
@@ -57,7 +70,7 @@ mmap_ops() { # dir bytes -> bogo ops/s (real time)
 for r in $(seq "$rounds"); do
     for fs in $cols; do
         d="$work/$fs"
-        case $fs in minimal) f="$d/data$r" ;; *) mkdir -p "$d/run$r"; f="$d/run$r/data" ;; esac
+        case $fs in minimal|minpunch) f="$d/data$r" ;; *) mkdir -p "$d/run$r"; f="$d/run$r/data" ;; esac
         pid=
         # A timed write starts with no compaction of the last round's
         # leftovers running.
@@ -74,7 +87,7 @@ for r in $(seq "$rounds"); do
         echo "$fs read_warm_s $(secs "${pin[@]}" dd if="$f" of=/dev/null bs=1M)"
         cmp -s "$f" "$work/tmpfs/source" || { echo "databench: $fs returned other bytes than were written" >&2; exit 1; }
         rm -f "$f"
-        case $fs in minimal) md="$d" ;; *) md="$d/run$r" ;; esac
+        case $fs in minimal|minpunch) md="$d" ;; *) md="$d/run$r" ;; esac
         echo "$fs mmap4m_ops $(mmap_ops "$md" 4M)"
         echo "$fs mmap256m_ops $(mmap_ops "$md" 256M)"
     done
@@ -90,14 +103,15 @@ for fs, metric, v in (l.split() for l in open(sys.argv[1])):
     except ValueError:
         pass
 cols = sys.argv[4:]
-print(f"# medians of {sys.argv[2]} rounds, {sys.argv[3]} MiB; ratio = leasefs / minimal")
-print("%-14s" % "metric" + "".join("%12s" % c for c in cols) + "%16s%16s" % ("leasefs/min", "volatile/min"))
+print(f"# medians of {sys.argv[2]} rounds, {sys.argv[3]} MiB; ratio = leasefs / minimal (and / minpunch)")
+print("%-14s" % "metric" + "".join("%12s" % c for c in cols) + "%16s%16s%16s%16s" % ("leasefs/min", "volatile/min", "leasefs/punch", "volatile/punch"))
 for m in ("write_fsync_s", "read_cold_s", "read_warm_s", "mmap4m_ops", "mmap256m_ops", "disk_per_byte"):
     row = data.get(m, {})
     med = {c: statistics.median(row[c]) for c in cols if row.get(c)}
     line = "%-14s" % m + "".join("%12s" % (f"{med[c]:.3f}" if c in med else "-") for c in cols)
-    for c in ("leasefs", "volatile"):
-        ok = c in med and med.get("minimal")
-        line += "%16s" % (f"{med[c] / med['minimal']:.2f}" if ok else "-")
+    for base in ("minimal", "minpunch"):
+        for c in ("leasefs", "volatile"):
+            ok = c in med and med.get(base)
+            line += "%16s" % (f"{med[c] / med[base]:.2f}" if ok else "-")
     print(line)
 PY

@@ -2,10 +2,13 @@
 //! none of leasefs's logic (no request hook, no epochs, no identity, no fairness
 //! beyond a FIFO queue). `scripts/lockbench.sh` measures leasefs against it.
 //!
-//! Usage: minimalfs MOUNTPOINT [TTL_SECONDS]   (runs until unmounted; as root)
+//! Usage: minimalfs MOUNTPOINT [TTL_SECONDS [punch]]   (runs until unmounted; as root)
 //!
 //! TTL_SECONDS (default 0) is the entry and attribute timeout of every reply:
 //! 0 makes the kernel ask for every name and attribute, 1 lets it cache them.
+//! `punch` makes it answer `fallocate` (hole punching and allocation, the
+//! work `stress-ng --mmap-file` asks for on every page); without it
+//! `fallocate` is ENOSYS and the kernel stops sending it after the first.
 //!
 //! One flat directory of regular files whose contents are kept in memory,
 //! one contiguous buffer per file, served through the kernel's page cache
@@ -114,6 +117,9 @@ static TTL: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 fn ttl() -> &'static Duration {
     TTL.get_or_init(|| Duration::ZERO)
 }
+
+/// Whether `fallocate` is served (third argument `punch`).
+static PUNCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl fuser::Filesystem for MinimalFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
@@ -242,6 +248,32 @@ impl fuser::Filesystem for MinimalFs {
         reply.written(data.len() as u32);
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        if !PUNCH.load(std::sync::atomic::Ordering::Relaxed) {
+            return reply.error(Errno::ENOSYS);
+        }
+        let mut st = self.st.lock();
+        let d = st.data.entry(ino.0).or_default();
+        let end = (offset + length) as usize;
+        if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
+            let to = end.min(d.len());
+            let from = (offset as usize).min(to);
+            d[from..to].fill(0);
+        } else if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && d.len() < end {
+            d.resize(end, 0);
+        }
+        reply.ok();
+    }
+
     fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, owner: LockOwner, reply: ReplyEmpty) {
         let mut st = self.st.lock();
         if let Some(l) = st.locks.get_mut(&ino.0) {
@@ -320,6 +352,7 @@ fn main() {
     let mountpoint = std::env::args().nth(1).expect("usage: minimalfs MOUNTPOINT [TTL_SECONDS]");
     let secs: f64 = std::env::args().nth(2).map_or(0.0, |s| s.parse().expect("TTL_SECONDS: a number"));
     let _ = TTL.set(Duration::from_secs_f64(secs));
+    PUNCH.store(std::env::args().nth(3).as_deref() == Some("punch"), std::sync::atomic::Ordering::Relaxed);
     let mut config = fuser::Config::default();
     config.mount_options = vec![fuser::MountOption::FSName("minimalfs".into()), fuser::MountOption::DefaultPermissions];
     config.acl = fuser::SessionACL::All;

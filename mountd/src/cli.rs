@@ -303,6 +303,12 @@ pub(crate) struct MountArgs {
     /// 4096 per lease). Beyond it, blocking lock requests fail with ENOLCK.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_waiters: Option<u64>,
+    /// How requests reach the daemon: io_uring (one queue per CPU, each
+    /// answered on the CPU that made the request; Linux 6.14+ with the
+    /// fuse module's enable_uring), /dev/fuse, or auto (io_uring when the
+    /// kernel offers it, else /dev/fuse, saying why in the log and status).
+    #[arg(long, value_name = "KIND", env = "LEASEFS_TRANSPORT", default_value = "auto", value_parser = ["auto", "uring", "dev"])]
+    pub(crate) transport: String,
     /// Share the namespace and its leases across hosts through etcd: client
     /// URLs of the cluster's members, comma-separated
     /// (http://10.0.0.1:2379,...). Files, locks and epochs are then the same

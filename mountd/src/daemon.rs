@@ -109,6 +109,8 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
         source: args.source.clone(),
         handlers: None,
         kernel_permissions: true,
+        transport: args.transport.parse().unwrap_or_default(),
+        report: Default::default(),
     };
     let started = (|| {
         let mountpoint =
@@ -139,6 +141,7 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
         // and requests that wait for etcd must not hold up the others.
         opts.kernel_permissions = !fs.checks_access();
         opts.handlers = fs.handlers();
+        opts.report = fs.transport().clone();
         let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
         let served = Served::start(lease_fs, &mountpoint, &opts, interceptor).map_err(|e| e.to_string())?;
         Ok::<_, String>((fs, mountpoint, served))
@@ -351,6 +354,7 @@ fn foreground_command(exe: std::path::PathBuf, args: &MountArgs) -> Command {
     if let Some(n) = args.max_waiters {
         cmd.arg("--max-waiters").arg(n.to_string());
     }
+    cmd.arg("--transport").arg(&args.transport);
     if let Some(l) = &args.log_file {
         cmd.arg("--log-file").arg(l);
     }

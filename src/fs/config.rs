@@ -108,6 +108,11 @@ impl Fs {
         self.state.lock().mount.handlers.clone()
     }
 
+    /// The FUSE transport serving the mount.
+    pub fn transport(&self) -> &Arc<crate::fuse::uring::TransportReport> {
+        &self.transport
+    }
+
     /// Whether the kernel may cache names (not on a shared namespace:
     /// names change through other hosts' kernels too).
     pub fn names_cached(&self) -> bool {

@@ -246,6 +246,7 @@ impl Fs {
                         "compaction": st.compaction_phase(),
                     })),
                 });
+                status["transport"] = self.transport.status();
                 if let Some(w) = &st.mount.handlers {
                     let s = w.stats(super::HANDLER_THREADS);
                     status["handlers"] = serde_json::json!({

@@ -223,6 +223,8 @@ pub struct Fs {
     changing: Mutex<()>,
     /// A change on its way to the shared store settled.
     settled: parking_lot::Condvar,
+    /// The FUSE transport serving the mount (`status`, `/metrics`).
+    transport: Arc<crate::fuse::uring::TransportReport>,
 }
 
 fn now() -> SystemTime {
@@ -256,6 +258,7 @@ impl Fs {
             barrier: std::sync::OnceLock::new(),
             changing: Mutex::new(()),
             settled: parking_lot::Condvar::new(),
+            transport: Arc::default(),
         };
         let wake = fs.state.lock().wake.clone();
         fs.state.lock().lease.set_wake(wake);

@@ -8,8 +8,10 @@
 //! up.
 
 pub mod fusermount;
+mod ring;
 pub mod session;
 mod ttls;
+pub mod uring;
 mod waits;
 pub mod workers;
 
@@ -344,6 +346,9 @@ impl fuser::Filesystem for LeaseFs {
         // loop). It still removes file capabilities itself
         // (compat::writes_truncates_and_chowns_remove_file_capabilities).
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        // The kernel offers this only when its fuse module may use io_uring;
+        // the session then decides (`--transport`).
+        self.fs.transport().set_offered(config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok());
         self.waits.lock().direct_io = self.direct_io;
         if !self.direct_io {
             warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
@@ -756,7 +761,11 @@ impl fuser::Filesystem for LeaseFs {
                 let mut w = self.waits.lock();
                 self.lock_request(&mut w, req.unique().0, fh, lock_owner, start, end, typ, pid)
             };
-            let result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
+            let mut result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
+            // A conflict may be a release still on another CPU's queue.
+            if matches!(result, Ok(Some(_))) && self.fs.transport().settle() {
+                result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
+            }
             match result {
                 Ok(Some(l)) => {
                     let typ = if l.mode == Mode::Exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
@@ -797,7 +806,15 @@ impl fuser::Filesystem for LeaseFs {
             let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
             // Without the `Waits` lock: the lease core may ask etcd, and
             // interrupts and other lock requests must not wait for that.
-            let answer = self.fs.setlk(Ino(ino.0), lreq, wait);
+            let mut answer = self.fs.setlk(Ino(ino.0), lreq, wait);
+            // A conflict may be a release still on another CPU's queue
+            // (io_uring): let the other queues serve what they hold, then
+            // decide again.
+            if let Ok((Outcome::Refused(Error::WouldBlock), effects)) = &answer {
+                if effects.is_empty() && self.fs.transport().settle() {
+                    answer = self.fs.setlk(Ino(ino.0), lreq, wait);
+                }
+            }
             let mut w = self.waits.lock();
             match answer {
                 Ok((Outcome::Granted, effects)) => {

@@ -42,6 +42,10 @@ pub struct MountOptions {
     /// Let the kernel check permissions (`default_permissions`); false when
     /// the filesystem checks them (`Fs::checks_access`).
     pub kernel_permissions: bool,
+    /// The transport asked for (`--transport`).
+    pub transport: super::uring::Transport,
+    /// Where the transport in use is reported (`Fs::transport`).
+    pub report: Arc<super::uring::TransportReport>,
 }
 
 /// The source of a mount made without one.
@@ -474,8 +478,8 @@ fn write_all(fd: RawFd, buf: &[u8]) -> io::Result<()> {
 /// The raw-request hook: FUSE_INTERRUPT goes to the filesystem (and is
 /// consumed), lock requests report their raw `lk_flags` before dispatch,
 /// FUSE_TMPFILE is served here (and answered on `dev`).
-fn request_hook(hook: Arc<dyn Intercept>, dev: Arc<OwnedFd>) -> fuser::RequestHook {
-    Arc::new(move |msg: &[u8]| {
+fn request_hook(hook: Arc<dyn Intercept>) -> fuser::RequestHook {
+    Arc::new(move |msg: &[u8], answer: &fuser::RawReply| {
         if msg.len() < IN_HEADER {
             return false;
         }
@@ -503,7 +507,7 @@ fn request_hook(hook: Arc<dyn Intercept>, dev: Arc<OwnedFd>) -> fuser::RequestHo
                 Ok(r) => encode_create_reply(unique, &r),
                 Err(e) => encode_error_reply(unique, e),
             };
-            if let Err(e) = write_all(dev.as_raw_fd(), &reply) {
+            if let Err(e) = answer.send(&reply) {
                 warn!(unique, "tmpfile reply failed: {e}");
             }
             return true;
@@ -521,6 +525,43 @@ fn request_hook(hook: Arc<dyn Intercept>, dev: Arc<OwnedFd>) -> fuser::RequestHo
         false
     })
 }
+
+/// Start the io_uring queues when the mount asks for them and the kernel
+/// offered them at INIT; `None` when `/dev/fuse` serves everything (the
+/// report says why). `Err` only for `--transport uring`.
+fn start_transport(opts: &MountOptions, dev: &Arc<OwnedFd>) -> io::Result<Option<super::uring::Started>> {
+    use super::uring::{self, Transport};
+    if opts.transport == Transport::Dev {
+        opts.report.set_dev("--transport dev");
+        return Ok(None);
+    }
+    let why = if !opts.report.offered() {
+        if uring::kernel_allows() {
+            "the kernel did not offer FUSE-over-io_uring at INIT".to_string()
+        } else {
+            "FUSE-over-io_uring is off (/sys/module/fuse/parameters/enable_uring is not Y, or the kernel lacks it)"
+                .to_string()
+        }
+    } else {
+        match uring::start(dev.clone(), PAYLOAD_BYTES, opts.report.clone()) {
+            Ok(started) => {
+                opts.report.set_queues(started.queues.clone());
+                return Ok(Some(started));
+            }
+            Err(e) => format!("registering io_uring queues failed: {e}"),
+        }
+    };
+    if opts.transport == Transport::Uring {
+        return Err(io::Error::other(why));
+    }
+    info!("serving through /dev/fuse: {why}");
+    opts.report.set_dev(&why);
+    Ok(None)
+}
+
+/// The payload buffer of an io_uring entry: the largest request or reply
+/// (`max_write`, `max_pages`).
+const PAYLOAD_BYTES: usize = super::MAX_WRITE as usize;
 
 /// A live mount served by fuser.
 pub struct Served<FS: fuser::Filesystem> {
@@ -555,9 +596,12 @@ impl<FS: fuser::Filesystem> Served<FS> {
         config.n_threads = Some(1);
         let mut session =
             fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config).map_err(|e| fail("FUSE handshake", e))?;
-        session.set_request_hook(request_hook(hook, dev.clone()));
+        session.set_request_hook(request_hook(hook));
         if let Some(w) = opts.handlers.clone() {
             session.set_dispatcher(Arc::new(move |key, job| w.run(key, job).is_ok()));
+        }
+        if let Some(started) = start_transport(opts, &dev).map_err(|e| fail("FUSE-over-io_uring", e))? {
+            session.set_request_server(Box::new(move |server| started.serve(server)));
         }
         widen_readahead(&path);
         info!(mountpoint = %path.display(), "mounted");

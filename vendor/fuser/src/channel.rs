@@ -53,7 +53,7 @@ impl Channel {
     pub(crate) fn sender(&self) -> ChannelSender {
         // Since write/writev syscalls are threadsafe, we can simply create
         // a sender by using the same file and use it in other threads.
-        ChannelSender(self.0.clone())
+        ChannelSender(self.0.clone(), None)
     }
 
     /// Clone the FUSE device fd using FUSE_DEV_IOC_CLONE ioctl.
@@ -79,11 +79,32 @@ impl Channel {
     }
 }
 
-#[derive(Clone, Debug)]
-pub(crate) struct ChannelSender(Arc<DevFuse>);
+/// Where the replies to requests that did not come through `/dev/fuse` go
+/// (leasefs patch: FUSE-over-io_uring). `token` names the request's slot.
+pub trait ReplySink: Send + Sync {
+    /// Send one reply: a `fuse_out_header` followed by its arguments.
+    fn send(&self, token: u64, bufs: &[io::IoSlice<'_>]) -> io::Result<()>;
+}
+
+#[derive(Clone)]
+pub(crate) struct ChannelSender(Arc<DevFuse>, Option<(Arc<dyn ReplySink>, u64)>);
+
+impl std::fmt::Debug for ChannelSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("ChannelSender").field(&self.0).field(&self.1.as_ref().map(|s| s.1)).finish()
+    }
+}
 
 impl ChannelSender {
+    /// The same device, replying through `sink` (leasefs patch).
+    pub(crate) fn with_sink(&self, sink: Arc<dyn ReplySink>, token: u64) -> ChannelSender {
+        ChannelSender(self.0.clone(), Some((sink, token)))
+    }
+
     pub(crate) fn send(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<()> {
+        if let Some((sink, token)) = &self.1 {
+            return sink.send(*token, bufs);
+        }
         let rc = nix::sys::uio::writev(&self.0, bufs)?;
         // writev is atomic, so do not need to check how many bytes are written.
         // libfuse does not do it either

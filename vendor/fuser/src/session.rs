@@ -32,6 +32,7 @@ use crate::ReplyEmpty;
 use crate::Request;
 use crate::channel::Channel;
 use crate::channel::ChannelSender;
+use crate::channel::ReplySink;
 use crate::dev_fuse::DevFuse;
 use crate::ll;
 use crate::ll::Operation;
@@ -125,7 +126,53 @@ impl Drop for UmountOnDrop {
 /// Returning `true` consumes the request: fuser neither dispatches nor
 /// answers it. Used to see FUSE_INTERRUPT (which fuser would answer with
 /// ENOSYS) and the raw `lk_flags` of lock requests.
-pub type RequestHook = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+pub type RequestHook = Arc<dyn Fn(&[u8], &RawReply) -> bool + Send + Sync>;
+
+/// How a request hook answers a request it consumed (leasefs patch): on the
+/// transport the request came through.
+#[derive(Debug)]
+pub struct RawReply(ChannelSender);
+
+impl RawReply {
+    /// Send a complete reply (`fuse_out_header` and arguments).
+    pub fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        self.0.send(&[io::IoSlice::new(bytes)])
+    }
+}
+
+/// Serves requests that arrive through another transport than the session's
+/// `/dev/fuse` reads, such as FUSE-over-io_uring (leasefs patch): each one
+/// goes through the request hook, the dispatcher and the filesystem exactly
+/// as a request read from `/dev/fuse` does, and its reply goes to `sink`.
+#[derive(Clone)]
+pub struct RequestServer(Arc<dyn Fn(&[u8], Arc<dyn ReplySink>, u64) + Send + Sync>);
+
+impl std::fmt::Debug for RequestServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RequestServer")
+    }
+}
+
+impl RequestServer {
+    /// Serve one request (a `fuse_in_header` and its arguments, 8-byte
+    /// aligned); its reply goes to `sink` with `token`.
+    pub fn serve(&self, data: &[u8], sink: Arc<dyn ReplySink>, token: u64) {
+        (self.0)(data, sink, token)
+    }
+}
+
+/// Called once by [`Session::run`] with the session's [`RequestServer`]
+/// (leasefs patch).
+pub type ServerStart = Box<dyn FnOnce(RequestServer) + Send>;
+
+#[derive(Default)]
+pub(crate) struct StartSlot(pub(crate) Option<ServerStart>);
+
+impl std::fmt::Debug for StartSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "StartSlot(Some)" } else { "StartSlot(None)" })
+    }
+}
 
 /// Where request handlers run (leasefs patch). Called on the session thread
 /// with a request's node id and a job that parses and dispatches a copy of
@@ -159,6 +206,8 @@ pub struct Session<FS: Filesystem> {
     pub(crate) hook: HookSlot,
     /// Where handlers run (leasefs patch).
     pub(crate) dispatcher: DispatchSlot,
+    /// Started with the request server when the session runs (leasefs patch).
+    pub(crate) server_start: StartSlot,
     /// Filesystem operation implementations. None after `destroy` called.
     pub(crate) filesystem: FilesystemHolder<FS>,
     /// Communication channel to the kernel driver
@@ -223,6 +272,7 @@ impl<FS: Filesystem> Session<FS> {
             config: options.clone(),
             hook: HookSlot::default(),
             dispatcher: DispatchSlot::default(),
+            server_start: StartSlot::default(),
         };
 
         session.handshake()?;
@@ -253,6 +303,7 @@ impl<FS: Filesystem> Session<FS> {
             config,
             hook: HookSlot::default(),
             dispatcher: DispatchSlot::default(),
+            server_start: StartSlot::default(),
         };
 
         session.handshake()?;
@@ -270,6 +321,13 @@ impl<FS: Filesystem> Session<FS> {
     /// thread (leasefs patch).
     pub fn set_dispatcher(&mut self, dispatcher: Dispatcher) {
         self.dispatcher = DispatchSlot(Some(dispatcher));
+    }
+
+    /// Call `start` with a [`RequestServer`] when the session runs, so
+    /// requests from another transport are served beside the `/dev/fuse`
+    /// reads (leasefs patch).
+    pub fn set_request_server(&mut self, start: ServerStart) {
+        self.server_start = StartSlot(Some(start));
     }
 
     /// Run the session loop in a background thread. If the returned handle is dropped,
@@ -305,6 +363,7 @@ impl<FS: Filesystem> Session<FS> {
             config,
             hook,
             dispatcher,
+            server_start,
         } = self;
 
         let n_threads = config.n_threads.unwrap_or(1);
@@ -342,6 +401,7 @@ impl<FS: Filesystem> Session<FS> {
         channels.push(ch);
 
         let mut threads = Vec::with_capacity(n_threads);
+        let mut loops = Vec::with_capacity(n_threads);
 
         for (i, ch) in channels.into_iter().enumerate() {
             let thread_name = format!("fuser-{i}");
@@ -354,12 +414,21 @@ impl<FS: Filesystem> Session<FS> {
                 hook: hook.clone(),
                 dispatcher: dispatcher.clone(),
             });
+            loops.push(event_loop.clone());
             threads.push(
                 thread::Builder::new()
                     .name(thread_name)
                     .spawn(move || event_loop.event_loop())?,
             );
         }
+        if let (Some(start), Some(se)) = (server_start.0, loops.first()) {
+            let se = se.clone();
+            start(RequestServer(Arc::new(move |data, sink, token| {
+                let sender = se.ch.sender().with_sink(sink, token);
+                se.serve_raw(data, sender);
+            })));
+        }
+        drop(loops);
 
         let mut reply: io::Result<()> = Ok(());
         for thread in threads {
@@ -594,7 +663,7 @@ const INLINE_OPCODES: [u32; 5] = [
 
 impl<FS: Filesystem> SessionEventLoop<FS> {
     /// Hand a request to the dispatcher; `false` when it is handled here.
-    fn dispatched(self: &Arc<Self>, data: &[u8]) -> bool {
+    fn dispatched(self: &Arc<Self>, data: &[u8], sender: &ChannelSender) -> bool {
         let Some(d) = &self.dispatcher.0 else { return false };
         if data.len() < 24 {
             return false;
@@ -611,7 +680,8 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), copy.as_mut_ptr().cast::<u8>(), data.len()) };
         let len = data.len();
         let se = self.clone();
-        let sender = self.ch.sender();
+        let reply_to = sender.clone();
+        let sender = sender.clone();
         let job = Box::new(move || {
             // SAFETY: the first `len` bytes of `copy` were written above.
             let bytes = unsafe { std::slice::from_raw_parts(copy.as_ptr().cast::<u8>(), len) };
@@ -620,10 +690,29 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             }
         });
         if !d(nodeid, job) {
-            <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Channel(self.ch.sender()))
+            <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Channel(reply_to))
                 .send_ll(&ResponseErrno(ll::Errno::EAGAIN));
         }
         true
+    }
+
+    /// Serve a request that came through another transport (leasefs
+    /// patch); its replies go through `sender`. DESTROY is answered here:
+    /// the session ends when `/dev/fuse` reports the connection gone.
+    fn serve_raw(self: &Arc<Self>, data: &[u8], sender: ChannelSender) {
+        if self.hook.0.as_ref().is_some_and(|h| h(data, &RawReply(sender.clone()))) {
+            return;
+        }
+        if self.dispatched(data, &sender) {
+            return;
+        }
+        if let Some(req) = RequestWithSender::new(sender, data) {
+            if let Ok(Operation::Destroy(_)) = req.request.operation() {
+                req.reply::<ReplyEmpty>().ok();
+            } else {
+                req.dispatch(self)
+            }
+        }
     }
 
     fn event_loop(self: &Arc<Self>) -> io::Result<()> {
@@ -635,8 +724,10 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) if self.hook.0.as_ref().is_some_and(|h| h(&buf[..size])) => continue,
-                Ok(size) if self.dispatched(&buf[..size]) => continue,
+                Ok(size) if self.hook.0.as_ref().is_some_and(|h| h(&buf[..size], &RawReply(self.ch.sender()))) => {
+                    continue
+                }
+                Ok(size) if self.dispatched(&buf[..size], &self.ch.sender()) => continue,
                 Ok(size) => match RequestWithSender::new(self.ch.sender(), &buf[..size]) {
                     // Dispatch request
                     Some(req) => {

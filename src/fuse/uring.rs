@@ -1,0 +1,711 @@
+//! FUSE-over-io_uring (Linux 6.14+, the fuse module's `enable_uring`): the
+//! kernel hands requests to ring entries the daemon registered, one queue
+//! per possible CPU, and a request made on CPU k arrives on queue k. Each
+//! queue is served by its own thread bound to that CPU, so a request is
+//! answered where it was made, without the wake-up of a `/dev/fuse` reader
+//! on another CPU. See the kernel's `Documentation/filesystems/fuse-io-uring.rst`.
+//!
+//! What stays on `/dev/fuse`: INIT (before the rings exist), FORGET,
+//! INTERRUPT, notifications (the daemon's `inval` notices), and requests the
+//! kernel queued before every queue had an entry. The session thread keeps
+//! reading `/dev/fuse` for them.
+//!
+//! An entry is a header (the `fuse_in_header` or `fuse_out_header`, the
+//! operation's fixed argument, and `fuse_uring_ent_in_out`) and a payload
+//! buffer as large as the largest request. A request holds its entry until
+//! it is answered: a lock wait parked for an hour holds one for an hour.
+//! So a queue registers more entries whenever fewer than [`SPARE`] are left
+//! for new requests, up to [`MAX_ENTRIES`]; their memory is touched only
+//! when used (one page of header for a parked waiter).
+//!
+//! Requests are served through fuser's [`fuser::RequestServer`]: the same
+//! hook, dispatcher and handlers as a request read from `/dev/fuse`.
+//! Replies come through [`fuser::ReplySink`]: into the entry's header and
+//! payload, then a `COMMIT_AND_FETCH` on the entry's queue, issued by the
+//! queue's own thread (a reply made elsewhere, such as a lock granted to a
+//! waiter when another process unlocks, wakes it through an eventfd).
+//!
+//! Order: requests of one queue are served one after another, in the order
+//! the kernel delivered them. Requests from different CPUs are served side
+//! by side; the kernel serializes what must be (a file's writes and
+//! truncates, a directory's changes) before it sends them, and the lease
+//! rules only ever compare requests that the daemon has received. A
+//! release the kernel sends after `close` returns (`flock` locks go with
+//! the last close of a file description) is delivered on the closing CPU's
+//! queue before `close` returns; before serving a lock request, a queue
+//! therefore has every other queue serve what the kernel already gave it
+//! ([`Queues::settle`]), so the next `flock -n` by another process on
+//! another CPU finds the lock released, as it would through `/dev/fuse`.
+
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use tracing::{debug, info, warn};
+
+use super::ring::{Ring, RingView, Sqe, OP_READ, OP_URING_CMD};
+
+/// `FUSE_IO_URING_CMD_REGISTER`.
+const CMD_REGISTER: u64 = 1;
+/// `FUSE_IO_URING_CMD_COMMIT_AND_FETCH`.
+const CMD_COMMIT_AND_FETCH: u64 = 2;
+/// Bytes of `struct fuse_uring_req_header`: `in_out` (128), `op_in` (128),
+/// `fuse_uring_ent_in_out` (32).
+const HEADER_BYTES: usize = 288;
+const OP_IN_AT: usize = 128;
+const ENT_AT: usize = 256;
+/// `fuse_in_header`.
+const IN_HEADER: usize = 40;
+/// `fuse_out_header`.
+const OUT_HEADER: usize = 16;
+/// The header page of an entry; the request is rebuilt at its end, right
+/// before the payload, so a large write is parsed where it lies.
+const HEADER_PAGE: usize = 4096;
+/// Requests with at most this much payload are copied out of the entry
+/// before they are served, so a reply written into the payload never
+/// overwrites a request still being read. Larger ones (writes) are served
+/// in place: their replies are a few bytes written after the data was used.
+const COPY_BELOW: usize = 64 * 1024;
+/// Entries each queue registers at the start.
+const FIRST_ENTRIES: u32 = 8;
+/// Free entries a queue keeps for new requests while others are parked.
+pub const SPARE: u32 = 4;
+/// Entries registered together (one mapping).
+const CHUNK: u32 = 16;
+/// Most entries one queue registers.
+pub const MAX_ENTRIES: u32 = 1 << 15;
+/// User data of the eventfd read that wakes a queue's thread.
+const WAKE: u64 = u64::MAX;
+
+/// The transport a mount asks for (`--transport`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// io_uring when the kernel offers it at INIT, else `/dev/fuse`.
+    #[default]
+    Auto,
+    /// io_uring, or the mount fails.
+    Uring,
+    /// `/dev/fuse` only.
+    Dev,
+}
+
+impl std::str::FromStr for Transport {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Transport::Auto),
+            "uring" | "io_uring" => Ok(Transport::Uring),
+            "dev" => Ok(Transport::Dev),
+            _ => Err(format!("{s:?}: one of auto, uring, dev")),
+        }
+    }
+}
+
+/// What `status` and `/metrics` say about the transport in use.
+#[derive(Default)]
+pub struct TransportReport {
+    /// The kernel offered FUSE-over-io_uring at INIT.
+    offered: AtomicBool,
+    uring: AtomicBool,
+    /// The running queues, for [`TransportReport::settle`].
+    running: OnceLock<Arc<Queues>>,
+    /// Why `/dev/fuse` serves everything, when it does.
+    why: Mutex<String>,
+    queues: Mutex<Vec<Arc<QueueStats>>>,
+}
+
+/// One queue's counters.
+#[derive(Default)]
+pub struct QueueStats {
+    /// Requests served through this queue.
+    pub served: AtomicU64,
+    /// Entries registered with the kernel.
+    pub entries: AtomicU32,
+    /// Entries holding a request not yet answered (parked waits included).
+    pub held: AtomicU32,
+    /// The most ever held at once.
+    pub peak: AtomicU32,
+    /// Lock refusals that first waited for other queues ([`Queues::settle`]).
+    pub fenced: AtomicU64,
+}
+
+impl std::fmt::Debug for TransportReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportReport").field("uring", &self.is_uring()).finish_non_exhaustive()
+    }
+}
+
+impl TransportReport {
+    /// `status`'s `transport` object.
+    pub fn status(&self) -> serde_json::Value {
+        let queues = self.queues.lock();
+        let uring = self.uring.load(Ordering::Relaxed);
+        serde_json::json!({
+            "kind": if uring { "uring" } else { "dev" },
+            "why": if uring { None } else { Some(self.why.lock().clone()).filter(|w| !w.is_empty()) },
+            "queues": queues.iter().enumerate().map(|(q, s)| serde_json::json!({
+                "queue": q,
+                "served": s.served.load(Ordering::Relaxed),
+                "entries": s.entries.load(Ordering::Relaxed),
+                "held": s.held.load(Ordering::Relaxed),
+                "peak": s.peak.load(Ordering::Relaxed),
+                "fenced": s.fenced.load(Ordering::Relaxed),
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    /// Whether io_uring serves the mount.
+    pub fn is_uring(&self) -> bool {
+        self.uring.load(Ordering::Relaxed)
+    }
+
+    /// Per-queue counters for `/metrics`: (queue, served, entries, held).
+    pub fn queue_counts(&self) -> Vec<(usize, u64, u32, u32)> {
+        let queues = self.queues.lock();
+        queues
+            .iter()
+            .enumerate()
+            .map(|(q, s)| {
+                (q, s.served.load(Ordering::Relaxed), s.entries.load(Ordering::Relaxed), s.held.load(Ordering::Relaxed))
+            })
+            .collect()
+    }
+
+    /// Record what the kernel said at INIT.
+    pub fn set_offered(&self, offered: bool) {
+        self.offered.store(offered, Ordering::Relaxed);
+    }
+
+    /// Whether the kernel offered FUSE-over-io_uring at INIT.
+    pub fn offered(&self) -> bool {
+        self.offered.load(Ordering::Relaxed)
+    }
+
+    /// The queues that serve the mount.
+    pub fn set_queues(&self, queues: Arc<Queues>) {
+        let _ = self.running.set(queues);
+    }
+
+    /// [`Queues::settle`] when io_uring serves the mount; false otherwise
+    /// (one `/dev/fuse` reader delivers requests in the kernel's order).
+    pub fn settle(&self) -> bool {
+        self.running.get().is_some_and(|q| q.settle())
+    }
+
+    /// Record that `/dev/fuse` serves everything, and why.
+    pub fn set_dev(&self, why: &str) {
+        self.uring.store(false, Ordering::Relaxed);
+        *self.why.lock() = why.to_string();
+    }
+}
+
+/// An anonymous mapping holding [`CHUNK`] entries.
+struct Chunk {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is plain memory; who writes which entry is ruled by
+// the entry's ownership (kernel, serving thread, or replier), see `Entry`.
+unsafe impl Send for Chunk {}
+// SAFETY: as above.
+unsafe impl Sync for Chunk {}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in `Queue::grow`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// One ring entry: its header page and payload, inside a [`Chunk`]. An
+/// entry belongs to the kernel from its registration or commit until its
+/// completion arrives, then to its queue's thread until it is dispatched,
+/// then to whoever holds its reply until the reply is written.
+#[derive(Clone, Copy)]
+struct Entry {
+    header: *mut u8,
+    payload: *mut u8,
+}
+
+/// The part of a queue other threads reach: entries (for replies), the
+/// replies waiting to be committed, the wake-up eventfd.
+struct Shared {
+    qid: u16,
+    payload_len: usize,
+    entries: Mutex<Vec<Entry>>,
+    chunks: Mutex<Vec<Chunk>>,
+    /// (entry, commit id) answered and not yet committed.
+    answered: Mutex<Vec<u32>>,
+    wake: OwnedFd,
+    /// Where the eventfd reads land (written by the kernel, never read).
+    wake_buf: AtomicU64,
+    /// What other threads may look at in the ring, while it exists.
+    view: RwLock<Option<RingView>>,
+    stats: Arc<QueueStats>,
+    /// Set while the queue's thread serves what it received; the fence
+    /// waits for it to clear after the thread took the kernel's news.
+    busy: AtomicBool,
+    /// Bumped each time the queue's thread went through the kernel and
+    /// served everything it got.
+    rounds: AtomicU64,
+    round_done: Condvar,
+    round_lock: Mutex<()>,
+    /// Set when the connection is gone.
+    over: AtomicBool,
+}
+
+// SAFETY: `Entry` pointers are into mappings owned by `chunks` for the
+// life of `Shared`; access to an entry's bytes follows its ownership.
+unsafe impl Send for Shared {}
+// SAFETY: as above.
+unsafe impl Sync for Shared {}
+
+thread_local! {
+    /// The queue whose thread this is.
+    static QUEUE: std::cell::Cell<Option<u16>> = const { std::cell::Cell::new(None) };
+}
+
+impl Shared {
+    fn entry(&self, i: u32) -> Entry {
+        self.entries.lock()[i as usize]
+    }
+
+    /// Nothing delivered and not yet served: no completion waiting, no
+    /// task work pending for the ring, an entry free for a new request.
+    fn quiet(&self) -> bool {
+        let view = self.view.read();
+        let Some(v) = view.as_ref() else { return true };
+        v.quiet() && self.stats.entries.load(Ordering::Relaxed) > self.stats.held.load(Ordering::Relaxed)
+    }
+
+    fn wake(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), one.as_ptr().cast(), 8) };
+    }
+}
+
+impl fuser::ReplySink for Shared {
+    fn send(&self, token: u64, bufs: &[IoSlice<'_>]) -> io::Result<()> {
+        let i = token as u32;
+        let e = self.entry(i);
+        let total: usize = bufs.iter().map(|b| b.len()).sum();
+        if total < OUT_HEADER || total - OUT_HEADER > self.payload_len {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // Header first, then the arguments into the payload.
+        let mut at = 0usize;
+        for b in bufs {
+            let mut src: &[u8] = b;
+            while !src.is_empty() {
+                let (dst, room) = if at < OUT_HEADER {
+                    // SAFETY: the entry's header page is ours until the commit.
+                    (unsafe { e.header.add(at) }, OUT_HEADER - at)
+                } else {
+                    // SAFETY: payload has payload_len bytes; checked above.
+                    (unsafe { e.payload.add(at - OUT_HEADER) }, usize::MAX)
+                };
+                let n = src.len().min(room);
+                // SAFETY: dst has room for n bytes (see above).
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, n) };
+                src = &src[n..];
+                at += n;
+            }
+        }
+        // fuse_uring_ent_in_out.payload_sz: the arguments only.
+        let payload_sz = (total - OUT_HEADER) as u32;
+        // SAFETY: the ent_in_out area is inside the header page.
+        unsafe { std::ptr::write_unaligned(e.header.add(ENT_AT + 16).cast::<u32>(), payload_sz) };
+        self.answered.lock().push(i);
+        if QUEUE.with(|q| q.get()) != Some(self.qid) {
+            self.wake();
+        }
+        Ok(())
+    }
+}
+
+/// Every queue of a mount, for [`Queues::settle`].
+pub struct Queues {
+    all: OnceLock<Vec<Arc<Shared>>>,
+}
+
+impl Queues {
+    /// Have every other queue serve what the kernel already handed it:
+    /// called before a lock request is refused for a conflict, since the
+    /// release that ends the conflict may be on its way on another CPU's
+    /// queue (a `close` queues its `flock` release before it returns).
+    /// Queues with nothing delivered are passed over. True when it waited
+    /// for one (the caller then decides again).
+    pub fn settle(&self) -> bool {
+        let Some(all) = self.all.get() else { return false };
+        let me = QUEUE.with(|q| q.get());
+        let mut waited = false;
+        for q in all.iter().filter(|q| Some(q.qid) != me) {
+            // Read busy before rounds: a round counted after `busy` was
+            // seen clear began its kernel wait after this call did.
+            let busy = q.busy.load(Ordering::SeqCst);
+            let seen = q.rounds.load(Ordering::SeqCst);
+            if !busy && q.quiet() {
+                continue;
+            }
+            if q.over.load(Ordering::Acquire) {
+                continue;
+            }
+            waited = true;
+            let need = seen + 1 + u64::from(busy);
+            let deadline = std::time::Instant::now() + Duration::from_millis(200);
+            let mut g = q.round_lock.lock();
+            while q.rounds.load(Ordering::SeqCst) < need && !q.over.load(Ordering::Acquire) {
+                q.wake();
+                if q.round_done.wait_until(&mut g, deadline).timed_out() {
+                    debug!(queue = q.qid, "settle: queue did not answer in 200 ms");
+                    break;
+                }
+            }
+            drop(g);
+            if let Some(me) = me {
+                all[me as usize].stats.fenced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        waited
+    }
+}
+
+/// The possible CPUs (the kernel makes one queue for each).
+fn possible_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| s.trim().rsplit(['-', ',']).next().and_then(|n| n.parse::<usize>().ok()))
+        .map_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()), |last| last + 1)
+}
+
+/// Whether the fuse module lets a daemon use io_uring (`enable_uring`).
+pub fn kernel_allows() -> bool {
+    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|s| s.trim() == "Y")
+}
+
+/// The running transport: its queue threads.
+pub struct Started {
+    server: Arc<OnceLock<fuser::RequestServer>>,
+    ready: Arc<(Mutex<bool>, Condvar)>,
+    /// The queues, for [`Queues::settle`].
+    pub queues: Arc<Queues>,
+}
+
+impl Started {
+    /// Give the queues the session's request server (they wait for it
+    /// before serving their first request).
+    pub fn serve(&self, server: fuser::RequestServer) {
+        let _ = self.server.set(server);
+        let (m, c) = &*self.ready;
+        *m.lock() = true;
+        c.notify_all();
+    }
+}
+
+/// Register entries on every queue of the connection behind `dev` and
+/// start their threads. `Err` when a queue could not register (io_uring
+/// refused); nothing then runs.
+pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>) -> io::Result<Started> {
+    let n = possible_cpus();
+    let server: Arc<OnceLock<fuser::RequestServer>> = Arc::new(OnceLock::new());
+    let ready = Arc::new((Mutex::new(false), Condvar::new()));
+    let queues = Arc::new(Queues { all: OnceLock::new() });
+    let mut shared = Vec::with_capacity(n);
+    let (tx, rx) = std::sync::mpsc::channel::<io::Result<()>>();
+    for qid in 0..n as u16 {
+        // SAFETY: eventfd has no preconditions; checked below.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let stats = Arc::new(QueueStats::default());
+        let q = Arc::new(Shared {
+            qid,
+            payload_len,
+            entries: Mutex::new(Vec::new()),
+            chunks: Mutex::new(Vec::new()),
+            answered: Mutex::new(Vec::new()),
+            // SAFETY: a fresh eventfd.
+            wake: unsafe { OwnedFd::from_raw_fd(efd) },
+            wake_buf: AtomicU64::new(0),
+            view: RwLock::new(None),
+            stats,
+            busy: AtomicBool::new(false),
+            rounds: AtomicU64::new(0),
+            round_done: Condvar::new(),
+            round_lock: Mutex::new(()),
+            over: AtomicBool::new(false),
+        });
+        shared.push(q.clone());
+        let (server, ready, tx, dev) = (server.clone(), ready.clone(), tx.clone(), dev.clone());
+        std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || {
+            let dev = dev.as_raw_fd();
+            let mut ring = match setup(dev, &q) {
+                Ok(r) => {
+                    let _ = tx.send(Ok(()));
+                    r
+                }
+                Err(e) => {
+                    q.over.store(true, Ordering::Release);
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            drop(tx);
+            {
+                let (m, c) = &*ready;
+                let mut g = m.lock();
+                while !*g {
+                    c.wait(&mut g);
+                }
+            }
+            if let Some(server) = server.get() {
+                run(&mut ring, dev, &q, server);
+            }
+            q.over.store(true, Ordering::Release);
+            *q.view.write() = None;
+            drop(ring);
+            let _g = q.round_lock.lock();
+            q.round_done.notify_all();
+        })?;
+    }
+    drop(tx);
+    let mut failed = None;
+    for _ in 0..n {
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed = failed.or(Some(e)),
+            Err(_) => failed = failed.or(Some(io::Error::other("a queue thread ended"))),
+        }
+    }
+    let _ = queues.all.set(shared.clone());
+    *report.queues.lock() = shared.iter().map(|q| q.stats.clone()).collect();
+    if let Some(e) = failed {
+        // Threads that registered wait for a server that never comes:
+        // release them (they exit without serving).
+        let (m, c) = &*ready;
+        *m.lock() = true;
+        c.notify_all();
+        report.queues.lock().clear();
+        return Err(e);
+    }
+    report.uring.store(true, Ordering::Relaxed);
+    info!(queues = n, "serving through FUSE-over-io_uring, one queue per CPU");
+    Ok(Started { server, ready, queues })
+}
+
+/// Bind this thread to its queue's CPU, make its ring, register the first
+/// entries and the wake-up read.
+fn setup(dev: RawFd, q: &Shared) -> io::Result<Ring> {
+    QUEUE.with(|c| c.set(Some(q.qid)));
+    // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(q.qid as usize, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            debug!(queue = q.qid, "CPU offline: queue thread not bound");
+        }
+    }
+    let mut ring = Ring::new(256)?;
+    *q.view.write() = Some(ring.view());
+    arm_wake(&mut ring, q);
+    grow(&mut ring, dev, q, FIRST_ENTRIES)?;
+    ring.submit(false)?;
+    // A refused registration completes at once with its error.
+    std::thread::sleep(Duration::from_millis(1));
+    Ok(ring)
+}
+
+/// The eventfd read whose completion wakes the queue's thread.
+fn arm_wake(ring: &mut Ring, q: &Shared) {
+    let buf = q.wake_buf.as_ptr() as u64;
+    let sqe = Sqe::new(OP_READ, q.wake.as_raw_fd(), WAKE).addr(buf).len(8).off(u64::MAX);
+    push(ring, &sqe);
+}
+
+fn push(ring: &mut Ring, sqe: &Sqe) {
+    while !ring.push(sqe) {
+        if let Err(e) = ring.submit(false) {
+            warn!("io_uring submit: {e}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+/// Register `count` more entries (rounded up to a chunk) on queue `q`.
+fn grow(ring: &mut Ring, dev: RawFd, q: &Shared, count: u32) -> io::Result<()> {
+    let have = q.stats.entries.load(Ordering::Relaxed);
+    let count = count.div_ceil(CHUNK) * CHUNK;
+    let count = count.min(MAX_ENTRIES.saturating_sub(have));
+    if count == 0 {
+        return Ok(());
+    }
+    let stride = HEADER_PAGE + q.payload_len.next_multiple_of(4096);
+    let len = stride * count as usize;
+    // SAFETY: a fresh private anonymous mapping; pages are allocated only
+    // when touched.
+    let ptr = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if ptr == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let ptr = ptr.cast::<u8>();
+    q.chunks.lock().push(Chunk { ptr, len });
+    let mut entries = q.entries.lock();
+    for k in 0..count as usize {
+        // SAFETY: inside the mapping of len = stride * count bytes.
+        let header = unsafe { ptr.add(k * stride) };
+        // SAFETY: as above.
+        let payload = unsafe { header.add(HEADER_PAGE) };
+        let i = entries.len() as u32;
+        entries.push(Entry { header, payload });
+        // The iovec array is read when the registration is issued: keep it
+        // in the entry's header page, after the header.
+        // SAFETY: HEADER_BYTES + 32 < HEADER_PAGE - 256 (the rebuild area).
+        let iov = unsafe { header.add(HEADER_BYTES + 32).cast::<libc::iovec>() };
+        // SAFETY: iov has room for two iovecs (see above).
+        unsafe {
+            *iov = libc::iovec { iov_base: header.cast(), iov_len: HEADER_BYTES };
+            *iov.add(1) = libc::iovec { iov_base: payload.cast(), iov_len: q.payload_len };
+        }
+        let mut cmd = [0u8; 24];
+        cmd[16..18].copy_from_slice(&q.qid.to_ne_bytes());
+        let sqe = Sqe::new(OP_URING_CMD, dev, u64::from(i)).off(CMD_REGISTER).addr(iov as u64).len(2).cmd(&cmd);
+        push(ring, &sqe);
+    }
+    q.stats.entries.store(entries.len() as u32, Ordering::Relaxed);
+    Ok(())
+}
+
+/// Serve queue `q` until the connection ends.
+fn run(ring: &mut Ring, dev: RawFd, q: &Arc<Shared>, server: &fuser::RequestServer) {
+    let sink: Arc<dyn fuser::ReplySink> = q.clone();
+    let mut scratch: Vec<u64> = vec![0; (COPY_BELOW + IN_HEADER + 256) / 8];
+    let mut held = 0u32;
+    loop {
+        if let Err(e) = ring.submit(true) {
+            warn!(queue = q.qid, "io_uring wait: {e}");
+            break;
+        }
+        q.busy.store(true, Ordering::Release);
+        let mut over = false;
+        while let Some((user_data, res)) = ring.pop() {
+            if user_data == WAKE {
+                arm_wake(ring, q);
+                continue;
+            }
+            if res < 0 {
+                match -res {
+                    libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => over = true,
+                    e => warn!(queue = q.qid, entry = user_data, "ring entry failed: {}", io::Error::from_raw_os_error(e)),
+                }
+                continue;
+            }
+            held += 1;
+            q.stats.held.store(held, Ordering::Relaxed);
+            q.stats.peak.fetch_max(held, Ordering::Relaxed);
+            q.stats.served.fetch_add(1, Ordering::Relaxed);
+            serve(q, user_data as u32, &mut scratch, server, &sink);
+        }
+        // Commit what was answered (here or by other threads).
+        let answered = std::mem::take(&mut *q.answered.lock());
+        for i in answered {
+            let e = q.entry(i);
+            // SAFETY: the answered entry's header page is ours until committed.
+            let commit_id = unsafe { std::ptr::read_unaligned(e.header.add(ENT_AT + 8).cast::<u64>()) };
+            let mut cmd = [0u8; 24];
+            cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
+            cmd[16..18].copy_from_slice(&q.qid.to_ne_bytes());
+            push(ring, &Sqe::new(OP_URING_CMD, dev, u64::from(i)).off(CMD_COMMIT_AND_FETCH).cmd(&cmd));
+            held -= 1;
+        }
+        q.stats.held.store(held, Ordering::Relaxed);
+        // Keep entries free for new requests while others wait.
+        let entries = q.stats.entries.load(Ordering::Relaxed);
+        if entries.saturating_sub(held) < SPARE && entries < MAX_ENTRIES {
+            if let Err(e) = grow(ring, dev, q, entries) {
+                warn!(queue = q.qid, "registering more ring entries: {e}");
+            }
+        }
+        q.busy.store(false, Ordering::Release);
+        {
+            let _g = q.round_lock.lock();
+            q.rounds.fetch_add(1, Ordering::AcqRel);
+            q.round_done.notify_all();
+        }
+        if over {
+            debug!(queue = q.qid, "connection ended");
+            // Send the commits of the last answers, then stop.
+            let _ = ring.submit(false);
+            break;
+        }
+    }
+}
+
+/// Rebuild the request in entry `i` as `/dev/fuse` would have delivered it
+/// and serve it.
+fn serve(
+    q: &Shared,
+    i: u32,
+    scratch: &mut [u64],
+    server: &fuser::RequestServer,
+    sink: &Arc<dyn fuser::ReplySink>,
+) {
+    let e = q.entry(i);
+    // SAFETY: the entry was just completed: its header page and payload
+    // are ours; the kernel wrote the header and payload_sz bytes.
+    let (len, payload_sz) = unsafe {
+        (
+            std::ptr::read_unaligned(e.header.cast::<u32>()) as usize,
+            std::ptr::read_unaligned(e.header.add(ENT_AT + 16).cast::<u32>()) as usize,
+        )
+    };
+    let op_len = len.saturating_sub(IN_HEADER + payload_sz);
+    if len < IN_HEADER || op_len > 128 || payload_sz > q.payload_len {
+        warn!(queue = q.qid, len, payload_sz, "malformed ring request");
+        return;
+    }
+    let head = IN_HEADER + op_len;
+    if payload_sz <= COPY_BELOW || head % 8 != 0 {
+        let dst = scratch.as_mut_ptr().cast::<u8>();
+        if len > scratch.len() * 8 {
+            warn!(queue = q.qid, len, "ring request too large to copy");
+            return;
+        }
+        // SAFETY: scratch holds len bytes (checked); the sources are the
+        // entry's header (in_header, op_in) and payload.
+        unsafe {
+            std::ptr::copy_nonoverlapping(e.header, dst, IN_HEADER);
+            std::ptr::copy_nonoverlapping(e.header.add(OP_IN_AT), dst.add(IN_HEADER), op_len);
+            std::ptr::copy_nonoverlapping(e.payload, dst.add(head), payload_sz);
+        }
+        // SAFETY: the first len bytes of scratch were written above.
+        let data = unsafe { std::slice::from_raw_parts(dst, len) };
+        server.serve(data, sink.clone(), u64::from(i));
+    } else {
+        // Put the header right before the payload (the end of the header
+        // page) and serve the request where it lies.
+        // SAFETY: head <= 168 bytes before the payload, inside the header
+        // page and past the header and the iovecs.
+        unsafe {
+            let at = e.payload.sub(head);
+            std::ptr::copy_nonoverlapping(e.header, at, IN_HEADER);
+            std::ptr::copy(e.header.add(OP_IN_AT), at.add(IN_HEADER), op_len);
+            let data = std::slice::from_raw_parts(at, len);
+            server.serve(data, sink.clone(), u64::from(i));
+        }
+    }
+}
