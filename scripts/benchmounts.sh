@@ -16,6 +16,17 @@ bench_mount_all() {
     "${pin[@]}" ./target/release/leasefs mount "$work/leasefs" --state-dir "$work/state.leasefs"
     "${pin[@]}" ./target/release/leasefs mount "$work/volatile" --state-dir "$work/state.volatile" --volatile
     cols="tmpfs leasefs volatile"
+    # URING=1: leasefs served through FUSE-over-io_uring as a column of its
+    # own ("uring"; the fuse module's enable_uring is set for the run and
+    # restored after).
+    if [ "${URING:-0}" = 1 ]; then
+        uring_param=/sys/module/fuse/parameters/enable_uring
+        uring_was=$(cat "$uring_param")
+        echo Y > "$uring_param"
+        mkdir -p "$work/uring"
+        "${pin[@]}" ./target/release/leasefs mount "$work/uring" --state-dir "$work/state.uring" --transport uring
+        cols="$cols uring"
+    fi
     if [ -n "${BASELINE:-}" ]; then
         mkdir -p "$work/baseline"
         "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state.baseline"
@@ -53,7 +64,7 @@ bench_each_run() {
 }
 
 bench_unmount_all() {
-    for m in leasefs volatile baseline; do
+    for m in leasefs volatile baseline uring; do
         [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done
@@ -63,5 +74,6 @@ bench_unmount_all() {
     kill "$minimal_pid" "$minimal1s_pid" 2>/dev/null || true
     wait "$minimal_pid" "$minimal1s_pid" 2>/dev/null || true
     umount "$work/tmpfs" 2>/dev/null || true
+    [ -n "${uring_was:-}" ] && echo "$uring_was" > "$uring_param"
     rm -rf "$work"
 }

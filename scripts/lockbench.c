@@ -7,10 +7,14 @@
  *   not printed where rename fails) (single runs; the script takes medians
  *   over repeated runs)
  *   contend2_acq_s, contend2_worst_us, contend8_acq_s, contend8_worst_us
+ *   parallel1_pairs_s, parallel2_pairs_s (flock pairs per second of one
+ *   process bound to CPU 0 looping on a file of its own, and of two
+ *   processes bound to CPUs 0 and 1 each looping on its own file)
  * With METRIC, runs only that one (the script counts the FUSE requests of
  * each operation that way). */
 #define _GNU_SOURCE
 #include <fcntl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,6 +68,42 @@ static void contend(int procs, double seconds, const char *metric) {
     }
     while (wait(NULL) > 0) {}
     printf("%s_acq_s %.0f\n%s_worst_us %.0f\n", metric, total / seconds, metric, worst / 1000);
+}
+
+/* procs processes, process p bound to CPU p, each looping flock pairs on
+ * its own file P<p> for `seconds`; prints the pairs per second of all. */
+static void parallel(int procs, double seconds, const char *metric) {
+    int pipes[2];
+    if (pipe(pipes)) die("pipe");
+    for (int p = 0; p < procs; p++) {
+        if (fork() == 0) {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(p, &set);
+            if (sched_setaffinity(0, sizeof set, &set)) die("sched_setaffinity");
+            char name[16];
+            snprintf(name, sizeof name, "P%d", p);
+            int fd = open(name, O_RDWR | O_CREAT, 0644);
+            if (fd < 0) die("open P");
+            if (flock(fd, LOCK_EX) || flock(fd, LOCK_UN)) die("flock");
+            double n = 0, end = now_ns() + seconds * 1e9;
+            while (now_ns() < end) {
+                if (flock(fd, LOCK_EX) || flock(fd, LOCK_UN)) die("flock");
+                n++;
+            }
+            if (write(pipes[1], &n, sizeof n) != sizeof n) die("write");
+            _exit(0);
+        }
+    }
+    close(pipes[1]);
+    double total = 0, n;
+    for (int p = 0; p < procs; p++) {
+        if (read(pipes[0], &n, sizeof n) != sizeof n) die("read");
+        total += n;
+    }
+    close(pipes[0]);
+    while (wait(NULL) > 0) {}
+    printf("%s_pairs_s %.0f\n", metric, total / seconds);
 }
 
 /* n times: open L, take LOCK_EX, write buf, (fsync,) close; print ns/cycle. */
@@ -184,5 +224,9 @@ int main(int argc, char **argv) {
 
     if (want("contend2_acq_s")) contend(2, secs, "contend2");
     if (want("contend8_acq_s")) contend(8, secs, "contend8");
+    if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) {
+        if (want("parallel1_pairs_s")) parallel(1, secs, "parallel1");
+        if (want("parallel2_pairs_s")) parallel(2, secs, "parallel2");
+    }
     return 0;
 }

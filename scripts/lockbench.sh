@@ -9,6 +9,7 @@
 #   scripts/lockbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 5000, 2)
 #   PIN=1 scripts/lockbench.sh                     (everything on CPU 0)
 #   BASELINE=/path/to/older/leasefs scripts/lockbench.sh   (adds that build as a column)
+#   URING=1 scripts/lockbench.sh   (adds leasefs --transport uring as column "uring")
 # Needs root and gcc.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,16 +29,20 @@ for fs, metric, v in (l.split() for l in open(sys.argv[1])):
     data.setdefault(metric, {}).setdefault(fs, []).append(float(v))
 print(f"# medians of {sys.argv[2]} runs; {sys.argv[3]} ops per latency metric; {sys.argv[4]} s per contention run")
 cols = tuple(sys.argv[5:])
-print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min0':>9}{'lfs/min1s':>10}{'lfs/tmpfs':>11}{'lfs/vol':>9}")
+uring = "uring" in cols
+print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min0':>9}{'lfs/min1s':>10}{'lfs/tmpfs':>11}{'lfs/vol':>9}"
+      + (f"{'uring/min0':>11}{'uring/lfs':>10}" if uring else ""))
 for metric, by in data.items():
     med = {c: statistics.median(by[c]) if c in by else float("nan") for c in cols}
     print(f"{metric:<20}" + "".join(f"{med[c]:>12.0f}" for c in cols)
           + f"{med['leasefs']/med['minimal']:>8.2f}x{med['leasefs']/med['minimal1s']:>9.2f}x"
-          + f"{med['leasefs']/med['tmpfs']:>10.1f}x{med['leasefs']/med['volatile']:>8.2f}x")
+          + f"{med['leasefs']/med['tmpfs']:>10.1f}x{med['leasefs']/med['volatile']:>8.2f}x"
+          + (f"{med['uring']/med['minimal']:>10.2f}x{med['uring']/med['leasefs']:>9.2f}x" if uring else ""))
 print("(ns for *_ns, acquisitions/s for *_acq_s, µs for *_worst_us; lower is better except acq_s;")
 print(" disk = a directory on the root filesystem; volatile = leasefs --volatile;")
 print(" minimal/minimal1s = minimal fuser filesystem with 0 s / 1 s entry and attribute TTL;")
-print(" renew_rename = write a temporary file and rename it over a lease another process holds; nan: no rename)")
+print(" renew_rename = write a temporary file and rename it over a lease another process holds; nan: no rename;")
+print(" uring = leasefs --transport uring; parallel1/2 = pairs/s of one process on CPU 0 / two on CPUs 0 and 1, own files)")
 PY
 
 # FUSE requests per operation: run each latency metric alone with 1000 and
@@ -47,7 +52,7 @@ requests() {
 }
 echo
 echo "# FUSE requests per operation (counted by the daemon; lookups include one per second of an entry's life)"
-for fs in leasefs ${BASELINE:+baseline}; do
+for fs in leasefs ${BASELINE:+baseline} $([ "${URING:-0}" = 1 ] && echo uring); do
     [ -n "$(requests "$work/$fs")" ] || { echo "$fs: no request counters"; continue; }
     for metric in stat_ns open_close_ns flock_pair_ns fcntl_pair_ns lease_cycle_ns fsync_cycle_ns renew_rename_ns; do
         d="$work/$fs/count-$metric"

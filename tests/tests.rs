@@ -27,3 +27,4 @@ mod locks;
 mod operate;
 mod posix;
 mod top;
+mod transport;

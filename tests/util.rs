@@ -123,6 +123,8 @@ pub struct Mount {
     pub dir: tempfile::TempDir,
     pub path: PathBuf,
     pub child: Option<Child>,
+    /// The transport the mount asked for itself (`--transport`), if any.
+    pub transport: Option<String>,
 }
 
 impl Mount {
@@ -183,10 +185,26 @@ impl Mount {
         unsafe { libc::close(wr) };
         // SAFETY: rd came from pipe2 above and is owned here.
         let mut reader = unsafe { std::fs::File::from_raw_fd(rd) };
-        let m = Mount { dir, path, child: Some(child) };
+        let transport =
+            args.iter().position(|a| *a == "--transport").and_then(|i| args.get(i + 1)).map(|t| t.to_string());
+        let m = Mount { dir, path, child: Some(child), transport };
         let msg = read_with_timeout(&mut reader, STEP);
         assert!(msg.starts_with("READY"), "daemon did not become ready: {msg:?}");
         m
+    }
+
+    /// When the suite runs on one transport (`LEASEFS_TRANSPORT=uring` or
+    /// `dev`, see scripts/test.sh), require that it served this mount.
+    fn check_transport(&self) {
+        let Ok(want) = std::env::var("LEASEFS_TRANSPORT") else { return };
+        if want == "auto" || self.transport.is_some() || std::thread::panicking() {
+            return;
+        }
+        // In a child with a deadline: the daemon may be stopped or gone.
+        let o = run_timeout(Command::new("cat").arg(self.p(".leasefs/status")), Duration::from_secs(5));
+        let Ok(status) = serde_json::from_slice::<serde_json::Value>(&o.stdout) else { return };
+        let kind = status["transport"]["kind"].as_str().unwrap_or("?");
+        assert_eq!(kind, want, "LEASEFS_TRANSPORT={want} but the mount was served by {kind}: {status}");
     }
 
     /// A path inside the mount.
@@ -202,6 +220,7 @@ impl Mount {
     /// Unmount and wait for the daemon; returns its exit status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
+        self.check_transport();
         if !unmount(&self.path, 0) {
             unmount(&self.path, libc::MNT_DETACH);
         }

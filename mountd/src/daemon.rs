@@ -142,6 +142,7 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
         opts.kernel_permissions = !fs.checks_access();
         opts.handlers = fs.handlers();
         opts.report = fs.transport().clone();
+        opts.report.set_wanted(opts.transport);
         let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
         let served = Served::start(lease_fs, &mountpoint, &opts, interceptor).map_err(|e| e.to_string())?;
         Ok::<_, String>((fs, mountpoint, served))

@@ -17,7 +17,7 @@ pub(crate) fn control_file(mountpoint: &Path, name: &str) -> Result<PathBuf, Str
         return Err(format!("{show}: not a leasefs mount"));
     }
     if let Err(e) = std::fs::metadata(&path) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
+        if session::daemon_gone(&e) {
             return Err(format!(
                 "{show}: the daemon is gone (Transport endpoint is not connected); run `leasefs unmount {show}`"
             ));
@@ -115,6 +115,22 @@ pub(crate) fn status(args: &ShowArgs) -> ExitCode {
             snap["generation"],
             v["journal_compactions"]
         );
+    }
+    let t = &v["transport"];
+    match t["kind"].as_str() {
+        Some("uring") => {
+            let queues = t["queues"].as_array().cloned().unwrap_or_default();
+            let sum = |k: &str| queues.iter().map(|q| q[k].as_u64().unwrap_or(0)).sum::<u64>();
+            println!(
+                "transport    io_uring, {} queues: {} requests served, {} ring entries, {} held",
+                queues.len(),
+                sum("served"),
+                sum("entries"),
+                sum("held")
+            );
+        }
+        Some(kind) => println!("transport    /dev/fuse ({})", t["why"].as_str().unwrap_or(kind)),
+        None => {}
     }
     match v["metrics_addr"].as_str() {
         Some(a) => println!("metrics      http://{a}/metrics"),

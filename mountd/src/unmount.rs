@@ -22,7 +22,7 @@ pub(crate) fn unmount(args: &UnmountArgs) -> ExitCode {
     }
     let pid = session::daemon_pid(&path);
     if let Err(e) = std::fs::metadata(&path) {
-        if e.raw_os_error() == Some(libc::ENOTCONN) {
+        if session::daemon_gone(&e) {
             eprintln!(
                 "leasefs: {show}: the daemon is gone (Transport endpoint is not connected); removing the stale mount"
             );

@@ -278,7 +278,10 @@ impl Fs {
                 };
                 drop(leases);
                 st.report.metrics.limits = st.limit_rows();
-                st.report.metrics.render(&g, &st.mount.point.to_string_lossy())
+                let mount = st.mount.point.to_string_lossy().into_owned();
+                let mut out = st.report.metrics.render(&g, &mount);
+                out.push_str(&self.transport.metrics(&mount));
+                out
             }
             // Read through state of their own handles (`Listing`, events).
             ControlFile::Leases | ControlFile::Break | ControlFile::Events => String::new(),

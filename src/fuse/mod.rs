@@ -346,9 +346,14 @@ impl fuser::Filesystem for LeaseFs {
         // loop). It still removes file capabilities itself
         // (compat::writes_truncates_and_chowns_remove_file_capabilities).
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
-        // The kernel offers this only when its fuse module may use io_uring;
-        // the session then decides (`--transport`).
-        self.fs.transport().set_offered(config.add_capabilities(InitFlags::FUSE_OVER_IO_URING).is_ok());
+        // The kernel offers io_uring only when its fuse module may use it.
+        // Accepting it is a promise: the kernel holds every request until
+        // the daemon has registered its queues, so it is accepted only when
+        // asked for and io_uring works for this process.
+        let offered = config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING);
+        if self.fs.transport().accept(offered) {
+            let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+        }
         self.waits.lock().direct_io = self.direct_io;
         if !self.direct_io {
             warn!("kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: file reads may be served from the page cache");
@@ -810,9 +815,12 @@ impl fuser::Filesystem for LeaseFs {
             // A conflict may be a release still on another CPU's queue
             // (io_uring): let the other queues serve what they hold, then
             // decide again.
-            if let Ok((Outcome::Refused(Error::WouldBlock), effects)) = &answer {
-                if effects.is_empty() && self.fs.transport().settle() {
-                    answer = self.fs.setlk(Ino(ino.0), lreq, wait);
+            if let Ok((Outcome::Refused(Error::WouldBlock), _)) = &answer {
+                if self.fs.transport().settle() {
+                    let first = std::mem::replace(&mut answer, self.fs.setlk(Ino(ino.0), lreq, wait));
+                    if let Ok((_, effects)) = first {
+                        self.waits.lock().deliver(effects, &self.fs);
+                    }
                 }
             }
             let mut w = self.waits.lock();

@@ -361,12 +361,20 @@ pub fn absolute(p: &Path) -> io::Result<PathBuf> {
     }
 }
 
+/// Whether `e`, from a request on a mount, says its daemon is gone:
+/// `ENOTCONN`, or `ECONNABORTED`, which the kernel answers for a moment
+/// after a daemon that served through io_uring died (while it tears the
+/// rings down) before it answers `ENOTCONN`.
+pub fn daemon_gone(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
+}
+
 /// Check the mount point and mount `/dev/fuse` on it. Returns the device fd.
 pub fn mount(mountpoint: &Path, opts: &MountOptions) -> Result<(OwnedFd, PathBuf), MountError> {
     let show = mountpoint.display();
     let meta = std::fs::metadata(mountpoint).map_err(|e| match e.raw_os_error() {
         Some(libc::ENOENT) => MountError(format!("{show}: no such directory")),
-        Some(libc::ENOTCONN) => MountError(format!(
+        _ if daemon_gone(&e) => MountError(format!(
             "{show}: a dead leasefs daemon's mount is still there (Transport endpoint is not connected); \
              run `leasefs unmount {show}` first"
         )),
@@ -531,32 +539,22 @@ fn request_hook(hook: Arc<dyn Intercept>) -> fuser::RequestHook {
 /// report says why). `Err` only for `--transport uring`.
 fn start_transport(opts: &MountOptions, dev: &Arc<OwnedFd>) -> io::Result<Option<super::uring::Started>> {
     use super::uring::{self, Transport};
-    if opts.transport == Transport::Dev {
-        opts.report.set_dev("--transport dev");
+    if !opts.report.accepted() {
+        let why = opts.report.why_not();
+        if opts.transport == Transport::Uring {
+            return Err(io::Error::other(why));
+        }
+        if opts.transport == Transport::Auto {
+            info!("serving through /dev/fuse: {why}");
+        }
+        opts.report.set_dev(&why);
         return Ok(None);
     }
-    let why = if !opts.report.offered() {
-        if uring::kernel_allows() {
-            "the kernel did not offer FUSE-over-io_uring at INIT".to_string()
-        } else {
-            "FUSE-over-io_uring is off (/sys/module/fuse/parameters/enable_uring is not Y, or the kernel lacks it)"
-                .to_string()
-        }
-    } else {
-        match uring::start(dev.clone(), PAYLOAD_BYTES, opts.report.clone()) {
-            Ok(started) => {
-                opts.report.set_queues(started.queues.clone());
-                return Ok(Some(started));
-            }
-            Err(e) => format!("registering io_uring queues failed: {e}"),
-        }
-    };
-    if opts.transport == Transport::Uring {
-        return Err(io::Error::other(why));
-    }
-    info!("serving through /dev/fuse: {why}");
-    opts.report.set_dev(&why);
-    Ok(None)
+    // Accepted at INIT: the kernel holds requests until the queues are
+    // registered, so a failure here cannot fall back to /dev/fuse.
+    let started = uring::start(dev.clone(), PAYLOAD_BYTES, opts.report.clone())?;
+    opts.report.set_queues(started.queues.clone());
+    Ok(Some(started))
 }
 
 /// The payload buffer of an io_uring entry: the largest request or reply

@@ -107,7 +107,9 @@ impl std::str::FromStr for Transport {
 /// What `status` and `/metrics` say about the transport in use.
 #[derive(Default)]
 pub struct TransportReport {
-    /// The kernel offered FUSE-over-io_uring at INIT.
+    /// The transport asked for.
+    wanted: Mutex<Transport>,
+    /// io_uring was accepted at INIT.
     offered: AtomicBool,
     uring: AtomicBool,
     /// The running queues, for [`TransportReport::settle`].
@@ -130,6 +132,8 @@ pub struct QueueStats {
     pub peak: AtomicU32,
     /// Lock refusals that first waited for other queues ([`Queues::settle`]).
     pub fenced: AtomicU64,
+    /// Lock conflicts found on this queue (each one settles first).
+    pub conflicts: AtomicU64,
 }
 
 impl std::fmt::Debug for TransportReport {
@@ -153,6 +157,7 @@ impl TransportReport {
                 "held": s.held.load(Ordering::Relaxed),
                 "peak": s.peak.load(Ordering::Relaxed),
                 "fenced": s.fenced.load(Ordering::Relaxed),
+                "conflicts": s.conflicts.load(Ordering::Relaxed),
             })).collect::<Vec<_>>(),
         })
     }
@@ -162,26 +167,73 @@ impl TransportReport {
         self.uring.load(Ordering::Relaxed)
     }
 
-    /// Per-queue counters for `/metrics`: (queue, served, entries, held).
-    pub fn queue_counts(&self) -> Vec<(usize, u64, u32, u32)> {
+    /// The transport's lines of `/metrics` (Prometheus text format) for
+    /// the mount labelled `mount`.
+    pub fn metrics(&self, mount: &str) -> String {
+        let m = format!("mount=\"{}\"", mount.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"));
+        let kind = if self.is_uring() { "uring" } else { "dev" };
+        let mut out = format!(
+            "# HELP leasefs_transport The transport serving the mount.\n# TYPE leasefs_transport gauge\n\
+             leasefs_transport{{kind=\"{kind}\",{m}}} 1\n"
+        );
         let queues = self.queues.lock();
-        queues
-            .iter()
-            .enumerate()
-            .map(|(q, s)| {
-                (q, s.served.load(Ordering::Relaxed), s.entries.load(Ordering::Relaxed), s.held.load(Ordering::Relaxed))
+        if queues.is_empty() {
+            return out;
+        }
+        let mut family = |name: &str, kind: &str, help: &str, get: &dyn Fn(&QueueStats) -> u64| {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+            for (q, s) in queues.iter().enumerate() {
+                out.push_str(&format!("{name}{{queue=\"{q}\",{m}}} {}\n", get(s)));
+            }
+        };
+        family("leasefs_uring_requests_total", "counter", "Requests served through each io_uring queue.", &|s| {
+            s.served.load(Ordering::Relaxed)
+        });
+        family("leasefs_uring_entries", "gauge", "Ring entries registered on each queue.", &|s| {
+            u64::from(s.entries.load(Ordering::Relaxed))
+        });
+        family("leasefs_uring_held", "gauge", "Ring entries holding a request not yet answered.", &|s| {
+            u64::from(s.held.load(Ordering::Relaxed))
+        });
+        out
+    }
+
+    /// The transport the mount asks for; set before the mount.
+    pub fn set_wanted(&self, wanted: Transport) {
+        *self.wanted.lock() = wanted;
+    }
+
+    /// At INIT: whether to accept the kernel's offer of io_uring (`offered`)
+    /// for the transport asked for. Not for `dev`, and not when this
+    /// process cannot make a ring (`io_uring_disabled`, seccomp): the
+    /// reason is kept for [`TransportReport::why_not`].
+    pub fn accept(&self, offered: bool) -> bool {
+        let why = if *self.wanted.lock() == Transport::Dev {
+            Some("--transport dev".to_string())
+        } else if !offered {
+            Some(if kernel_allows() {
+                "the kernel did not offer FUSE-over-io_uring at INIT".to_string()
+            } else {
+                "FUSE-over-io_uring is off (/sys/module/fuse/parameters/enable_uring is not Y, or the kernel lacks it)"
+                    .to_string()
             })
-            .collect()
+        } else {
+            Ring::new(2).err().map(|e| format!("io_uring_setup: {e}"))
+        };
+        let accepted = why.is_none();
+        self.offered.store(accepted, Ordering::Relaxed);
+        *self.why.lock() = why.unwrap_or_default();
+        accepted
     }
 
-    /// Record what the kernel said at INIT.
-    pub fn set_offered(&self, offered: bool) {
-        self.offered.store(offered, Ordering::Relaxed);
-    }
-
-    /// Whether the kernel offered FUSE-over-io_uring at INIT.
-    pub fn offered(&self) -> bool {
+    /// Whether io_uring was accepted at INIT (the queues must then start).
+    pub fn accepted(&self) -> bool {
         self.offered.load(Ordering::Relaxed)
+    }
+
+    /// Why io_uring was not accepted at INIT.
+    pub fn why_not(&self) -> String {
+        self.why.lock().clone()
     }
 
     /// The queues that serve the mount.
@@ -256,6 +308,8 @@ struct Shared {
     round_lock: Mutex<()>,
     /// Set when the connection is gone.
     over: AtomicBool,
+    /// The queue's thread.
+    tid: AtomicU32,
 }
 
 // SAFETY: `Entry` pointers are into mappings owned by `chunks` for the
@@ -276,10 +330,15 @@ impl Shared {
 
     /// Nothing delivered and not yet served: no completion waiting, no
     /// task work pending for the ring, an entry free for a new request.
+    /// The thread must also be asleep: while the kernel runs the task work
+    /// that copies a request into an entry, the flag is already cleared and
+    /// the completion not yet posted, but the thread is running.
     fn quiet(&self) -> bool {
         let view = self.view.read();
         let Some(v) = view.as_ref() else { return true };
-        v.quiet() && self.stats.entries.load(Ordering::Relaxed) > self.stats.held.load(Ordering::Relaxed)
+        v.quiet()
+            && self.stats.entries.load(Ordering::Relaxed) > self.stats.held.load(Ordering::Relaxed)
+            && crate::procfs::state(self.tid.load(Ordering::Relaxed)) == Some('S')
     }
 
     fn wake(&self) {
@@ -343,6 +402,9 @@ impl Queues {
     pub fn settle(&self) -> bool {
         let Some(all) = self.all.get() else { return false };
         let me = QUEUE.with(|q| q.get());
+        if let Some(me) = me {
+            all[me as usize].stats.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
         let mut waited = false;
         for q in all.iter().filter(|q| Some(q.qid) != me) {
             // Read busy before rounds: a round counted after `busy` was
@@ -440,12 +502,13 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
             round_done: Condvar::new(),
             round_lock: Mutex::new(()),
             over: AtomicBool::new(false),
+            tid: AtomicU32::new(0),
         });
         shared.push(q.clone());
         let (server, ready, tx, dev) = (server.clone(), ready.clone(), tx.clone(), dev.clone());
         std::thread::Builder::new().name(format!("fuse-ring-{qid}")).spawn(move || {
             let dev = dev.as_raw_fd();
-            let mut ring = match setup(dev, &q) {
+            let (mut ring, early) = match setup(dev, &q) {
                 Ok(r) => {
                     let _ = tx.send(Ok(()));
                     r
@@ -465,7 +528,7 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
                 }
             }
             if let Some(server) = server.get() {
-                run(&mut ring, dev, &q, server);
+                run(&mut ring, early, dev, &q, server);
             }
             q.over.store(true, Ordering::Release);
             *q.view.write() = None;
@@ -501,8 +564,10 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
 
 /// Bind this thread to its queue's CPU, make its ring, register the first
 /// entries and the wake-up read.
-fn setup(dev: RawFd, q: &Shared) -> io::Result<Ring> {
+fn setup(dev: RawFd, q: &Shared) -> io::Result<(Ring, Vec<(u64, i32)>)> {
     QUEUE.with(|c| c.set(Some(q.qid)));
+    // SAFETY: gettid has no preconditions.
+    q.tid.store(unsafe { libc::gettid() } as u32, Ordering::Relaxed);
     // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -516,9 +581,16 @@ fn setup(dev: RawFd, q: &Shared) -> io::Result<Ring> {
     arm_wake(&mut ring, q);
     grow(&mut ring, dev, q, FIRST_ENTRIES)?;
     ring.submit(false)?;
-    // A refused registration completes at once with its error.
-    std::thread::sleep(Duration::from_millis(1));
-    Ok(ring)
+    // A refused registration completes at once with its error; a request
+    // may already have arrived in an entry: keep it for the loop.
+    let mut early = Vec::new();
+    while let Some((user_data, res)) = ring.pop() {
+        if res < 0 && user_data != WAKE {
+            return Err(io::Error::from_raw_os_error(-res));
+        }
+        early.push((user_data, res));
+    }
+    Ok((ring, early))
 }
 
 /// The eventfd read whose completion wakes the queue's thread.
@@ -591,18 +663,21 @@ fn grow(ring: &mut Ring, dev: RawFd, q: &Shared, count: u32) -> io::Result<()> {
 }
 
 /// Serve queue `q` until the connection ends.
-fn run(ring: &mut Ring, dev: RawFd, q: &Arc<Shared>, server: &fuser::RequestServer) {
+fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, server: &fuser::RequestServer) {
     let sink: Arc<dyn fuser::ReplySink> = q.clone();
     let mut scratch: Vec<u64> = vec![0; (COPY_BELOW + IN_HEADER + 256) / 8];
     let mut held = 0u32;
+    let mut early = early.into_iter();
     loop {
-        if let Err(e) = ring.submit(true) {
-            warn!(queue = q.qid, "io_uring wait: {e}");
-            break;
+        if early.len() == 0 {
+            if let Err(e) = ring.submit(true) {
+                warn!(queue = q.qid, "io_uring wait: {e}");
+                break;
+            }
         }
-        q.busy.store(true, Ordering::Release);
+        q.busy.store(true, Ordering::SeqCst);
         let mut over = false;
-        while let Some((user_data, res)) = ring.pop() {
+        while let Some((user_data, res)) = early.next().or_else(|| ring.pop()) {
             if user_data == WAKE {
                 arm_wake(ring, q);
                 continue;
@@ -610,7 +685,12 @@ fn run(ring: &mut Ring, dev: RawFd, q: &Arc<Shared>, server: &fuser::RequestServ
             if res < 0 {
                 match -res {
                     libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => over = true,
-                    e => warn!(queue = q.qid, entry = user_data, "ring entry failed: {}", io::Error::from_raw_os_error(e)),
+                    e => warn!(
+                        queue = q.qid,
+                        entry = user_data,
+                        "ring entry failed: {}",
+                        io::Error::from_raw_os_error(e)
+                    ),
                 }
                 continue;
             }
@@ -640,12 +720,12 @@ fn run(ring: &mut Ring, dev: RawFd, q: &Arc<Shared>, server: &fuser::RequestServ
                 warn!(queue = q.qid, "registering more ring entries: {e}");
             }
         }
-        q.busy.store(false, Ordering::Release);
         {
             let _g = q.round_lock.lock();
-            q.rounds.fetch_add(1, Ordering::AcqRel);
+            q.rounds.fetch_add(1, Ordering::SeqCst);
             q.round_done.notify_all();
         }
+        q.busy.store(false, Ordering::SeqCst);
         if over {
             debug!(queue = q.qid, "connection ended");
             // Send the commits of the last answers, then stop.
@@ -657,13 +737,7 @@ fn run(ring: &mut Ring, dev: RawFd, q: &Arc<Shared>, server: &fuser::RequestServ
 
 /// Rebuild the request in entry `i` as `/dev/fuse` would have delivered it
 /// and serve it.
-fn serve(
-    q: &Shared,
-    i: u32,
-    scratch: &mut [u64],
-    server: &fuser::RequestServer,
-    sink: &Arc<dyn fuser::ReplySink>,
-) {
+fn serve(q: &Shared, i: u32, scratch: &mut [u64], server: &fuser::RequestServer, sink: &Arc<dyn fuser::ReplySink>) {
     let e = q.entry(i);
     // SAFETY: the entry was just completed: its header page and payload
     // are ours; the kernel wrote the header and payload_sz bytes.
@@ -679,7 +753,7 @@ fn serve(
         return;
     }
     let head = IN_HEADER + op_len;
-    if payload_sz <= COPY_BELOW || head % 8 != 0 {
+    if payload_sz <= COPY_BELOW || !head.is_multiple_of(8) {
         let dst = scratch.as_mut_ptr().cast::<u8>();
         if len > scratch.len() * 8 {
             warn!(queue = q.qid, len, "ring request too large to copy");

@@ -1,0 +1,160 @@
+//! The transport between the kernel and the daemon: `/dev/fuse` or
+//! FUSE-over-io_uring (one queue per CPU). Every other test runs on
+//! whichever transport `LEASEFS_TRANSPORT` names (scripts/test.sh runs the
+//! suite on both where the kernel allows io_uring); these check the choice
+//! itself, and what io_uring changes: requests from two CPUs served side by
+//! side, parked waits holding ring entries.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::util::{leasefs_bin, py_ok, run_timeout, sh_code, sh_ok, Bg, Mount};
+
+fn status(m: &Mount) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(m.p(".leasefs/status")).unwrap()).unwrap()
+}
+
+/// Whether the fuse module lets daemons use io_uring here.
+fn uring_allowed() -> bool {
+    std::fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|s| s.trim() == "Y")
+}
+
+fn possible_cpus() -> usize {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    s.trim().rsplit(['-', ',']).next().unwrap().parse::<usize>().unwrap() + 1
+}
+
+#[test]
+fn the_mount_is_served_by_the_transport_asked_for() {
+    let m = Mount::with_args(&["--transport", "dev"]);
+    let s = status(&m);
+    assert_eq!(s["transport"]["kind"], "dev", "{s}");
+    assert_eq!(s["transport"]["why"], "--transport dev");
+    assert_eq!(s["transport"]["queues"].as_array().unwrap().len(), 0);
+    drop(m);
+
+    if uring_allowed() {
+        let m = Mount::with_args(&["--transport", "uring"]);
+        sh_ok(&m.path, "echo x > f; cat f; flock f true");
+        let s = status(&m);
+        assert_eq!(s["transport"]["kind"], "uring", "{s}");
+        let queues = s["transport"]["queues"].as_array().unwrap();
+        assert_eq!(queues.len(), possible_cpus(), "one queue per possible CPU: {s}");
+        let served: u64 = queues.iter().map(|q| q["served"].as_u64().unwrap()).sum();
+        assert!(served >= 5, "requests went through the rings: {s}");
+        assert!(queues.iter().all(|q| q["entries"].as_u64().unwrap() >= 8), "{s}");
+        // auto takes io_uring when the kernel offers it.
+        drop(m);
+        let m = Mount::with_args(&["--transport", "auto"]);
+        assert_eq!(status(&m)["transport"]["kind"], "uring");
+    } else {
+        // auto falls back and says why; uring refuses to mount.
+        let m = Mount::with_args(&["--transport", "auto"]);
+        let s = status(&m);
+        assert_eq!(s["transport"]["kind"], "dev", "{s}");
+        assert!(s["transport"]["why"].as_str().unwrap().contains("enable_uring"), "{s}");
+        drop(m);
+        let dir = tempfile::tempdir().unwrap();
+        let mnt = dir.path().join("m");
+        std::fs::create_dir(&mnt).unwrap();
+        let o = run_timeout(
+            Command::new(leasefs_bin())
+                .args(["mount", mnt.to_str().unwrap(), "--transport", "uring", "--state-dir"])
+                .arg(dir.path().join("s")),
+            Duration::from_secs(30),
+        );
+        assert!(!o.status.success(), "--transport uring mounted without io_uring");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("io_uring") && err.contains("enable_uring"), "{err}");
+    }
+}
+
+/// A `flock` lock goes with the last close of its file description, a
+/// release the kernel sends after `close` returned, on the closing CPU's
+/// queue. A process on the other CPU that locks right after must find the
+/// lock free, as it does through `/dev/fuse`'s single queue.
+#[test]
+fn a_lock_released_on_one_cpu_is_free_for_a_process_on_the_other() {
+    if possible_cpus() < 2 || std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("one CPU: nothing to cross");
+        return;
+    }
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L S");
+    // Other requests keep both queues busy meanwhile.
+    let _load = Bg::ready(&m.path, "echo ready; while :; do flock -n S true; stat S >/dev/null; done");
+    let out = py_ok(
+        &m.path,
+        r#"
+import fcntl, os
+N = 1500
+a2b_r, a2b_w = os.pipe()
+b2a_r, b2a_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.sched_setaffinity(0, {1})
+    refused = 0
+    for _ in range(N):
+        os.read(a2b_r, 1)
+        fd = os.open("L", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            refused += 1
+        os.close(fd)
+        os.write(b2a_w, b"x")
+    os.write(b2a_w, str(refused).encode())
+    os._exit(0)
+os.sched_setaffinity(0, {0})
+for _ in range(N):
+    fd = os.open("L", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.close(fd)
+    os.write(a2b_w, b"x")
+    os.read(b2a_r, 1)
+os.waitpid(pid, 0)
+print(os.read(b2a_r, 32).decode())
+"#,
+    );
+    assert_eq!(out.trim(), "0", "locks refused although their last holder had closed");
+}
+
+/// Waits parked past the ring entries a queue started with: every waiter is
+/// parked, other requests are still served at once, and every waiter is
+/// granted once the holder lets go.
+#[test]
+fn hundreds_of_parked_waiters_leave_the_mount_serving() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L other; echo data > f");
+    let holder = Bg::ready(&m.path, "flock L sh -c 'echo ready; exec sleep 60'");
+    const WAITERS: usize = 300;
+    let waiters = Bg::ready(
+        &m.path,
+        &format!(
+            "pids=; for i in $(seq {WAITERS}); do flock -w 60 L true & pids=\"$pids $!\"; done; echo ready; \
+             fails=0; for p in $pids; do wait $p || fails=$((fails+1)); done; echo fails=$fails"
+        ),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status(&m)["limits"]["waiters"]["used"].as_u64().unwrap() < WAITERS as u64 {
+        assert!(Instant::now() < deadline, "waiters never all parked: {}", status(&m));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    assert_eq!(sh_ok(&m.path, "cat f; stat -c %s other; flock -n other echo locked").trim(), "data\n0\nlocked");
+    assert!(t.elapsed() < Duration::from_secs(10), "other requests waited {:?}", t.elapsed());
+    let s = status(&m);
+    if s["transport"]["kind"] == "uring" {
+        let queues = s["transport"]["queues"].as_array().unwrap();
+        let entries: u64 = queues.iter().map(|q| q["entries"].as_u64().unwrap()).sum();
+        let held: u64 = queues.iter().map(|q| q["held"].as_u64().unwrap()).sum();
+        assert!(held >= WAITERS as u64, "every parked wait holds its entry: {s}");
+        assert!(entries >= held + 4, "entries registered beyond the parked ones: {s}");
+    }
+    drop(holder);
+    let mut waiters = waiters;
+    waiters.wait(Duration::from_secs(60));
+    let lines = waiters.lines.lock().unwrap().clone();
+    assert!(lines.iter().any(|l| l == "fails=0"), "every waiter was granted: {lines:?}");
+    assert_eq!(sh_code(&m.path, "flock -n L true"), 0);
+}
