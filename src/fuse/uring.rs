@@ -30,12 +30,14 @@
 //! by side; the kernel serializes what must be (a file's writes and
 //! truncates, a directory's changes) before it sends them, and the lease
 //! rules only ever compare requests that the daemon has received. A
-//! release the kernel sends after `close` returns (`flock` locks go with
-//! the last close of a file description) is delivered on the closing CPU's
-//! queue before `close` returns; before serving a lock request, a queue
-//! therefore has every other queue serve what the kernel already gave it
-//! ([`Queues::settle`]), so the next `flock -n` by another process on
-//! another CPU finds the lock released, as it would through `/dev/fuse`.
+//! `flock` lock goes with the last close of a file description, a release
+//! the kernel queues on the closing CPU's queue before `close` returns but
+//! answers nobody for; so before a lock request is *refused* for a
+//! conflict, the adapter has every other queue that has something
+//! delivered or pending serve it first ([`Queues::settle`]) and decides
+//! again: the next `flock -n` by another process on another CPU finds the
+//! lock released, as it would through `/dev/fuse`'s single queue. Granted
+//! requests never wait for that.
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -77,6 +79,9 @@ pub const SPARE: u32 = 4;
 const CHUNK: u32 = 16;
 /// Most entries one queue registers.
 pub const MAX_ENTRIES: u32 = 1 << 15;
+/// How long a lock conflict waits at most for another queue to serve
+/// what it holds ([`Queues::settle`]).
+const SETTLE_FOR: Duration = Duration::from_millis(500);
 /// User data of the eventfd read that wakes a queue's thread.
 const WAKE: u64 = u64::MAX;
 
@@ -310,6 +315,8 @@ struct Shared {
     over: AtomicBool,
     /// The queue's thread.
     tid: AtomicU32,
+    /// The queue's thread is in [`Queues::settle`].
+    settling: AtomicBool,
 }
 
 // SAFETY: `Entry` pointers are into mappings owned by `chunks` for the
@@ -405,33 +412,47 @@ impl Queues {
         if let Some(me) = me {
             all[me as usize].stats.conflicts.fetch_add(1, Ordering::Relaxed);
         }
+        // A queue settling cannot serve its ring meanwhile: two queues
+        // settling at once pass each other over instead of waiting for
+        // each other.
+        let mine = me.map(|me| &all[me as usize]);
+        if let Some(q) = mine {
+            q.settling.store(true, Ordering::SeqCst);
+            // A settle waiting for this queue's round stops waiting.
+            let _g = q.round_lock.lock();
+            q.round_done.notify_all();
+        }
         let mut waited = false;
         for q in all.iter().filter(|q| Some(q.qid) != me) {
             // Read busy before rounds: a round counted after `busy` was
             // seen clear began its kernel wait after this call did.
             let busy = q.busy.load(Ordering::SeqCst);
             let seen = q.rounds.load(Ordering::SeqCst);
-            if !busy && q.quiet() {
-                continue;
-            }
-            if q.over.load(Ordering::Acquire) {
+            let stuck = || q.over.load(Ordering::Acquire) || q.settling.load(Ordering::SeqCst);
+            if (!busy && q.quiet()) || stuck() {
                 continue;
             }
             waited = true;
             let need = seen + 1 + u64::from(busy);
-            let deadline = std::time::Instant::now() + Duration::from_millis(200);
+            let deadline = std::time::Instant::now() + SETTLE_FOR;
             let mut g = q.round_lock.lock();
-            while q.rounds.load(Ordering::SeqCst) < need && !q.over.load(Ordering::Acquire) {
+            while q.rounds.load(Ordering::SeqCst) < need && !stuck() {
                 q.wake();
                 if q.round_done.wait_until(&mut g, deadline).timed_out() {
-                    debug!(queue = q.qid, "settle: queue did not answer in 200 ms");
+                    debug!(queue = q.qid, "settle: queue did not answer in time");
                     break;
                 }
             }
             drop(g);
-            if let Some(me) = me {
-                all[me as usize].stats.fenced.fetch_add(1, Ordering::Relaxed);
+            if let Some(mine) = mine {
+                mine.stats.fenced.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        if let Some(q) = mine {
+            q.settling.store(false, Ordering::SeqCst);
+            // Another queue's settle may be waiting for this one's round.
+            let _g = q.round_lock.lock();
+            q.round_done.notify_all();
         }
         waited
     }
@@ -503,6 +524,7 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
             round_lock: Mutex::new(()),
             over: AtomicBool::new(false),
             tid: AtomicU32::new(0),
+            settling: AtomicBool::new(false),
         });
         shared.push(q.clone());
         let (server, ready, tx, dev) = (server.clone(), ready.clone(), tx.clone(), dev.clone());
