@@ -14,9 +14,14 @@
 //! operation's fixed argument, and `fuse_uring_ent_in_out`) and a payload
 //! buffer as large as the largest request. A request holds its entry until
 //! it is answered: a lock wait parked for an hour holds one for an hour.
-//! So a queue registers more entries whenever fewer than [`SPARE`] are left
-//! for new requests, up to [`MAX_ENTRIES`]; their memory is touched only
-//! when used (one page of header for a parked waiter).
+//! So a queue registers more entries whenever fewer than [`SPARE`] (and
+//! fewer than it holds) are left for new requests, up to [`MAX_ENTRIES`];
+//! their memory is touched only when used (one page of header for a parked
+//! waiter). The kernel gives a request that found no free entry to the
+//! next entry *committed* on that queue, never to one registered later: a
+//! burst of blocking lock requests larger than the free entries of one
+//! queue, after which that queue answers nothing, leaves the excess
+//! waiting in the kernel until one of the parked requests is answered.
 //!
 //! Requests are served through fuser's [`fuser::RequestServer`]: the same
 //! hook, dispatcher and handlers as a request read from `/dev/fuse`.
@@ -72,9 +77,10 @@ const HEADER_PAGE: usize = 4096;
 /// in place: their replies are a few bytes written after the data was used.
 const COPY_BELOW: usize = 64 * 1024;
 /// Entries each queue registers at the start.
-const FIRST_ENTRIES: u32 = 8;
-/// Free entries a queue keeps for new requests while others are parked.
-pub const SPARE: u32 = 4;
+const FIRST_ENTRIES: u32 = 64;
+/// Free entries a queue keeps for new requests while others are parked
+/// (at least; also at least as many as it holds).
+pub const SPARE: u32 = 16;
 /// Entries registered together (one mapping).
 const CHUNK: u32 = 16;
 /// Most entries one queue registers.
@@ -407,6 +413,17 @@ impl Queues {
     /// Queues with nothing delivered are passed over. True when it waited
     /// for one (the caller then decides again).
     pub fn settle(&self) -> bool {
+        if self.settle_once() {
+            return true;
+        }
+        // Nothing visible yet: a release queued an instant ago may still be
+        // on its way into a ring (the kernel's background queue); look once
+        // more after a moment.
+        std::thread::sleep(Duration::from_micros(200));
+        self.settle_once()
+    }
+
+    fn settle_once(&self) -> bool {
         let Some(all) = self.all.get() else { return false };
         let me = QUEUE.with(|q| q.get());
         if let Some(me) = me {
@@ -737,7 +754,10 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
         q.stats.held.store(held, Ordering::Relaxed);
         // Keep entries free for new requests while others wait.
         let entries = q.stats.entries.load(Ordering::Relaxed);
-        if entries.saturating_sub(held) < SPARE && entries < MAX_ENTRIES {
+        // The kernel queues a request that finds no free entry and hands it
+        // to the next entry *committed* on that queue, not to entries
+        // registered later: keep well ahead of parked requests.
+        if entries.saturating_sub(held) < SPARE.max(held) && entries < MAX_ENTRIES {
             if let Err(e) = grow(ring, dev, q, entries) {
                 warn!(queue = q.qid, "registering more ring entries: {e}");
             }
