@@ -145,6 +145,9 @@ thread_local! {
 pub struct LeaseFs {
     fs: Arc<Fs>,
     waits: Arc<Mutex<Waits>>,
+    /// Under io_uring: descriptors flushed by a `close` whose `RELEASE`
+    /// (which ends their `flock` locks) has not been served yet, by inode.
+    closing: Arc<(Mutex<HashMap<u64, Vec<u64>>>, parking_lot::Condvar)>,
     /// Open regular files with direct I/O (kernel supports mmap with it).
     direct_io: bool,
     ttls: KernelTtls,
@@ -162,7 +165,7 @@ impl LeaseFs {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
         let ttls = KernelTtls { cache_names: fs.names_cached() };
-        (LeaseFs { fs, waits, direct_io: false, ttls }, icpt)
+        (LeaseFs { fs, waits, closing: Arc::default(), direct_io: false, ttls }, icpt)
     }
 
     /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
@@ -215,6 +218,45 @@ impl LeaseFs {
             pid,
             handle: fh.0,
         })
+    }
+
+    /// A descriptor's `RELEASE` was served: its `close` is complete.
+    fn closed(&self, ino: u64, fh: u64) {
+        let (m, c) = &*self.closing;
+        let mut g = m.lock();
+        if let Some(v) = g.get_mut(&ino) {
+            v.retain(|f| *f != fh);
+            if v.is_empty() {
+                g.remove(&ino);
+            }
+            c.notify_all();
+        }
+    }
+
+    /// Before a lock request on `ino` is refused for a conflict (io_uring
+    /// only): a `close` of a descriptor of it has returned (its `FLUSH` was
+    /// served) but its `RELEASE`, sent afterwards on the closing CPU's
+    /// queue and ending its `flock` locks, not yet; wait for it (at most
+    /// 100 ms: a descriptor closed while a duplicate stays open is released
+    /// only at the last close), and let the other queues serve what they
+    /// hold. True when the request should be decided again.
+    fn settle(&self, ino: u64) -> bool {
+        let transport = self.fs.transport();
+        if !transport.is_uring() {
+            return false;
+        }
+        let (m, c) = &*self.closing;
+        let mut g = m.lock();
+        let mut waited = false;
+        let deadline = std::time::Instant::now() + Duration::from_millis(100);
+        while g.contains_key(&ino) {
+            waited = true;
+            if c.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        drop(g);
+        transport.settle() || waited
     }
 
     /// Send the entry drops that keep the kernel's references to files
@@ -608,9 +650,12 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn flush(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         guarded("flush", || {
             let effects = self.fs.flush(Ino(ino.0), Owner(lock_owner.0));
+            if self.fs.transport().is_uring() {
+                self.closing.0.lock().entry(ino.0).or_default().push(fh.0);
+            }
             reply.ok();
             self.waits.lock().deliver(effects, &self.fs);
         });
@@ -619,7 +664,7 @@ impl fuser::Filesystem for LeaseFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         lock_owner: Option<LockOwner>,
@@ -630,8 +675,12 @@ impl fuser::Filesystem for LeaseFs {
             Ok(effects) => {
                 reply.ok();
                 self.waits.lock().deliver(effects, &self.fs);
+                self.closed(ino.0, fh.0);
             }
-            Err(e) => reply.error(refuse("release", e)),
+            Err(e) => {
+                reply.error(refuse("release", e));
+                self.closed(ino.0, fh.0);
+            }
         });
     }
 
@@ -768,7 +817,7 @@ impl fuser::Filesystem for LeaseFs {
             };
             let mut result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
             // A conflict may be a release still on another CPU's queue.
-            if matches!(result, Ok(Some(_))) && self.fs.transport().settle() {
+            if matches!(result, Ok(Some(_))) && self.settle(ino.0) {
                 result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
             }
             match result {
@@ -816,7 +865,7 @@ impl fuser::Filesystem for LeaseFs {
             // (io_uring): let the other queues serve what they hold, then
             // decide again.
             if let Ok((Outcome::Refused(Error::WouldBlock), _)) = &answer {
-                if self.fs.transport().settle() {
+                if self.settle(ino.0) {
                     let first = std::mem::replace(&mut answer, self.fs.setlk(Ino(ino.0), lreq, wait));
                     if let Ok((_, effects)) = first {
                         self.waits.lock().deliver(effects, &self.fs);
