@@ -141,13 +141,16 @@ thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Descriptors flushed and not yet released, by inode, and their change.
+type Closing = (Mutex<HashMap<u64, Vec<u64>>>, parking_lot::Condvar);
+
 /// The `fuser::Filesystem` implementation.
 pub struct LeaseFs {
     fs: Arc<Fs>,
     waits: Arc<Mutex<Waits>>,
     /// Under io_uring: descriptors flushed by a `close` whose `RELEASE`
     /// (which ends their `flock` locks) has not been served yet, by inode.
-    closing: Arc<(Mutex<HashMap<u64, Vec<u64>>>, parking_lot::Condvar)>,
+    closing: Arc<Closing>,
     /// Open regular files with direct I/O (kernel supports mmap with it).
     direct_io: bool,
     ttls: KernelTtls,
