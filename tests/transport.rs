@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::util::{leasefs_bin, py_ok, run_timeout, sh_code, sh_ok, Bg, Mount};
+use crate::util::{leasefs_bin, py_ok, run_timeout, sh_code, sh_ok, Bg, Mount, STEP};
 
 fn status(m: &Mount) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(m.p(".leasefs/status")).unwrap()).unwrap()
@@ -30,6 +30,8 @@ fn the_mount_is_served_by_the_transport_asked_for() {
     let s = status(&m);
     assert_eq!(s["transport"]["kind"], "dev", "{s}");
     assert_eq!(s["transport"]["why"], "--transport dev");
+    let metrics = std::fs::read_to_string(m.p(".leasefs/metrics")).unwrap();
+    assert!(metrics.contains("leasefs_transport{kind=\"dev\"") && !metrics.contains("leasefs_uring_"), "{metrics}");
     assert_eq!(s["transport"]["queues"].as_array().unwrap().len(), 0);
     drop(m);
 
@@ -43,6 +45,15 @@ fn the_mount_is_served_by_the_transport_asked_for() {
         let served: u64 = queues.iter().map(|q| q["served"].as_u64().unwrap()).sum();
         assert!(served >= 5, "requests went through the rings: {s}");
         assert!(queues.iter().all(|q| q["entries"].as_u64().unwrap() >= 8), "{s}");
+        // The same in /metrics and in `leasefs status`.
+        let metrics = std::fs::read_to_string(m.p(".leasefs/metrics")).unwrap();
+        assert!(metrics.contains("leasefs_transport{kind=\"uring\""), "{metrics}");
+        for q in 0..queues.len() {
+            assert!(metrics.contains(&format!("leasefs_uring_requests_total{{queue=\"{q}\"")), "{metrics}");
+        }
+        let table = run_timeout(Command::new(leasefs_bin()).args(["status", m.path.to_str().unwrap()]), STEP);
+        let table = String::from_utf8_lossy(&table.stdout).into_owned();
+        assert!(table.contains(&format!("transport    io_uring, {} queues", queues.len())), "{table}");
         // auto takes io_uring when the kernel offers it.
         drop(m);
         let m = Mount::with_args(&["--transport", "auto"]);
