@@ -178,3 +178,55 @@ fn hundreds_of_parked_waiters_leave_the_mount_serving() {
     assert!(lines.iter().any(|l| l == "fails=0"), "every waiter was granted: {lines:?}");
     assert_eq!(sh_code(&m.path, "flock -n L true"), 0);
 }
+
+/// A conflict is decided again only once the file's flushed descriptors
+/// were released, but a descriptor closed while a duplicate stays open (a
+/// forked child keeps it) is released only at its last close: its flush
+/// delays conflicts for a moment after it, not every later one, and never
+/// stops a queue from serving. 600 refused `flock -n` from processes on
+/// both CPUs, each behind such a close, finish well within the step limit
+/// (at 100 ms each they would take a minute), and the lock is still held.
+#[test]
+fn conflicts_behind_a_descriptor_kept_by_a_child_are_refused_promptly() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L");
+    let holder = Bg::ready(&m.path, "flock L sh -c 'echo ready; exec sleep 60'");
+    let out = py_ok(
+        &m.path,
+        r#"
+import fcntl, os, sys
+cpus = sorted(os.sched_getaffinity(0))
+# A descriptor of L flushed by its close in this process, kept open (not
+# released) by a child until the end.
+fd = os.open("L", os.O_RDWR)
+keeper = os.fork()
+if keeper == 0:
+    import time; time.sleep(60)
+    os._exit(0)
+os.close(fd)
+kids = []
+for k in range(2):
+    pid = os.fork()
+    if pid == 0:
+        os.sched_setaffinity(0, {cpus[k % len(cpus)]})
+        refused = 0
+        for _ in range(300):
+            fd = os.open("L", os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                refused += 1
+            os.close(fd)
+        os._exit(0 if refused == 300 else 1)
+    kids.append(pid)
+codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in kids]
+os.kill(keeper, 9)
+os.waitpid(keeper, 0)
+print(codes)
+"#,
+    );
+    assert_eq!(out.trim(), "[0, 0]", "every attempt on the held lock was refused");
+    assert_eq!(sh_code(&m.path, "flock -n L true"), 1, "the holder still has it");
+    drop(holder);
+    assert_eq!(sh_code(&m.path, "flock -w 10 L true"), 0);
+}

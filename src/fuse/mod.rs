@@ -141,8 +141,21 @@ thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Descriptors flushed and not yet released, by inode, and their change.
-type Closing = (Mutex<HashMap<u64, Vec<u64>>>, parking_lot::Condvar);
+/// Descriptors flushed and not yet released, by inode, with the time of
+/// their last flush, and their change.
+type Closing = (Mutex<HashMap<u64, Vec<(u64, std::time::Instant)>>>, parking_lot::Condvar);
+
+/// How long after a descriptor's `FLUSH` a conflicting lock request waits
+/// for its `RELEASE` (io_uring only, see `LeaseFs::settle`).
+const RELEASE_GRACE: Duration = Duration::from_millis(100);
+
+/// A lock request about to be refused for a conflict, to be decided again
+/// (and answered) by the settler once the inode's pending releases and the
+/// other queues were served.
+struct Settle {
+    ino: u64,
+    decide: Box<dyn FnOnce() + Send>,
+}
 
 /// The `fuser::Filesystem` implementation.
 pub struct LeaseFs {
@@ -151,6 +164,9 @@ pub struct LeaseFs {
     /// Under io_uring: descriptors flushed by a `close` whose `RELEASE`
     /// (which ends their `flock` locks) has not been served yet, by inode.
     closing: Arc<Closing>,
+    /// Under io_uring: the thread that decides lock conflicts again once
+    /// what may end them was served (started at the first one).
+    settler: std::sync::OnceLock<std::sync::mpsc::Sender<Settle>>,
     /// Open regular files with direct I/O (kernel supports mmap with it).
     direct_io: bool,
     ttls: KernelTtls,
@@ -168,7 +184,7 @@ impl LeaseFs {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
         let ttls = KernelTtls { cache_names: fs.names_cached() };
-        (LeaseFs { fs, waits, closing: Arc::default(), direct_io: false, ttls }, icpt)
+        (LeaseFs { fs, waits, closing: Arc::default(), settler: Default::default(), direct_io: false, ttls }, icpt)
     }
 
     /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
@@ -228,7 +244,7 @@ impl LeaseFs {
         let (m, c) = &*self.closing;
         let mut g = m.lock();
         if let Some(v) = g.get_mut(&ino) {
-            v.retain(|f| *f != fh);
+            v.retain(|(f, _)| *f != fh);
             if v.is_empty() {
                 g.remove(&ino);
             }
@@ -236,30 +252,49 @@ impl LeaseFs {
         }
     }
 
-    /// Before a lock request on `ino` is refused for a conflict (io_uring
-    /// only): a `close` of a descriptor of it has returned (its `FLUSH` was
-    /// served) but its `RELEASE`, sent afterwards on the closing CPU's
-    /// queue and ending its `flock` locks, not yet; wait for it (at most
-    /// 100 ms: a descriptor closed while a duplicate stays open is released
-    /// only at the last close), and let the other queues serve what they
-    /// hold. True when the request should be decided again.
-    fn settle(&self, ino: u64) -> bool {
-        let transport = self.fs.transport();
-        if !transport.is_uring() {
-            return false;
-        }
-        let (m, c) = &*self.closing;
-        let mut g = m.lock();
-        let mut waited = false;
-        let deadline = std::time::Instant::now() + Duration::from_millis(100);
-        while g.contains_key(&ino) {
-            waited = true;
-            if c.wait_until(&mut g, deadline).timed_out() {
-                break;
+    /// Under io_uring, a lock request about to be refused for a conflict on
+    /// `ino` is not answered yet: `decide` (which decides it again and
+    /// answers) runs on the settler thread once what may end the conflict
+    /// was served. A `close` returns once its `FLUSH` is answered, but the
+    /// `RELEASE` that ends its `flock` locks is queued on the closing CPU's
+    /// queue and may not have been served when a process on another CPU
+    /// asks for the lock. The settler waits for the inode's descriptors
+    /// flushed and not released, each until `RELEASE_GRACE` after its
+    /// flush (a descriptor closed while a duplicate from `dup` or `fork`
+    /// stays open is released only at its last close, so past the grace
+    /// its flush is forgotten), then for every queue to serve what the
+    /// kernel handed it ([`Queues::settle`]). The queue threads never wait:
+    /// the request holds its ring entry meanwhile, and the release it waits
+    /// for is served on its own queue. Returns `decide` back when the
+    /// Only under io_uring: on `/dev/fuse` requests are served in order.
+    fn defer_conflict(&self, ino: u64, decide: Box<dyn FnOnce() + Send>) {
+        self.fs.transport().note_conflict();
+        let tx = self.settler.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel::<Settle>();
+            let (fs, closing) = (Arc::downgrade(&self.fs), self.closing.clone());
+            let spawned = std::thread::Builder::new().name("lock-settle".into()).spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    // Every request deferred before this round began is
+                    // covered by it.
+                    let mut batch = vec![first];
+                    batch.extend(rx.try_iter());
+                    wait_for_releases(&closing, batch.iter().map(|s| s.ino));
+                    if let Some(fs) = fs.upgrade() {
+                        fs.transport().settle();
+                    }
+                    for s in batch {
+                        guarded("settle", s.decide);
+                    }
+                }
+            });
+            if let Err(e) = spawned {
+                error!("cannot start the lock settler: {e}");
             }
+            tx
+        });
+        if let Err(std::sync::mpsc::SendError(s)) = tx.send(Settle { ino, decide }) {
+            (s.decide)();
         }
-        drop(g);
-        transport.settle() || waited
     }
 
     /// Send the entry drops that keep the kernel's references to files
@@ -363,6 +398,80 @@ fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
 
 /// Run a handler, turning a panic into an `EIO` reply (the reply object
 /// answers `EIO` when it is dropped unanswered during unwinding).
+/// Answer `F_GETLK` with the conflicting lock found, if any.
+fn answer_getlk(result: Result<Option<crate::lease::Lock>, Error>, start: u64, end: u64, reply: ReplyLock) {
+    match result {
+        Ok(Some(l)) => {
+            let typ = if l.mode == Mode::Exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
+            reply.locked(l.range.start, l.range.end, typ, l.pid);
+        }
+        Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
+        Err(e) => reply.error(refuse("getlk", e)),
+    }
+}
+
+/// Answer `F_SETLK`/`F_SETLKW`/`flock` with the lease core's decision:
+/// granted, parked until granted, or refused.
+#[allow(clippy::too_many_arguments)] // a lock request's decision and how to answer it
+fn answer_setlk(
+    fs: &Fs,
+    waits: &Mutex<Waits>,
+    ino: u64,
+    lreq: LockRequest,
+    pid: u32,
+    unique: u64,
+    answer: Result<(Outcome, Vec<Effect>), Error>,
+    reply: ReplyEmpty,
+) {
+    let mut w = waits.lock();
+    match answer {
+        Ok((Outcome::Granted, effects)) => {
+            debug!(path = %fs.describe(Ino(ino)), ino, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = fs.epoch(Ino(ino)).0, "lock granted");
+            // Hand the lock on before answering the releaser, as the
+            // kernel's own lock code wakes waiters inside the unlock.
+            w.deliver(effects, fs);
+            reply.ok();
+        }
+        Ok((Outcome::Parked, effects)) => {
+            debug!(path = %fs.describe(Ino(ino)), ino, pid, kind = ?lreq.kind, "lock wait parked");
+            w.deliver(effects, fs);
+            w.park(WaitId(unique), reply, fs);
+        }
+        Ok((Outcome::Refused(e), effects)) => {
+            reply.error(refuse("setlk", e));
+            w.deliver(effects, fs);
+        }
+        Err(e) => reply.error(refuse("setlk", e)),
+    }
+}
+
+/// Wait until no descriptor of `inos` is flushed and not released, each
+/// flush for at most `RELEASE_GRACE` after it (see
+/// `LeaseFs::defer_conflict`); flushes past their grace are forgotten.
+fn wait_for_releases(closing: &Closing, inos: impl Iterator<Item = u64>) {
+    let (m, c) = closing;
+    let inos: Vec<u64> = inos.collect();
+    let mut g = m.lock();
+    loop {
+        let now = std::time::Instant::now();
+        let mut deadline = None;
+        for ino in &inos {
+            let Some(v) = g.get_mut(ino) else { continue };
+            v.retain(|(_, at)| now < *at + RELEASE_GRACE);
+            match v.iter().map(|(_, at)| *at + RELEASE_GRACE).max() {
+                Some(d) => deadline = deadline.max(Some(d)),
+                None => {
+                    g.remove(ino);
+                }
+            }
+        }
+        let Some(deadline) = deadline else { return };
+        // Woken by each release; past the deadline the loop forgets the
+        // flushes whose grace ran out.
+        c.wait_until(&mut g, deadline);
+    }
+}
+
 fn guarded(op: &str, f: impl FnOnce()) {
     if catch_unwind(AssertUnwindSafe(f)).is_err() {
         error!(op, "handler panicked; request answered with EIO");
@@ -657,7 +766,11 @@ impl fuser::Filesystem for LeaseFs {
         guarded("flush", || {
             let effects = self.fs.flush(Ino(ino.0), Owner(lock_owner.0));
             if self.fs.transport().is_uring() {
-                self.closing.0.lock().entry(ino.0).or_default().push(fh.0);
+                let now = std::time::Instant::now();
+                let mut g = self.closing.0.lock();
+                let v = g.entry(ino.0).or_default();
+                v.retain(|(f, at)| *f != fh.0 && now < *at + RELEASE_GRACE);
+                v.push((fh.0, now));
             }
             reply.ok();
             self.waits.lock().deliver(effects, &self.fs);
@@ -818,18 +931,17 @@ impl fuser::Filesystem for LeaseFs {
                 let mut w = self.waits.lock();
                 self.lock_request(&mut w, req.unique().0, fh, lock_owner, start, end, typ, pid)
             };
-            let mut result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
-            // A conflict may be a release still on another CPU's queue.
-            if matches!(result, Ok(Some(_))) && self.settle(ino.0) {
-                result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
-            }
-            match result {
-                Ok(Some(l)) => {
-                    let typ = if l.mode == Mode::Exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
-                    reply.locked(l.range.start, l.range.end, typ, l.pid);
+            let result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
+            match (result, lreq) {
+                // A conflict may be a release still on another CPU's queue.
+                (Ok(Some(_)), Ok(r)) if self.fs.transport().is_uring() => {
+                    let fs = self.fs.clone();
+                    self.defer_conflict(
+                        ino.0,
+                        Box::new(move || answer_getlk(fs.getlk(Ino(ino.0), &r), start, end, reply)),
+                    );
                 }
-                Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-                Err(e) => reply.error(refuse("getlk", e)),
+                (result, _) => answer_getlk(result, start, end, reply),
             }
         });
     }
@@ -863,38 +975,26 @@ impl fuser::Filesystem for LeaseFs {
             let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
             // Without the `Waits` lock: the lease core may ask etcd, and
             // interrupts and other lock requests must not wait for that.
-            let mut answer = self.fs.setlk(Ino(ino.0), lreq, wait);
+            let answer = self.fs.setlk(Ino(ino.0), lreq, wait);
             // A conflict may be a release still on another CPU's queue
-            // (io_uring): let the other queues serve what they hold, then
-            // decide again.
+            // (io_uring): decided again once the other queues served what
+            // they hold.
             if let Ok((Outcome::Refused(Error::WouldBlock), _)) = &answer {
-                if self.settle(ino.0) {
-                    let first = std::mem::replace(&mut answer, self.fs.setlk(Ino(ino.0), lreq, wait));
-                    if let Ok((_, effects)) = first {
+                if self.fs.transport().is_uring() {
+                    if let Ok((_, effects)) = answer {
                         self.waits.lock().deliver(effects, &self.fs);
                     }
+                    let (fs, waits) = (self.fs.clone(), self.waits.clone());
+                    return self.defer_conflict(
+                        ino.0,
+                        Box::new(move || {
+                            let answer = fs.setlk(Ino(ino.0), lreq, wait);
+                            answer_setlk(&fs, &waits, ino.0, lreq, pid, unique, answer, reply);
+                        }),
+                    );
                 }
             }
-            let mut w = self.waits.lock();
-            match answer {
-                Ok((Outcome::Granted, effects)) => {
-                    debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = self.fs.epoch(Ino(ino.0)).0, "lock granted");
-                    // Hand the lock on before answering the releaser, as the
-                    // kernel's own lock code wakes waiters inside the unlock.
-                    w.deliver(effects, &self.fs);
-                    reply.ok();
-                }
-                Ok((Outcome::Parked, effects)) => {
-                    debug!(path = %self.fs.describe(Ino(ino.0)), ino = ino.0, pid, kind = ?lreq.kind, "lock wait parked");
-                    w.deliver(effects, &self.fs);
-                    w.park(WaitId(unique), reply, &self.fs);
-                }
-                Ok((Outcome::Refused(e), effects)) => {
-                    reply.error(refuse("setlk", e));
-                    w.deliver(effects, &self.fs);
-                }
-                Err(e) => reply.error(refuse("setlk", e)),
-            }
+            answer_setlk(&self.fs, &self.waits, ino.0, lreq, pid, unique, answer, reply);
         });
     }
 

@@ -37,12 +37,13 @@
 //! rules only ever compare requests that the daemon has received. A
 //! `flock` lock goes with the last close of a file description, a release
 //! the kernel queues on the closing CPU's queue before `close` returns but
-//! answers nobody for; so before a lock request is *refused* for a
-//! conflict, the adapter has every other queue that has something
-//! delivered or pending serve it first ([`Queues::settle`]) and decides
-//! again: the next `flock -n` by another process on another CPU finds the
-//! lock released, as it would through `/dev/fuse`'s single queue. Granted
-//! requests never wait for that.
+//! answers nobody for; so a lock request about to be *refused* for a
+//! conflict goes to the adapter's settler thread, which has every queue
+//! that has something delivered or pending serve it first
+//! ([`Queues::settle`]) and decides again: the next `flock -n` by another
+//! process on another CPU finds the lock released, as it would through
+//! `/dev/fuse`'s single queue. Queue threads never wait for that, and
+//! granted requests never meet it.
 
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -141,10 +142,9 @@ pub struct QueueStats {
     pub held: AtomicU32,
     /// The most ever held at once.
     pub peak: AtomicU32,
-    /// Lock refusals that first waited for other queues ([`Queues::settle`]).
+    /// Lock conflicts found on this queue, decided again after the
+    /// queues served what they held ([`Queues::settle`]).
     pub fenced: AtomicU64,
-    /// Lock conflicts found on this queue (each one settles first).
-    pub conflicts: AtomicU64,
 }
 
 impl std::fmt::Debug for TransportReport {
@@ -168,7 +168,6 @@ impl TransportReport {
                 "held": s.held.load(Ordering::Relaxed),
                 "peak": s.peak.load(Ordering::Relaxed),
                 "fenced": s.fenced.load(Ordering::Relaxed),
-                "conflicts": s.conflicts.load(Ordering::Relaxed),
             })).collect::<Vec<_>>(),
         })
     }
@@ -252,6 +251,16 @@ impl TransportReport {
         let _ = self.running.set(queues);
     }
 
+    /// Count a lock conflict found by the calling queue thread, to be
+    /// decided again after [`TransportReport::settle`].
+    pub fn note_conflict(&self) {
+        if let (Some(q), Some(all)) = (QUEUE.with(|q| q.get()), self.running.get().and_then(|r| r.all.get())) {
+            if let Some(s) = all.get(q as usize) {
+                s.stats.fenced.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// [`Queues::settle`] when io_uring serves the mount; false otherwise
     /// (one `/dev/fuse` reader delivers requests in the kernel's order).
     pub fn settle(&self) -> bool {
@@ -321,8 +330,6 @@ struct Shared {
     over: AtomicBool,
     /// The queue's thread.
     tid: AtomicU32,
-    /// The queue's thread is in [`Queues::settle`].
-    settling: AtomicBool,
 }
 
 // SAFETY: `Entry` pointers are into mappings owned by `chunks` for the
@@ -406,12 +413,12 @@ pub struct Queues {
 }
 
 impl Queues {
-    /// Have every other queue serve what the kernel already handed it:
-    /// called before a lock request is refused for a conflict, since the
-    /// release that ends the conflict may be on its way on another CPU's
-    /// queue (a `close` queues its `flock` release before it returns).
-    /// Queues with nothing delivered are passed over. True when it waited
-    /// for one (the caller then decides again).
+    /// Have every queue serve what the kernel already handed it: called
+    /// (by the adapter's settler thread, never by a queue thread) before a
+    /// lock request is refused for a conflict, since the release that ends
+    /// the conflict may be on its way on another CPU's queue (a `close`
+    /// queues its `flock` release before it returns). Queues with nothing
+    /// delivered are passed over. True when it waited for one.
     pub fn settle(&self) -> bool {
         if self.settle_once() {
             return true;
@@ -425,51 +432,26 @@ impl Queues {
 
     fn settle_once(&self) -> bool {
         let Some(all) = self.all.get() else { return false };
-        let me = QUEUE.with(|q| q.get());
-        if let Some(me) = me {
-            all[me as usize].stats.conflicts.fetch_add(1, Ordering::Relaxed);
-        }
-        // A queue settling cannot serve its ring meanwhile: two queues
-        // settling at once pass each other over instead of waiting for
-        // each other.
-        let mine = me.map(|me| &all[me as usize]);
-        if let Some(q) = mine {
-            q.settling.store(true, Ordering::SeqCst);
-            // A settle waiting for this queue's round stops waiting.
-            let _g = q.round_lock.lock();
-            q.round_done.notify_all();
-        }
         let mut waited = false;
-        for q in all.iter().filter(|q| Some(q.qid) != me) {
+        for q in all.iter() {
             // Read busy before rounds: a round counted after `busy` was
             // seen clear began its kernel wait after this call did.
             let busy = q.busy.load(Ordering::SeqCst);
             let seen = q.rounds.load(Ordering::SeqCst);
-            let stuck = || q.over.load(Ordering::Acquire) || q.settling.load(Ordering::SeqCst);
-            if (!busy && q.quiet()) || stuck() {
+            if (!busy && q.quiet()) || q.over.load(Ordering::Acquire) {
                 continue;
             }
             waited = true;
             let need = seen + 1 + u64::from(busy);
             let deadline = std::time::Instant::now() + SETTLE_FOR;
             let mut g = q.round_lock.lock();
-            while q.rounds.load(Ordering::SeqCst) < need && !stuck() {
+            while q.rounds.load(Ordering::SeqCst) < need && !q.over.load(Ordering::Acquire) {
                 q.wake();
                 if q.round_done.wait_until(&mut g, deadline).timed_out() {
                     debug!(queue = q.qid, "settle: queue did not answer in time");
                     break;
                 }
             }
-            drop(g);
-            if let Some(mine) = mine {
-                mine.stats.fenced.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        if let Some(q) = mine {
-            q.settling.store(false, Ordering::SeqCst);
-            // Another queue's settle may be waiting for this one's round.
-            let _g = q.round_lock.lock();
-            q.round_done.notify_all();
         }
         waited
     }
@@ -541,7 +523,6 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
             round_lock: Mutex::new(()),
             over: AtomicBool::new(false),
             tid: AtomicU32::new(0),
-            settling: AtomicBool::new(false),
         });
         shared.push(q.clone());
         let (server, ready, tx, dev) = (server.clone(), ready.clone(), tx.clone(), dev.clone());
