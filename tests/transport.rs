@@ -139,8 +139,8 @@ fn hundreds_of_parked_waiters_leave_the_mount_serving() {
     sh_ok(&m.path, "touch L other; echo data > f");
     let holder = Bg::ready(&m.path, "flock L sh -c 'echo ready; exec sleep 60'");
     const WAITERS: usize = 300;
-    // In batches of 30, each parked before the next starts (see
-    // docs/design.md on bursts larger than a queue's free entries).
+    // In batches of 30, each parked before the next starts: the queues
+    // grow step by step (one burst: a_burst_of_waiters_on_one_cpu_parks_every_one).
     let go = m.dir.path().join("go");
     let waiters = Bg::ready(
         &m.path,
@@ -229,4 +229,69 @@ print(codes)
     assert_eq!(sh_code(&m.path, "flock -n L true"), 1, "the holder still has it");
     drop(holder);
     assert_eq!(sh_code(&m.path, "flock -w 10 L true"), 0);
+}
+
+/// A burst of blocking lock requests from one CPU, far more than its queue
+/// has free ring entries (400 processes, opened and released at once): every one of them reaches the daemon and parks
+/// (none is left waiting in the kernel for an entry), other requests from
+/// that CPU are answered meanwhile, and all are granted in the end.
+#[test]
+fn a_burst_of_waiters_on_one_cpu_parks_every_one() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L; echo data > f");
+    let holder = Bg::ready(&m.path, "flock L sh -c 'echo ready; exec sleep 120'");
+    const WAITERS: usize = 400;
+    let waiters = Bg::ready(
+        &m.path,
+        &format!(
+            "echo ready; exec taskset -c 0 python3 -c '
+import fcntl, os
+r, w = os.pipe()
+kids = []
+for _ in range({WAITERS}):
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        fd = os.open(\"L\", os.O_RDWR)
+        os.read(r, 1)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os._exit(0)
+    kids.append(pid)
+# All at once: every child wakes on the end of the pipe.
+os.close(w)
+fails = sum(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) != 0 for p in kids)
+print(\"fails=%d\" % fails, flush=True)
+'"
+        ),
+    );
+    // Watch from another CPU: requests from CPU 0 would let the kernel hand
+    // queued requests to the entries they free.
+    let cpus = possible_cpus().min(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    if cpus > 1 {
+        // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(1, &mut set);
+            assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(&m);
+        if s["limits"]["waiters"]["used"].as_u64().unwrap() >= WAITERS as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not every waiter reached the daemon: {s}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = run_timeout(
+        Command::new("taskset").args(["-c", "0", "sh", "-c", "cat f; stat -c %s L"]).current_dir(&m.path),
+        STEP,
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "data\n0\n", "{o:?}");
+    drop(holder);
+    let mut waiters = waiters;
+    waiters.wait(Duration::from_secs(60));
+    let lines = waiters.lines.lock().unwrap().clone();
+    assert!(lines.iter().any(|l| l == "fails=0"), "every waiter was granted: {lines:?}");
 }

@@ -599,6 +599,7 @@ impl<FS: fuser::Filesystem> Served<FS> {
             session.set_dispatcher(Arc::new(move |key, job| w.run(key, job).is_ok()));
         }
         if let Some(started) = start_transport(opts, &dev).map_err(|e| fail("FUSE-over-io_uring", e))? {
+            started.queues.set_mountpoint(&path);
             session.set_request_server(Box::new(move |server| started.serve(server)));
         }
         widen_readahead(&path);

@@ -89,6 +89,10 @@ pub const MAX_ENTRIES: u32 = 1 << 15;
 /// How long a lock conflict waits at most for another queue to serve
 /// what it holds ([`Queues::settle`]).
 const SETTLE_FOR: Duration = Duration::from_millis(500);
+/// Kicks (see [`kick`]) in flight at most per queue.
+const MAX_KICKS: u32 = 4;
+/// The attribute a kick asks the mount's root for (answered `ENODATA`).
+const KICK_NAME: &std::ffi::CStr = c"user.leasefs.kick";
 /// User data of the eventfd read that wakes a queue's thread.
 const WAKE: u64 = u64::MAX;
 
@@ -330,6 +334,13 @@ struct Shared {
     over: AtomicBool,
     /// The queue's thread.
     tid: AtomicU32,
+    /// The mount point, for kicks (set once the mount is live).
+    mountpoint: Arc<OnceLock<std::ffi::CString>>,
+    /// Kicks in flight, and their threads' ids (see [`kick`]).
+    kicks: AtomicU32,
+    kickers: Mutex<Vec<u32>>,
+    /// Kicks asked for and not yet made.
+    kicks_wanted: AtomicU32,
 }
 
 // SAFETY: `Entry` pointers are into mappings owned by `chunks` for the
@@ -410,9 +421,19 @@ impl fuser::ReplySink for Shared {
 /// Every queue of a mount, for [`Queues::settle`].
 pub struct Queues {
     all: OnceLock<Vec<Arc<Shared>>>,
+    mountpoint: Arc<OnceLock<std::ffi::CString>>,
 }
 
 impl Queues {
+    /// The live mount's path, for the queues' kicks (a request from a
+    /// queue's CPU that makes the kernel hand over requests it queued).
+    pub fn set_mountpoint(&self, path: &std::path::Path) {
+        use std::os::unix::ffi::OsStrExt;
+        if let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) {
+            let _ = self.mountpoint.set(c);
+        }
+    }
+
     /// Have every queue serve what the kernel already handed it: called
     /// (by the adapter's settler thread, never by a queue thread) before a
     /// lock request is refused for a conflict, since the release that ends
@@ -496,7 +517,8 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
     let n = possible_cpus();
     let server: Arc<OnceLock<fuser::RequestServer>> = Arc::new(OnceLock::new());
     let ready = Arc::new((Mutex::new(false), Condvar::new()));
-    let queues = Arc::new(Queues { all: OnceLock::new() });
+    let mountpoint = Arc::new(OnceLock::new());
+    let queues = Arc::new(Queues { all: OnceLock::new(), mountpoint: mountpoint.clone() });
     let mut shared = Vec::with_capacity(n);
     let (tx, rx) = std::sync::mpsc::channel::<io::Result<()>>();
     for qid in 0..n as u16 {
@@ -523,6 +545,10 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
             round_lock: Mutex::new(()),
             over: AtomicBool::new(false),
             tid: AtomicU32::new(0),
+            mountpoint: mountpoint.clone(),
+            kicks: AtomicU32::new(0),
+            kickers: Mutex::new(Vec::new()),
+            kicks_wanted: AtomicU32::new(0),
         });
         shared.push(q.clone());
         let (server, ready, tx, dev) = (server.clone(), ready.clone(), tx.clone(), dev.clone());
@@ -688,7 +714,11 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
     let mut scratch: Vec<u64> = vec![0; (COPY_BELOW + IN_HEADER + 256) / 8];
     let mut held = 0u32;
     let mut early = early.into_iter();
+    // The newest kick's request id: a request older than it delivered
+    // after it was a queued one (see [`kick`]).
+    let mut last_kick = 0u64;
     loop {
+        let mut kick_again = false;
         if early.len() == 0 {
             if let Err(e) = ring.submit(true) {
                 warn!(queue = q.qid, "io_uring wait: {e}");
@@ -718,8 +748,33 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
             q.stats.held.store(held, Ordering::Relaxed);
             q.stats.peak.fetch_max(held, Ordering::Relaxed);
             q.stats.served.fetch_add(1, Ordering::Relaxed);
+            let e = q.entry(user_data as u32);
+            // SAFETY: the completed entry's header page is ours (fuse_in_header).
+            let (unique, pid) = unsafe {
+                (
+                    std::ptr::read_unaligned(e.header.add(8).cast::<u64>()),
+                    std::ptr::read_unaligned(e.header.add(32).cast::<u32>()),
+                )
+            };
+            if q.kicks.load(Ordering::SeqCst) > 0 && q.kickers.lock().contains(&pid) {
+                // A kick: answered here (`ENODATA`), the filesystem never sees it.
+                last_kick = last_kick.max(unique);
+                let mut out = [0u8; OUT_HEADER];
+                out[..4].copy_from_slice(&(OUT_HEADER as u32).to_ne_bytes());
+                out[4..8].copy_from_slice(&(-libc::ENODATA).to_ne_bytes());
+                out[8..].copy_from_slice(&unique.to_ne_bytes());
+                if let Err(e) = fuser::ReplySink::send(&**q, user_data, &[IoSlice::new(&out)]) {
+                    warn!(queue = q.qid, "answering a kick: {e}");
+                }
+                continue;
+            } else if unique < last_kick {
+                kick_again = true;
+            }
             serve(q, user_data as u32, &mut scratch, server, &sink);
         }
+        // Every entry was out: requests that came meanwhile wait in the
+        // kernel for an entry to be committed (see [`kick`]).
+        let exhausted = held >= q.stats.entries.load(Ordering::Relaxed);
         // Commit what was answered (here or by other threads).
         let answered = std::mem::take(&mut *q.answered.lock());
         for i in answered {
@@ -738,9 +793,22 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
         // The kernel queues a request that finds no free entry and hands it
         // to the next entry *committed* on that queue, not to entries
         // registered later: keep well ahead of parked requests.
+        let mut grew = false;
         if entries.saturating_sub(held) < SPARE.max(held) && entries < MAX_ENTRIES {
-            if let Err(e) = grow(ring, dev, q, entries) {
-                warn!(queue = q.qid, "registering more ring entries: {e}");
+            match grow(ring, dev, q, entries) {
+                Ok(()) => grew = true,
+                Err(e) => warn!(queue = q.qid, "registering more ring entries: {e}"),
+            }
+        }
+        // Parked requests filled the entries (we grow) or took every one
+        // (exhausted): requests may wait in the kernel. Kick until none
+        // older than the last kick arrives.
+        if (grew || exhausted || kick_again) && held < q.stats.entries.load(Ordering::Relaxed) {
+            // The kick must find the new entries registered and the
+            // commits done, or it would queue behind the others.
+            match ring.submit(false) {
+                Ok(_) => kick(q),
+                Err(e) => warn!(queue = q.qid, "io_uring submit: {e}"),
             }
         }
         {
@@ -756,6 +824,69 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
             break;
         }
     }
+}
+
+/// Make the kernel hand queue `q` the requests it queued for want of a free
+/// entry. A request that finds every entry of its queue out waits in the
+/// kernel, and the kernel gives it only to an entry *committed* on that
+/// queue afterwards, never to one registered later: with every entry held
+/// by parked lock waits, it would wait until one of them is answered. A
+/// kick is a request from a thread on the queue's CPU (`getxattr` of the
+/// mount's root, answered `ENODATA` by the queue thread itself): it takes a free entry, and the commit
+/// of its answer fetches the oldest queued request. While requests older
+/// than the last kick keep arriving, the queue kicks again (at most
+/// `MAX_KICKS` threads kick at once; one that finishes makes the kicks
+/// asked for meanwhile).
+fn kick(q: &Arc<Shared>) {
+    let Some(path) = q.mountpoint.get().cloned() else { return };
+    q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
+    if !take_slot(&q.kicks) {
+        // The kickers running take this one too before they end.
+        return;
+    }
+    debug!(queue = q.qid, "kick");
+    let q2 = q.clone();
+    let spawned = std::thread::Builder::new().name(format!("fuse-kick-{}", q.qid)).spawn(move || {
+        let q = q2;
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
+        let bound = unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(q.qid as usize, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        };
+        q.kickers.lock().push(tid);
+        loop {
+            let wanted = q.kicks_wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1)).is_ok();
+            if !wanted || !bound || q.over.load(Ordering::Acquire) {
+                // Leave, unless a kick was asked for since and no other
+                // kicker is there to make it.
+                q.kicks.fetch_sub(1, Ordering::SeqCst);
+                if bound
+                    && q.kicks_wanted.load(Ordering::SeqCst) > 0
+                    && !q.over.load(Ordering::Acquire)
+                    && take_slot(&q.kicks)
+                {
+                    continue;
+                }
+                break;
+            }
+            // SAFETY: both strings are NUL-terminated; size 0 asks for the
+            // length only (no buffer is written).
+            unsafe { libc::getxattr(path.as_ptr(), KICK_NAME.as_ptr(), std::ptr::null_mut(), 0) };
+        }
+        q.kickers.lock().retain(|t| *t != tid);
+    });
+    if let Err(e) = spawned {
+        q.kicks.fetch_sub(1, Ordering::SeqCst);
+        debug!(queue = q.qid, "cannot start a kick: {e}");
+    }
+}
+
+/// Take one of `MAX_KICKS` slots; false when all are taken.
+fn take_slot(kicks: &AtomicU32) -> bool {
+    kicks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| (k < MAX_KICKS).then_some(k + 1)).is_ok()
 }
 
 /// Rebuild the request in entry `i` as `/dev/fuse` would have delivered it
