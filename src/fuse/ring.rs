@@ -13,6 +13,8 @@ const IORING_SETUP_SQE128: u32 = 1 << 10;
 const IORING_SETUP_SINGLE_ISSUER: u32 = 1 << 12;
 const IORING_SETUP_DEFER_TASKRUN: u32 = 1 << 13;
 const IORING_ENTER_GETEVENTS: u32 = 1;
+/// `IORING_ENTER_EXT_ARG`: the argument is an `io_uring_getevents_arg`.
+const IORING_ENTER_EXT_ARG: u32 = 1 << 3;
 /// `IORING_SQ_TASKRUN`: task work is waiting for the ring's thread.
 const IORING_SQ_TASKRUN: u32 = 1 << 1;
 const IORING_OFF_SQ_RING: libc::off_t = 0;
@@ -269,6 +271,41 @@ impl Ring {
                 Some(libc::EINTR) => continue,
                 // Completions must be reaped before more can be submitted.
                 Some(libc::EBUSY) | Some(libc::EAGAIN) => return Ok(()),
+                _ => return Err(e),
+            }
+        }
+    }
+
+    /// Hand queued entries to the kernel and sleep until a completion is
+    /// ready or `timeout` passed.
+    pub fn submit_and_wait_for(&mut self, timeout: std::time::Duration) -> io::Result<()> {
+        // struct __kernel_timespec, then struct io_uring_getevents_arg
+        // (sigmask, sigmask_sz, min_wait_usec, ts).
+        let ts: [i64; 2] = [timeout.as_secs() as i64, i64::from(timeout.subsec_nanos())];
+        let mut arg = [0u8; 24];
+        arg[16..24].copy_from_slice(&(ts.as_ptr() as u64).to_ne_bytes());
+        loop {
+            // SAFETY: io_uring_enter on our ring fd with an extended
+            // argument that lives (with ts) across the call.
+            let n = unsafe {
+                libc::syscall(
+                    libc::SYS_io_uring_enter,
+                    self.fd.as_raw_fd(),
+                    self.unsubmitted,
+                    1u32,
+                    IORING_ENTER_GETEVENTS | IORING_ENTER_EXT_ARG,
+                    arg.as_ptr(),
+                    arg.len(),
+                )
+            };
+            if n >= 0 {
+                self.unsubmitted -= (n as u32).min(self.unsubmitted);
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::ETIME) | Some(libc::EBUSY) | Some(libc::EAGAIN) => return Ok(()),
                 _ => return Err(e),
             }
         }

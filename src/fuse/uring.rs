@@ -91,6 +91,12 @@ pub const MAX_ENTRIES: u32 = 1 << 15;
 const SETTLE_FOR: Duration = Duration::from_millis(500);
 /// Kicks (see [`kick`]) in flight at most per queue.
 const MAX_KICKS: u32 = 4;
+/// Kicker threads at most per queue, counting those whose kick is stuck
+/// in the kernel's queue (see [`kick`]).
+const MAX_KICKERS: u32 = 64;
+/// A kick not delivered after this long is queued in the kernel behind
+/// the requests it was to fetch: another kick is made.
+const KICK_PATIENCE: Duration = Duration::from_millis(2);
 /// The attribute a kick asks the mount's root for (answered `ENODATA`).
 const KICK_NAME: &std::ffi::CStr = c"user.leasefs.kick";
 /// User data of the eventfd read that wakes a queue's thread.
@@ -338,7 +344,9 @@ struct Shared {
     mountpoint: Arc<OnceLock<std::ffi::CString>>,
     /// Kicks in flight, and their threads' ids (see [`kick`]).
     kicks: AtomicU32,
-    kickers: Mutex<Vec<u32>>,
+    /// The kicker threads: id, when its current kick was made, and
+    /// whether the queue received it.
+    kickers: Mutex<Vec<(u32, std::time::Instant, bool)>>,
     /// Kicks asked for and not yet made.
     kicks_wanted: AtomicU32,
 }
@@ -720,7 +728,14 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
     loop {
         let mut kick_again = false;
         if early.len() == 0 {
-            if let Err(e) = ring.submit(true) {
+            // While kicks are out, look again after KICK_PATIENCE even if
+            // nothing arrives: a kick may be stuck in the kernel's queue.
+            let waited = if q.kicks.load(Ordering::SeqCst) > 0 {
+                ring.submit_and_wait_for(KICK_PATIENCE)
+            } else {
+                ring.submit(true)
+            };
+            if let Err(e) = waited {
                 warn!(queue = q.qid, "io_uring wait: {e}");
                 break;
             }
@@ -756,7 +771,9 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
                     std::ptr::read_unaligned(e.header.add(32).cast::<u32>()),
                 )
             };
-            if q.kicks.load(Ordering::SeqCst) > 0 && q.kickers.lock().contains(&pid) {
+            let kicked = q.kicks.load(Ordering::SeqCst) > 0
+                && q.kickers.lock().iter_mut().find(|k| k.0 == pid).map(|k| k.2 = true).is_some();
+            if kicked {
                 // A kick: answered here (`ENODATA`), the filesystem never sees it.
                 last_kick = last_kick.max(unique);
                 let mut out = [0u8; OUT_HEADER];
@@ -803,6 +820,17 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
         // Parked requests filled the entries (we grow) or took every one
         // (exhausted): requests may wait in the kernel. Kick until none
         // older than the last kick arrives.
+        // A kick queued in the kernel (every entry was taken when it came)
+        // fetches nothing until an entry commits: make another.
+        let now = std::time::Instant::now();
+        let mut stuck = false;
+        for k in q.kickers.lock().iter_mut().filter(|k| !k.2 && now.duration_since(k.1) >= KICK_PATIENCE) {
+            k.1 = now;
+            stuck = true;
+        }
+        if stuck {
+            spawn_kicker(q);
+        }
         if (grew || exhausted || kick_again) && held < q.stats.entries.load(Ordering::Relaxed) {
             // The kick must find the new entries registered and the
             // commits done, or it would queue behind the others.
@@ -836,14 +864,33 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
 /// of its answer fetches the oldest queued request. While requests older
 /// than the last kick keep arriving, the queue kicks again (at most
 /// `MAX_KICKS` threads kick at once; one that finishes makes the kicks
-/// asked for meanwhile).
+/// asked for meanwhile). A kick made while new requests took every entry
+/// is itself queued behind the others; the queue thread, which waits at
+/// most `KICK_PATIENCE` while kicks are out, then starts another kicker
+/// (at most `MAX_KICKERS`): a queued kick is fetched in its turn.
 fn kick(q: &Arc<Shared>) {
-    let Some(path) = q.mountpoint.get().cloned() else { return };
     q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
-    if !take_slot(&q.kicks) {
-        // The kickers running take this one too before they end.
-        return;
+    if take_slot(&q.kicks, MAX_KICKS) {
+        start_kicker(q);
     }
+    // Otherwise the kickers running make this one too before they end.
+}
+
+/// Another kicker beyond [`MAX_KICKS`], for kicks stuck in the kernel's
+/// queue (at most [`MAX_KICKERS`] in all).
+fn spawn_kicker(q: &Arc<Shared>) {
+    q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
+    if take_slot(&q.kicks, MAX_KICKERS) {
+        start_kicker(q);
+    }
+}
+
+/// Start a kicker thread holding one slot of `q.kicks`.
+fn start_kicker(q: &Arc<Shared>) {
+    let Some(path) = q.mountpoint.get().cloned() else {
+        q.kicks.fetch_sub(1, Ordering::SeqCst);
+        return;
+    };
     debug!(queue = q.qid, "kick");
     let q2 = q.clone();
     let spawned = std::thread::Builder::new().name(format!("fuse-kick-{}", q.qid)).spawn(move || {
@@ -856,7 +903,7 @@ fn kick(q: &Arc<Shared>) {
             libc::CPU_SET(q.qid as usize, &mut set);
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
         };
-        q.kickers.lock().push(tid);
+        q.kickers.lock().push((tid, std::time::Instant::now(), true));
         loop {
             let wanted = q.kicks_wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1)).is_ok();
             if !wanted || !bound || q.over.load(Ordering::Acquire) {
@@ -866,17 +913,23 @@ fn kick(q: &Arc<Shared>) {
                 if bound
                     && q.kicks_wanted.load(Ordering::SeqCst) > 0
                     && !q.over.load(Ordering::Acquire)
-                    && take_slot(&q.kicks)
+                    && take_slot(&q.kicks, MAX_KICKS)
                 {
                     continue;
                 }
                 break;
             }
+            if let Some(k) = q.kickers.lock().iter_mut().find(|k| k.0 == tid) {
+                *k = (tid, std::time::Instant::now(), false);
+            }
             // SAFETY: both strings are NUL-terminated; size 0 asks for the
             // length only (no buffer is written).
             unsafe { libc::getxattr(path.as_ptr(), KICK_NAME.as_ptr(), std::ptr::null_mut(), 0) };
+            if let Some(k) = q.kickers.lock().iter_mut().find(|k| k.0 == tid) {
+                k.2 = true;
+            }
         }
-        q.kickers.lock().retain(|t| *t != tid);
+        q.kickers.lock().retain(|k| k.0 != tid);
     });
     if let Err(e) = spawned {
         q.kicks.fetch_sub(1, Ordering::SeqCst);
@@ -884,9 +937,9 @@ fn kick(q: &Arc<Shared>) {
     }
 }
 
-/// Take one of `MAX_KICKS` slots; false when all are taken.
-fn take_slot(kicks: &AtomicU32) -> bool {
-    kicks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| (k < MAX_KICKS).then_some(k + 1)).is_ok()
+/// Take one of `max` slots; false when all are taken.
+fn take_slot(kicks: &AtomicU32, max: u32) -> bool {
+    kicks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| (k < max).then_some(k + 1)).is_ok()
 }
 
 /// Rebuild the request in entry `i` as `/dev/fuse` would have delivered it
