@@ -24,6 +24,28 @@ fn possible_cpus() -> usize {
     s.trim().rsplit(['-', ',']).next().unwrap().parse::<usize>().unwrap() + 1
 }
 
+/// Wait (at most 60 s) until `n` lock waits are parked in the daemon.
+fn wait_parked(m: &Mount, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = status(m);
+        if s["limits"]["waiters"]["used"].as_u64().unwrap() >= n as u64 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{n} waiters never reached the daemon: {s}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// End the holder; the waiters' script reports `fails=0` when every one
+/// was granted.
+fn all_granted(holder: Bg, mut waiters: Bg) {
+    drop(holder);
+    waiters.wait(Duration::from_secs(60));
+    let lines = waiters.lines.lock().unwrap().clone();
+    assert!(lines.iter().any(|l| l == "fails=0"), "every waiter was granted: {lines:?}");
+}
+
 #[test]
 fn the_mount_is_served_by_the_transport_asked_for() {
     let m = Mount::with_args(&["--transport", "dev"]);
@@ -153,11 +175,7 @@ fn hundreds_of_parked_waiters_leave_the_mount_serving() {
         ),
     );
     for batch in 1..=WAITERS / 30 {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while status(&m)["limits"]["waiters"]["used"].as_u64().unwrap() < (batch * 30) as u64 {
-            assert!(Instant::now() < deadline, "batch {batch} never parked: {}", status(&m));
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_parked(&m, batch * 30);
         std::fs::write(format!("{}{batch}", go.display()), "").unwrap();
     }
     let t = Instant::now();
@@ -171,11 +189,7 @@ fn hundreds_of_parked_waiters_leave_the_mount_serving() {
         assert!(held >= WAITERS as u64, "every parked wait holds its entry: {s}");
         assert!(entries >= held + 4, "entries registered beyond the parked ones: {s}");
     }
-    drop(holder);
-    let mut waiters = waiters;
-    waiters.wait(Duration::from_secs(60));
-    let lines = waiters.lines.lock().unwrap().clone();
-    assert!(lines.iter().any(|l| l == "fails=0"), "every waiter was granted: {lines:?}");
+    all_granted(holder, waiters);
     assert_eq!(sh_code(&m.path, "flock -n L true"), 0);
 }
 
@@ -232,9 +246,10 @@ print(codes)
 }
 
 /// A burst of blocking lock requests from one CPU, far more than its queue
-/// has free ring entries (400 processes, opened and released at once): every one of them reaches the daemon and parks
-/// (none is left waiting in the kernel for an entry), other requests from
-/// that CPU are answered meanwhile, and all are granted in the end.
+/// has free ring entries (400 processes, opened and released at once):
+/// every one of them reaches the daemon and parks (none is left waiting in
+/// the kernel for an entry), other requests from that CPU are answered
+/// meanwhile, and all are granted in the end.
 #[test]
 fn a_burst_of_waiters_on_one_cpu_parks_every_one() {
     let m = Mount::new();
@@ -275,23 +290,65 @@ print(\"fails=%d\" % fails, flush=True)
             assert_eq!(libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set), 0);
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let s = status(&m);
-        if s["limits"]["waiters"]["used"].as_u64().unwrap() >= WAITERS as u64 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not every waiter reached the daemon: {s}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_parked(&m, WAITERS);
     let o = run_timeout(
         Command::new("taskset").args(["-c", "0", "sh", "-c", "cat f; stat -c %s L"]).current_dir(&m.path),
         STEP,
     );
     assert_eq!(String::from_utf8_lossy(&o.stdout), "data\n0\n", "{o:?}");
-    drop(holder);
-    let mut waiters = waiters;
-    waiters.wait(Duration::from_secs(60));
-    let lines = waiters.lines.lock().unwrap().clone();
-    assert!(lines.iter().any(|l| l == "fails=0"), "every waiter was granted: {lines:?}");
+    all_granted(holder, waiters);
+}
+
+/// Waiters that keep arriving on both CPUs while the queues grow (8 000
+/// threads of four processes, each blocking in `flock` on its own
+/// descriptor of one of 10 held files): requests queue
+/// in the kernel behind entries taken by new arrivals, kicks included, and
+/// every one still reaches the daemon and parks; all are granted in the end.
+#[test]
+fn thousands_of_waiters_arriving_on_both_cpus_all_park() {
+    let m = Mount::new();
+    sh_ok(&m.path, "for i in 0 1 2 3 4 5 6 7 8 9; do touch W$i; done");
+    let holder = Bg::ready(
+        &m.path,
+        "exec python3 -c 'import fcntl, os, time
+fds = [os.open(\"W%d\" % i, os.O_RDWR) for i in range(10)]
+for f in fds: fcntl.flock(f, fcntl.LOCK_EX)
+print(\"ready\", flush=True)
+time.sleep(120)'",
+    );
+    const WAITERS: usize = 8000;
+    // Four processes of 2 000 threads, starting their threads together.
+    let waiters = Bg::ready(
+        &m.path,
+        "echo ready; exec python3 -c '
+import fcntl, os, threading
+threading.stack_size(64 * 1024)
+r, w = os.pipe()
+kids = []
+for p in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os.close(w)
+        fails = []
+        def wait(k):
+            try:
+                fd = os.open(\"W%d\" % (k % 10), os.O_RDWR)
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.close(fd)
+            except OSError as e:
+                fails.append(e)
+        os.read(r, 1)
+        ts = [threading.Thread(target=wait, args=(k,)) for k in range(2000)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        os._exit(1 if fails else 0)
+    kids.append(pid)
+os.close(w)
+fails = sum(os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) != 0 for p in kids)
+print(\"fails=%d\" % fails, flush=True)
+'",
+    );
+    wait_parked(&m, WAITERS);
+    assert_eq!(sh_ok(&m.path, "stat -c %s W0").trim(), "0");
+    all_granted(holder, waiters);
 }

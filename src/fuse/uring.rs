@@ -829,13 +829,13 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
             stuck = true;
         }
         if stuck {
-            spawn_kicker(q);
+            kick(q, MAX_KICKERS);
         }
         if (grew || exhausted || kick_again) && held < q.stats.entries.load(Ordering::Relaxed) {
             // The kick must find the new entries registered and the
             // commits done, or it would queue behind the others.
             match ring.submit(false) {
-                Ok(_) => kick(q),
+                Ok(_) => kick(q, MAX_KICKS),
                 Err(e) => warn!(queue = q.qid, "io_uring submit: {e}"),
             }
         }
@@ -868,21 +868,12 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
 /// is itself queued behind the others; the queue thread, which waits at
 /// most `KICK_PATIENCE` while kicks are out, then starts another kicker
 /// (at most `MAX_KICKERS`): a queued kick is fetched in its turn.
-fn kick(q: &Arc<Shared>) {
+fn kick(q: &Arc<Shared>, max: u32) {
     q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
-    if take_slot(&q.kicks, MAX_KICKS) {
+    if take_slot(&q.kicks, max) {
         start_kicker(q);
     }
     // Otherwise the kickers running make this one too before they end.
-}
-
-/// Another kicker beyond [`MAX_KICKS`], for kicks stuck in the kernel's
-/// queue (at most [`MAX_KICKERS`] in all).
-fn spawn_kicker(q: &Arc<Shared>) {
-    q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
-    if take_slot(&q.kicks, MAX_KICKERS) {
-        start_kicker(q);
-    }
 }
 
 /// Start a kicker thread holding one slot of `q.kicks`.
