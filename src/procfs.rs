@@ -62,6 +62,27 @@ pub fn comm(pid: u32) -> Option<String> {
     Some(read(&format!("/proc/{pid}/comm"))?.trim_end().to_string())
 }
 
+/// Whether the thread `tid` has a signal pending that it does not block:
+/// one that ends (or restarts) an interruptible wait in the kernel. A
+/// signal sent to a multi-threaded process as a whole may be taken by any
+/// of its threads and counts only for a process of one thread (a fatal one
+/// is put on every thread). False when the thread is gone.
+pub fn signal_pending(tid: u32) -> bool {
+    let Some(status) = read(&format!("/proc/{tid}/status")) else { return false };
+    signal_pending_in(&status)
+}
+
+/// [`signal_pending`] of the text of a `/proc/TID/status`.
+pub fn signal_pending_in(status: &str) -> bool {
+    let field = |name: &str| -> Option<&str> {
+        status.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':').map(str::trim))
+    };
+    let mask = |name: &str| field(name).and_then(|v| u64::from_str_radix(v, 16).ok()).unwrap_or(0);
+    let alone = field("Threads").is_some_and(|t| t == "1");
+    let pending = mask("SigPnd") | if alone { mask("ShdPnd") } else { 0 };
+    pending & !mask("SigBlk") != 0
+}
+
 /// Whether a process exists (a zombie does).
 pub fn exists(pid: u32) -> bool {
     std::path::Path::new(&format!("/proc/{pid}")).exists()
@@ -122,5 +143,23 @@ mod tests {
         assert!(memory_total().is_some_and(|m| m > 0));
         // A pid beyond pid_max is never a process.
         assert_eq!((state(1 << 23), comm(1 << 23), threads(1 << 23)), (None, None, 0));
+        assert!(!signal_pending(1 << 23));
+    }
+
+    #[test]
+    fn pending_signals_count_unless_blocked_or_left_to_another_thread() {
+        let status = |threads: u32, thread: &str, shared: &str, blocked: &str| {
+            format!("Name:\tx\nThreads:\t{threads}\nSigQ:\t0/1\nSigPnd:\t{thread}\nShdPnd:\t{shared}\nSigBlk:\t{blocked}\nSigIgn:\t0000000000000000\n")
+        };
+        let none = "0000000000000000";
+        let kill = "0000000000000100";
+        let alarm = "0000000000002000";
+        assert!(!signal_pending_in(&status(1, none, none, none)));
+        assert!(signal_pending_in(&status(1, kill, none, none)));
+        assert!(signal_pending_in(&status(1, none, alarm, none)), "a process-wide signal of a lone thread");
+        assert!(!signal_pending_in(&status(4, none, alarm, none)), "another thread may take it");
+        assert!(signal_pending_in(&status(4, kill, alarm, none)));
+        assert!(!signal_pending_in(&status(1, alarm, alarm, alarm)), "blocked");
+        assert!(signal_pending_in(&status(1, "0000000000002100", none, alarm)));
     }
 }

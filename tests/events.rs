@@ -201,6 +201,36 @@ print("after", b"release" in os.read(fd, 65536))
     assert_eq!(out, "EAGAIN\nidle []\nwoken [(True, True)]\nevent True\ninterrupted\nafter True\n");
 }
 
+/// A reader killed while its blocking read is on its way to the daemon
+/// (the daemon stopped) dies once the daemon runs, with no event to come
+/// (through io_uring the kernel sends no FUSE_INTERRUPT for it).
+#[test]
+fn a_reader_killed_before_its_read_reached_the_daemon_dies() {
+    let m = Mount::new();
+    let go = m.dir.path().join("go");
+    let mut reader = Bg::ready(
+        &m.path,
+        &format!(
+            r#"exec python3 -c '
+import os, time
+fd = os.open(".leasefs/events", os.O_RDONLY)
+print("ready", flush=True)
+while not os.path.exists("{go}"): time.sleep(0.002)
+print(os.read(fd, 4096), flush=True)
+'"#,
+            go = go.display()
+        ),
+    );
+    let stopped = m.pause();
+    std::fs::write(&go, "").unwrap();
+    reader.wait_for_answer();
+    reader.signal(libc::SIGKILL);
+    std::thread::sleep(Duration::from_millis(50));
+    drop(stopped);
+    let st = reader.wait(Duration::from_secs(10));
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL), "{st:?}");
+}
+
 #[test]
 fn a_reader_that_falls_behind_loses_the_oldest_and_is_told_and_the_lock_path_goes_on() {
     let m = Mount::new();

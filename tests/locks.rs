@@ -76,6 +76,58 @@ fn blocked_waiters_end_on_signals_and_are_never_in_d_state() {
     assert_eq!(sh_code(&m.path, "flock -n L true"), 1);
 }
 
+/// A waiter signalled while its lock request is on its way to the daemon
+/// (here: the daemon is stopped) is interrupted once the daemon runs: a
+/// killed waiter dies, a handled signal's handler runs, while the holder
+/// keeps the lease. Through io_uring the kernel sends no FUSE_INTERRUPT for
+/// a request signalled after it was given a ring entry and before it was
+/// copied there (the copy runs on the stopped queue thread); the daemon
+/// finds the signal pending.
+#[test]
+fn waiters_signalled_before_their_request_reached_the_daemon_are_interrupted() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L");
+    let _holder = Bg::ready(&m.path, HOLD);
+    let go = m.dir.path().join("go");
+    for sig in [libc::SIGKILL, libc::SIGALRM] {
+        let _ = std::fs::remove_file(&go);
+        let mut waiter = Bg::ready(
+            &m.path,
+            &format!(
+                r#"exec python3 -c '
+import fcntl, os, signal, time
+def alarm(signum, frame): raise TimeoutError
+signal.signal(signal.SIGALRM, alarm)
+fd = os.open("L", os.O_RDWR)
+print("ready", flush=True)
+while not os.path.exists("{go}"): time.sleep(0.002)
+try:
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("granted", flush=True)
+except TimeoutError:
+    print("interrupted", flush=True)
+'"#,
+                go = go.display()
+            ),
+        );
+        let stopped = m.pause();
+        std::fs::write(&go, "").unwrap();
+        waiter.wait_for_answer();
+        waiter.signal(sig);
+        std::thread::sleep(Duration::from_millis(50));
+        drop(stopped);
+        // Bounded well below the holder's 60 s.
+        let st = waiter.wait(Duration::from_secs(10));
+        if sig == libc::SIGKILL {
+            assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(libc::SIGKILL));
+        } else {
+            assert!(st.success(), "{st:?}");
+            assert_eq!(waiter.output_to_end(), ["interrupted"], "signal {sig}");
+        }
+    }
+    assert_eq!(sh_code(&m.path, "flock -n L true"), 1, "the holder keeps the lease");
+}
+
 #[test]
 fn killed_holder_frees_the_lease_for_the_waiter_at_once() {
     let m = Mount::new();

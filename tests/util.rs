@@ -217,6 +217,11 @@ impl Mount {
         self.child.as_ref().expect("daemon").id() as i32
     }
 
+    /// Stop the daemon (SIGSTOP) until the guard is dropped.
+    pub fn pause(&self) -> Stopped {
+        Stopped::new(self.pid())
+    }
+
     /// Unmount and wait for the daemon; returns its exit status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
@@ -341,6 +346,8 @@ pub struct Bg {
     pub child: Child,
     /// Lines the process printed after `ready` (for `Bg::ready`).
     pub lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    /// Set once the output reached its end (every line is in `lines`).
+    drained: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Bg {
@@ -351,6 +358,8 @@ impl Bg {
         let (tx, rx) = std::sync::mpsc::channel();
         let rest = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = rest.clone();
+        let drained = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let end = drained.clone();
         std::thread::spawn(move || {
             let mut lines = std::io::BufReader::new(out).lines();
             let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
@@ -358,6 +367,7 @@ impl Bg {
             for l in lines.map_while(Result::ok) {
                 sink.lock().unwrap().push(l);
             }
+            end.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         let mut child = child;
         let line = rx.recv_timeout(STEP).unwrap_or_else(|_| {
@@ -365,7 +375,7 @@ impl Bg {
             panic!("`{script}` did not get ready within {STEP:?}")
         });
         assert_eq!(line.trim(), "ready", "`{script}` printed {line:?}");
-        Bg { child, lines: rest }
+        Bg { child, lines: rest, drained }
     }
 
     /// Start `sh -c script` in `dir` without waiting.
@@ -379,7 +389,7 @@ impl Bg {
             .default_signals()
             .spawn()
             .expect("spawn");
-        Bg { child, lines: Default::default() }
+        Bg { child, lines: Default::default(), drained: Default::default() }
     }
 
     /// Start a program directly (its pid is the program's).
@@ -392,7 +402,7 @@ impl Bg {
             .default_signals()
             .spawn()
             .expect("spawn");
-        Bg { child, lines: Default::default() }
+        Bg { child, lines: Default::default(), drained: Default::default() }
     }
 
     /// Start a program directly, collecting every line it prints
@@ -402,12 +412,15 @@ impl Bg {
         let (child, out) = spawn_piped(Command::new(prog).args(args), dir);
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = lines.clone();
+        let drained = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let end = drained.clone();
         std::thread::spawn(move || {
             for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
                 sink.lock().unwrap().push(l);
             }
+            end.store(true, std::sync::atomic::Ordering::SeqCst);
         });
-        Bg { child, lines }
+        Bg { child, lines, drained }
     }
 
     /// The first line printed after `ready`, waiting for it at most
@@ -423,16 +436,31 @@ impl Bg {
         }
     }
 
-    /// Lines printed after `ready`, once the output is drained (after exit).
+    /// Lines printed after `ready` so far: for a process that exited,
+    /// once its output stopped growing.
     pub fn output(&self) -> Vec<String> {
         let deadline = Instant::now() + STEP;
         loop {
             let n = self.lines.lock().unwrap().len();
+            if self.drained.load(std::sync::atomic::Ordering::SeqCst) {
+                return self.lines.lock().unwrap().clone();
+            }
             std::thread::sleep(Duration::from_millis(20));
             if n == self.lines.lock().unwrap().len() || Instant::now() > deadline {
                 return self.lines.lock().unwrap().clone();
             }
         }
+    }
+
+    /// Every line printed after `ready`, once the output reached its end
+    /// (after exit; at most `STEP` later, for output a leftover child
+    /// keeps open).
+    pub fn output_to_end(&self) -> Vec<String> {
+        let deadline = Instant::now() + STEP;
+        while !self.drained.load(std::sync::atomic::Ordering::SeqCst) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        self.lines.lock().unwrap().clone()
     }
 
     pub fn pid(&self) -> i32 {
@@ -458,6 +486,17 @@ impl Bg {
     pub fn state(&self) -> char {
         let s = std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
         s.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next()).unwrap_or('?')
+    }
+
+    /// Wait (at most `STEP`) until the process waits in the kernel for the
+    /// answer to a FUSE request.
+    pub fn wait_for_answer(&self) {
+        let wchan = format!("/proc/{}/wchan", self.pid());
+        let deadline = Instant::now() + STEP;
+        while std::fs::read_to_string(&wchan).unwrap_or_default() != "request_wait_answer" {
+            assert!(Instant::now() < deadline, "the process never waited for a FUSE answer");
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 
     /// Wait until the process is blocked (sleeping) — i.e. parked in a lock
@@ -559,5 +598,28 @@ impl DefaultSignals for Command {
                 Ok(())
             })
         }
+    }
+}
+
+/// SIGCONT for a stopped daemon, also when the test fails.
+pub struct Stopped(i32);
+
+impl Stopped {
+    pub fn new(pid: i32) -> Stopped {
+        // SAFETY: signalling the test's own daemon.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.contains(") T ")) {
+            assert!(Instant::now() < deadline, "the daemon did not stop");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }

@@ -265,8 +265,8 @@ impl LeaseFs {
     /// its flush is forgotten), then for every queue to serve what the
     /// kernel handed it ([`Queues::settle`]). The queue threads never wait:
     /// the request holds its ring entry meanwhile, and the release it waits
-    /// for is served on its own queue. Returns `decide` back when the
-    /// Only under io_uring: on `/dev/fuse` requests are served in order.
+    /// for is served on its own queue. Only under io_uring: on
+    /// `/dev/fuse` requests are served in order.
     fn defer_conflict(&self, ino: u64, decide: Box<dyn FnOnce() + Send>) {
         self.fs.transport().note_conflict();
         let tx = self.settler.get_or_init(|| {
@@ -422,7 +422,7 @@ fn answer_setlk(
     unique: u64,
     answer: Result<(Outcome, Vec<Effect>), Error>,
     reply: ReplyEmpty,
-) {
+) -> bool {
     let mut w = waits.lock();
     match answer {
         Ok((Outcome::Granted, effects)) => {
@@ -436,12 +436,36 @@ fn answer_setlk(
             debug!(path = %fs.describe(Ino(ino)), ino, pid, kind = ?lreq.kind, "lock wait parked");
             w.deliver(effects, fs);
             w.park(WaitId(unique), reply, fs);
+            return true;
         }
         Ok((Outcome::Refused(e), effects)) => {
             reply.error(refuse("setlk", e));
             w.deliver(effects, fs);
         }
         Err(e) => reply.error(refuse("setlk", e)),
+    }
+    false
+}
+
+/// Under io_uring, whether the thread `tid` whose request was just
+/// delivered was signalled before the kernel marked the request sent: the
+/// kernel then never sends the `FUSE_INTERRUPT` (on `/dev/fuse` it does,
+/// when the request is read), and a waiter killed or signalled in that
+/// moment would wait, unkillable, until it is answered. A signal the
+/// thread does not block is still pending while it waits in the kernel,
+/// so the daemon answers `EINTR` as the interrupt would have made it.
+/// Signals that come later arrive as `FUSE_INTERRUPT`.
+fn signalled_unseen(fs: &Fs, tid: u32) -> bool {
+    fs.transport().is_uring() && tid != 0 && crate::procfs::signal_pending(tid)
+}
+
+/// A parked lock wait of a thread [`signalled_unseen`]: ended with `EINTR`
+/// as a `FUSE_INTERRUPT` would end it (nothing if it was answered since).
+fn interrupt_parked(fs: &Fs, waits: &Mutex<Waits>, unique: u64) {
+    let mut w = waits.lock();
+    if let Some(effects) = fs.interrupt(WaitId(unique)) {
+        debug!(unique, "lock wait of a thread signalled as it was delivered: interrupted");
+        w.deliver(effects, fs);
     }
 }
 
@@ -685,13 +709,20 @@ impl fuser::Filesystem for LeaseFs {
         if Fs::is_events(Ino(ino.0)) {
             return guarded("events read", || {
                 let unique = req.unique().0;
+                let nonblock = flags.0 & libc::O_NONBLOCK != 0;
                 let mut w = self.waits.lock();
                 if w.take_early(unique) {
                     return reply.error(refuse("events read", Error::Interrupted));
                 }
-                let nonblock = flags.0 & libc::O_NONBLOCK != 0;
                 match self.fs.events_read(Handle(fh.0), size, nonblock, unique) {
                     Ok(crate::events::Read::Data(d)) => reply.data(&d),
+                    // A reader signalled as its read was delivered is
+                    // interrupted (see `signalled_unseen`).
+                    Ok(crate::events::Read::Parked)
+                        if signalled_unseen(&self.fs, req.pid()) && self.fs.events_interrupt(unique) =>
+                    {
+                        reply.error(refuse("events read", Error::Interrupted))
+                    }
                     Ok(crate::events::Read::Parked) => {
                         w.parked_reads.insert(unique, reply);
                     }
@@ -984,17 +1015,25 @@ impl fuser::Filesystem for LeaseFs {
                     if let Ok((_, effects)) = answer {
                         self.waits.lock().deliver(effects, &self.fs);
                     }
-                    let (fs, waits) = (self.fs.clone(), self.waits.clone());
+                    let (fs, waits, tid) = (self.fs.clone(), self.waits.clone(), req.pid());
                     return self.defer_conflict(
                         ino.0,
                         Box::new(move || {
                             let answer = fs.setlk(Ino(ino.0), lreq, wait);
-                            answer_setlk(&fs, &waits, ino.0, lreq, pid, unique, answer, reply);
+                            if answer_setlk(&fs, &waits, ino.0, lreq, pid, unique, answer, reply)
+                                && signalled_unseen(&fs, tid)
+                            {
+                                interrupt_parked(&fs, &waits, unique);
+                            }
                         }),
                     );
                 }
             }
-            answer_setlk(&self.fs, &self.waits, ino.0, lreq, pid, unique, answer, reply);
+            if answer_setlk(&self.fs, &self.waits, ino.0, lreq, pid, unique, answer, reply)
+                && signalled_unseen(&self.fs, req.pid())
+            {
+                interrupt_parked(&self.fs, &self.waits, unique);
+            }
         });
     }
 

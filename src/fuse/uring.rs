@@ -8,7 +8,9 @@
 //! What stays on `/dev/fuse`: INIT (before the rings exist), FORGET,
 //! INTERRUPT, notifications (the daemon's `inval` notices), and requests the
 //! kernel queued before every queue had an entry. The session thread keeps
-//! reading `/dev/fuse` for them.
+//! reading `/dev/fuse` for them. (The kernel sends no `FUSE_INTERRUPT` for
+//! a request signalled between getting an entry and being copied into it:
+//! the adapter looks at the pending signals of a waiter it parks.)
 //!
 //! An entry is a header (the `fuse_in_header` or `fuse_out_header`, the
 //! operation's fixed argument, and `fuse_uring_ent_in_out`) and a payload
