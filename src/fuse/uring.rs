@@ -723,6 +723,9 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
     let sink: Arc<dyn fuser::ReplySink> = q.clone();
     let mut scratch: Vec<u64> = vec![0; (COPY_BELOW + IN_HEADER + 256) / 8];
     let mut held = 0u32;
+    // The answers to commit, swapped with `q.answered` each round (no
+    // allocation per round).
+    let mut answered: Vec<u32> = Vec::new();
     let mut early = early.into_iter();
     // The newest kick's request id: a request older than it delivered
     // after it was a queued one (see [`kick`]).
@@ -789,14 +792,14 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
             } else if unique < last_kick {
                 kick_again = true;
             }
-            serve(q, user_data as u32, &mut scratch, server, &sink);
+            serve(q, e, &mut scratch, server, &sink, user_data);
         }
         // Every entry was out: requests that came meanwhile wait in the
         // kernel for an entry to be committed (see [`kick`]).
         let exhausted = held >= q.stats.entries.load(Ordering::Relaxed);
         // Commit what was answered (here or by other threads).
-        let answered = std::mem::take(&mut *q.answered.lock());
-        for i in answered {
+        std::mem::swap(&mut answered, &mut *q.answered.lock());
+        for i in answered.drain(..) {
             let e = q.entry(i);
             // SAFETY: the answered entry's header page is ours until committed.
             let commit_id = unsafe { std::ptr::read_unaligned(e.header.add(ENT_AT + 8).cast::<u64>()) };
@@ -824,11 +827,13 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
         // older than the last kick arrives.
         // A kick queued in the kernel (every entry was taken when it came)
         // fetches nothing until an entry commits: make another.
-        let now = std::time::Instant::now();
         let mut stuck = false;
-        for k in q.kickers.lock().iter_mut().filter(|k| !k.2 && now.duration_since(k.1) >= KICK_PATIENCE) {
-            k.1 = now;
-            stuck = true;
+        if q.kicks.load(Ordering::SeqCst) > 0 {
+            let now = std::time::Instant::now();
+            for k in q.kickers.lock().iter_mut().filter(|k| !k.2 && now.duration_since(k.1) >= KICK_PATIENCE) {
+                k.1 = now;
+                stuck = true;
+            }
         }
         if stuck {
             kick(q, MAX_KICKERS);
@@ -935,10 +940,16 @@ fn take_slot(kicks: &AtomicU32, max: u32) -> bool {
     kicks.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |k| (k < max).then_some(k + 1)).is_ok()
 }
 
-/// Rebuild the request in entry `i` as `/dev/fuse` would have delivered it
-/// and serve it.
-fn serve(q: &Shared, i: u32, scratch: &mut [u64], server: &fuser::RequestServer, sink: &Arc<dyn fuser::ReplySink>) {
-    let e = q.entry(i);
+/// Rebuild the request in entry `e` (user data `token`) as `/dev/fuse`
+/// would have delivered it and serve it.
+fn serve(
+    q: &Shared,
+    e: Entry,
+    scratch: &mut [u64],
+    server: &fuser::RequestServer,
+    sink: &Arc<dyn fuser::ReplySink>,
+    token: u64,
+) {
     // SAFETY: the entry was just completed: its header page and payload
     // are ours; the kernel wrote the header and payload_sz bytes.
     let (len, payload_sz) = unsafe {
@@ -968,7 +979,7 @@ fn serve(q: &Shared, i: u32, scratch: &mut [u64], server: &fuser::RequestServer,
         }
         // SAFETY: the first len bytes of scratch were written above.
         let data = unsafe { std::slice::from_raw_parts(dst, len) };
-        server.serve(data, sink.clone(), u64::from(i));
+        server.serve(data, sink.clone(), token);
     } else {
         // Put the header right before the payload (the end of the header
         // page) and serve the request where it lies.
@@ -979,7 +990,7 @@ fn serve(q: &Shared, i: u32, scratch: &mut [u64], server: &fuser::RequestServer,
             std::ptr::copy_nonoverlapping(e.header, at, IN_HEADER);
             std::ptr::copy(e.header.add(OP_IN_AT), at.add(IN_HEADER), op_len);
             let data = std::slice::from_raw_parts(at, len);
-            server.serve(data, sink.clone(), u64::from(i));
+            server.serve(data, sink.clone(), token);
         }
     }
 }
