@@ -240,6 +240,11 @@ impl Ring {
         true
     }
 
+    /// Entries pushed and not yet submitted.
+    pub fn unsubmitted(&self) -> u32 {
+        self.unsubmitted
+    }
+
     /// Hand queued entries to the kernel and, when `wait`, sleep until at
     /// least one completion is ready.
     pub fn submit(&mut self, wait: bool) -> io::Result<()> {

@@ -726,6 +726,11 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
     // The answers to commit, swapped with `q.answered` each round (no
     // allocation per round).
     let mut answered: Vec<u32> = Vec::new();
+    // Only root may leave SCHED_IDLE again.
+    // SAFETY: geteuid has no preconditions.
+    let may_idle = unsafe { libc::geteuid() } == 0;
+    let mut movable: std::collections::HashMap<u32, bool> = std::collections::HashMap::new();
+    let mut wake_movable = false;
     let mut early = early.into_iter();
     // The newest kick's request id: a request older than it delivered
     // after it was a queued one (see [`kick`]).
@@ -733,6 +738,18 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
     loop {
         let mut kick_again = false;
         if early.len() == 0 {
+            // Answers to clients that may run on another CPU: commit them
+            // as an idle-policy thread, so that the scheduler counts this
+            // CPU as idle and wakes the client here (see `client_may_move`).
+            if wake_movable && ring.unsubmitted() > 0 {
+                let p = libc::sched_param { sched_priority: 0 };
+                // SAFETY: plain syscalls on this thread.
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &p) };
+                let _ = ring.submit(false);
+                // SAFETY: as above.
+                unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+            }
+            wake_movable = false;
             // While kicks are out, look again after KICK_PATIENCE even if
             // nothing arrives: a kick may be stuck in the kernel's queue.
             let waited = if q.kicks.load(Ordering::SeqCst) > 0 {
@@ -803,6 +820,12 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
             let e = q.entry(i);
             // SAFETY: the answered entry's header page is ours until committed.
             let commit_id = unsafe { std::ptr::read_unaligned(e.header.add(ENT_AT + 8).cast::<u64>()) };
+            if may_idle && !wake_movable {
+                // The request's pid, past the 16 bytes the answer overwrote.
+                // SAFETY: as above.
+                let tid = unsafe { std::ptr::read_unaligned(e.header.add(32).cast::<u32>()) };
+                wake_movable = client_may_move(&mut movable, tid);
+            }
             let mut cmd = [0u8; 24];
             cmd[8..16].copy_from_slice(&commit_id.to_ne_bytes());
             cmd[16..18].copy_from_slice(&q.qid.to_ne_bytes());
@@ -933,6 +956,31 @@ fn start_kicker(q: &Arc<Shared>) {
         q.kicks.fetch_sub(1, Ordering::SeqCst);
         debug!(queue = q.qid, "cannot start a kick: {e}");
     }
+}
+
+/// Whether the client thread `tid` may run on more than one CPU (cached;
+/// the cache is cleared past 4 096 threads). A client woken while the
+/// queue thread runs is placed on an idle CPU if it may be, and migrates:
+/// answers to such clients are committed as an idle-policy thread. A
+/// client pinned to this CPU gains nothing from that and pays for it.
+fn client_may_move(cache: &mut std::collections::HashMap<u32, bool>, tid: u32) -> bool {
+    if tid == 0 {
+        return false;
+    }
+    if let Some(m) = cache.get(&tid) {
+        return *m;
+    }
+    // SAFETY: a zeroed cpu_set_t filled by the kernel for `tid`.
+    let m = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::sched_getaffinity(tid as i32, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
+            && libc::CPU_COUNT(&set) > 1
+    };
+    if cache.len() >= 4096 {
+        cache.clear();
+    }
+    cache.insert(tid, m);
+    m
 }
 
 /// Take one of `max` slots; false when all are taken.
