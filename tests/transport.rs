@@ -301,9 +301,10 @@ print(\"fails=%d\" % fails, flush=True)
 
 /// Waiters that keep arriving on both CPUs while the queues grow (8 000
 /// threads of four processes, each blocking in `flock` on its own
-/// descriptor of one of 10 held files): requests queue
-/// in the kernel behind entries taken by new arrivals, kicks included, and
-/// every one still reaches the daemon and parks; all are granted in the end.
+/// descriptor of one of 10 held files): every one reaches the daemon and
+/// parks, and all are granted in the end. (Python threads arrive too
+/// slowly to strand a kick in the kernel's queue; the retry for that is
+/// exercised by `scripts/waitbench.sh`, not here.)
 #[test]
 fn thousands_of_waiters_arriving_on_both_cpus_all_park() {
     let m = Mount::new();
@@ -351,4 +352,52 @@ print(\"fails=%d\" % fails, flush=True)
     wait_parked(&m, WAITERS);
     assert_eq!(sh_ok(&m.path, "stat -c %s W0").trim(), "0");
     all_granted(holder, waiters);
+}
+
+/// Answers to clients that may run on either CPU are committed as an
+/// idle-policy thread (so the client is woken on its own CPU); answers to
+/// clients pinned to one CPU are not, and the queue threads are back to the
+/// normal policy between rounds.
+#[test]
+fn answers_to_movable_clients_are_committed_as_an_idle_thread_and_pinned_ones_are_not() {
+    let m = Mount::new();
+    let s0 = status(&m);
+    if s0["transport"]["kind"] != "uring" || possible_cpus() < 2 {
+        return;
+    }
+    sh_ok(&m.path, "touch L");
+    // Every request of a step comes from processes bound to CPU 0, the
+    // status reads included; they enter the mount only once bound (a
+    // `current_dir` would be entered before `taskset` binds).
+    let status = m.p(".leasefs/status");
+    let woken = || -> u64 {
+        let o = run_timeout(Command::new("taskset").args(["-c", "0", "cat"]).arg(&status), STEP);
+        let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        s["transport"]["queues"].as_array().unwrap().iter().map(|q| q["woken_here"].as_u64().unwrap()).sum()
+    };
+    let before = woken();
+    let lock = |cpus: &str| {
+        let script = format!("cd '{}' && for i in $(seq 50); do flock L true; done", m.path.display());
+        let o = run_timeout(Command::new("taskset").args(["-c", cpus, "sh", "-c", &script]), STEP);
+        assert!(o.status.success(), "{o:?}");
+    };
+    lock("0");
+    let pinned = woken();
+    assert_eq!(pinned, before, "answers to pinned clients were committed as an idle thread");
+    lock("0,1");
+    let movable = woken();
+    assert!(movable >= pinned + 50, "answers to movable clients: {pinned} -> {movable}");
+    // Back to SCHED_OTHER (policy 0) once the rounds are done.
+    let task = format!("/proc/{}/task", m.pid());
+    for t in std::fs::read_dir(&task).unwrap().flatten() {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if comm.starts_with("fuse-ring-") {
+            let sched = std::fs::read_to_string(t.path().join("sched")).unwrap_or_default();
+            let policy = sched.lines().find(|l| l.starts_with("policy")).unwrap_or_default().to_string();
+            assert!(
+                policy.ends_with(": 0") || policy.ends_with(":0") || policy.trim_end().ends_with(" 0"),
+                "{comm}: {policy}"
+            );
+        }
+    }
 }

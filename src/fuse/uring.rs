@@ -157,6 +157,9 @@ pub struct QueueStats {
     /// Lock conflicts found on this queue, decided again after the
     /// queues served what they held ([`Queues::settle`]).
     pub fenced: AtomicU64,
+    /// Rounds whose answers were committed as an idle-policy thread, for
+    /// clients that may run on another CPU (see `client_may_move`).
+    pub woken_here: AtomicU64,
 }
 
 impl std::fmt::Debug for TransportReport {
@@ -180,6 +183,7 @@ impl TransportReport {
                 "held": s.held.load(Ordering::Relaxed),
                 "peak": s.peak.load(Ordering::Relaxed),
                 "fenced": s.fenced.load(Ordering::Relaxed),
+                "woken_here": s.woken_here.load(Ordering::Relaxed),
             })).collect::<Vec<_>>(),
         })
     }
@@ -748,6 +752,7 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
                 let _ = ring.submit(false);
                 // SAFETY: as above.
                 unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &p) };
+                q.stats.woken_here.fetch_add(1, Ordering::Relaxed);
             }
             wake_movable = false;
             // While kicks are out, look again after KICK_PATIENCE even if
