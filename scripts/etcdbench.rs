@@ -72,6 +72,14 @@ fn main() {
         raw.delete(&key, &[]).expect("delete");
         leased.push(t.elapsed());
     }
+    // The read barrier's own cost: one linearizable read of one key.
+    let mut read = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        raw.get(b"bench/ns/rev").expect("range");
+        read.push(t.elapsed());
+    }
+    println!("raw_read_us {:.0}", median_us(read));
     println!("raw_txn2_cycle_us {:.0}", median_us(two));
     println!("raw_leased_cycle_us {:.0}", median_us(leased));
     let a = host(&endpoints, "a");

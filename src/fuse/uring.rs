@@ -91,11 +91,12 @@ pub const MAX_ENTRIES: u32 = 1 << 15;
 /// How long a lock conflict waits at most for another queue to serve
 /// what it holds ([`Queues::settle`]).
 const SETTLE_FOR: Duration = Duration::from_millis(500);
-/// Kicks (see [`kick`]) in flight at most per queue.
+/// Kicks (see [`kick`]) in flight at most per queue, not counting those
+/// stuck in the kernel's queue.
 const MAX_KICKS: u32 = 4;
 /// Kicker threads at most per queue, counting those whose kick is stuck
 /// in the kernel's queue (see [`kick`]).
-const MAX_KICKERS: u32 = 64;
+const MAX_KICKERS: usize = 256;
 /// A kick not delivered after this long is queued in the kernel behind
 /// the requests it was to fetch: another kick is made.
 const KICK_PATIENCE: Duration = Duration::from_millis(2);
@@ -348,11 +349,12 @@ struct Shared {
     tid: AtomicU32,
     /// The mount point, for kicks (set once the mount is live).
     mountpoint: Arc<OnceLock<std::ffi::CString>>,
-    /// Kicks in flight, and their threads' ids (see [`kick`]).
+    /// Kicker threads whose kick is not known to be stuck (see [`kick`]).
     kicks: AtomicU32,
-    /// The kicker threads: id, when its current kick was made, and
-    /// whether the queue received it.
-    kickers: Mutex<Vec<(u32, std::time::Instant, bool)>>,
+    /// Every kicker thread, stuck ones too.
+    kickers: Mutex<Vec<Kicker>>,
+    /// How many there are (`kickers.len()`, read without the lock).
+    kicker_threads: AtomicU32,
     /// Kicks asked for and not yet made.
     kicks_wanted: AtomicU32,
 }
@@ -562,6 +564,7 @@ pub fn start(dev: Arc<OwnedFd>, payload_len: usize, report: Arc<TransportReport>
             mountpoint: mountpoint.clone(),
             kicks: AtomicU32::new(0),
             kickers: Mutex::new(Vec::new()),
+            kicker_threads: AtomicU32::new(0),
             kicks_wanted: AtomicU32::new(0),
         });
         shared.push(q.clone());
@@ -798,8 +801,8 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
                     std::ptr::read_unaligned(e.header.add(32).cast::<u32>()),
                 )
             };
-            let kicked = q.kicks.load(Ordering::SeqCst) > 0
-                && q.kickers.lock().iter_mut().find(|k| k.0 == pid).map(|k| k.2 = true).is_some();
+            let kicked = q.kicker_threads.load(Ordering::SeqCst) > 0
+                && q.kickers.lock().iter_mut().find(|k| k.tid == pid).map(|k| k.delivered = true).is_some();
             if kicked {
                 // A kick: answered here (`ENODATA`), the filesystem never sees it.
                 last_kick = last_kick.max(unique);
@@ -854,23 +857,31 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
         // (exhausted): requests may wait in the kernel. Kick until none
         // older than the last kick arrives.
         // A kick queued in the kernel (every entry was taken when it came)
-        // fetches nothing until an entry commits: make another.
-        let mut stuck = false;
+        // fetches nothing until an entry commits: its slot is given up, and
+        // another kick is made once entries are free (registered and
+        // submitted), where it takes one at once instead of queueing too.
         if q.kicks.load(Ordering::SeqCst) > 0 {
             let now = std::time::Instant::now();
-            for k in q.kickers.lock().iter_mut().filter(|k| !k.2 && now.duration_since(k.1) >= KICK_PATIENCE) {
-                k.1 = now;
-                stuck = true;
+            for k in q.kickers.lock().iter_mut().filter(|k| !k.delivered && !k.stuck) {
+                if now.duration_since(k.made) >= KICK_PATIENCE {
+                    k.stuck = true;
+                    q.kicks.fetch_sub(1, Ordering::SeqCst);
+                    q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
+                }
             }
         }
-        if stuck {
-            kick(q, MAX_KICKERS);
+        let wanted = q.kicks_wanted.load(Ordering::SeqCst) > 0 && q.kicks.load(Ordering::SeqCst) == 0;
+        if wanted && held < q.stats.entries.load(Ordering::Relaxed) {
+            match ring.submit(false) {
+                Ok(_) => start_kicks(q),
+                Err(e) => warn!(queue = q.qid, "io_uring submit: {e}"),
+            }
         }
         if (grew || exhausted || kick_again) && held < q.stats.entries.load(Ordering::Relaxed) {
             // The kick must find the new entries registered and the
             // commits done, or it would queue behind the others.
             match ring.submit(false) {
-                Ok(_) => kick(q, MAX_KICKS),
+                Ok(_) => kick(q),
                 Err(e) => warn!(queue = q.qid, "io_uring submit: {e}"),
             }
         }
@@ -889,6 +900,18 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
     }
 }
 
+/// A kicker thread of a queue.
+struct Kicker {
+    tid: u32,
+    /// When its current kick was made.
+    made: std::time::Instant,
+    /// The queue received its current kick.
+    delivered: bool,
+    /// Its kick was found queued in the kernel: it no longer holds a slot
+    /// of `kicks`, and it ends once the kick is fetched.
+    stuck: bool,
+}
+
 /// Make the kernel hand queue `q` the requests it queued for want of a free
 /// entry. A request that finds every entry of its queue out waits in the
 /// kernel, and the kernel gives it only to an entry *committed* on that
@@ -901,63 +924,86 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
 /// `MAX_KICKS` threads kick at once; one that finishes makes the kicks
 /// asked for meanwhile). A kick made while new requests took every entry
 /// is itself queued behind the others; the queue thread, which waits at
-/// most `KICK_PATIENCE` while kicks are out, then starts another kicker
-/// (at most `MAX_KICKERS`): a queued kick is fetched in its turn.
-fn kick(q: &Arc<Shared>, max: u32) {
+/// most `KICK_PATIENCE` while kicks are out, then takes its slot back and,
+/// once entries are free, starts another kicker (at most `MAX_KICKERS`
+/// threads, stuck ones included): a queued kick is fetched in its turn.
+fn kick(q: &Arc<Shared>) {
     q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
-    if take_slot(&q.kicks, max) {
-        start_kicker(q);
-    }
-    // Otherwise the kickers running make this one too before they end.
+    start_kicks(q);
 }
 
-/// Start a kicker thread holding one slot of `q.kicks`.
+/// Start a kicker for the kicks wanted, unless `MAX_KICKS` are making them
+/// (they make them before they end).
+fn start_kicks(q: &Arc<Shared>) {
+    if q.kicks_wanted.load(Ordering::SeqCst) > 0 && take_slot(&q.kicks, MAX_KICKS) {
+        start_kicker(q);
+    }
+}
+
+/// Start a kicker thread holding one slot of `q.kicks` (given back when it
+/// cannot start).
 fn start_kicker(q: &Arc<Shared>) {
     let Some(path) = q.mountpoint.get().cloned() else {
         q.kicks.fetch_sub(1, Ordering::SeqCst);
         return;
     };
+    if q.kicker_threads.fetch_add(1, Ordering::SeqCst) as usize >= MAX_KICKERS {
+        q.kicker_threads.fetch_sub(1, Ordering::SeqCst);
+        q.kicks.fetch_sub(1, Ordering::SeqCst);
+        debug!(queue = q.qid, "every kicker thread is out");
+        return;
+    }
     debug!(queue = q.qid, "kick");
     let q2 = q.clone();
-    let spawned = std::thread::Builder::new().name(format!("fuse-kick-{}", q.qid)).spawn(move || {
-        let q = q2;
-        // SAFETY: gettid has no preconditions.
-        let tid = unsafe { libc::gettid() } as u32;
-        // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
-        let bound = unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(q.qid as usize, &mut set);
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-        };
-        q.kickers.lock().push((tid, std::time::Instant::now(), true));
-        loop {
-            let wanted = q.kicks_wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1)).is_ok();
-            if !wanted || !bound || q.over.load(Ordering::Acquire) {
-                // Leave, unless a kick was asked for since and no other
-                // kicker is there to make it.
-                q.kicks.fetch_sub(1, Ordering::SeqCst);
-                if bound
-                    && q.kicks_wanted.load(Ordering::SeqCst) > 0
-                    && !q.over.load(Ordering::Acquire)
-                    && take_slot(&q.kicks, MAX_KICKS)
-                {
-                    continue;
+    let spawned =
+        std::thread::Builder::new().name(format!("fuse-kick-{}", q.qid)).stack_size(64 * 1024).spawn(move || {
+            let q = q2;
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() } as u32;
+            // SAFETY: a zeroed cpu_set_t with one CPU set, for this thread.
+            let bound = unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(q.qid as usize, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+            };
+            let now = std::time::Instant::now();
+            q.kickers.lock().push(Kicker { tid, made: now, delivered: true, stuck: false });
+            loop {
+                let wanted =
+                    q.kicks_wanted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |w| w.checked_sub(1)).is_ok();
+                if !wanted || !bound || q.over.load(Ordering::Acquire) {
+                    // Leave, unless a kick was asked for since and no other
+                    // kicker is there to make it.
+                    q.kicks.fetch_sub(1, Ordering::SeqCst);
+                    if bound
+                        && q.kicks_wanted.load(Ordering::SeqCst) > 0
+                        && !q.over.load(Ordering::Acquire)
+                        && take_slot(&q.kicks, MAX_KICKS)
+                    {
+                        continue;
+                    }
+                    break;
                 }
-                break;
+                if let Some(k) = q.kickers.lock().iter_mut().find(|k| k.tid == tid) {
+                    *k = Kicker { tid, made: std::time::Instant::now(), delivered: false, stuck: false };
+                }
+                // SAFETY: both strings are NUL-terminated; size 0 asks for the
+                // length only (no buffer is written).
+                unsafe { libc::getxattr(path.as_ptr(), KICK_NAME.as_ptr(), std::ptr::null_mut(), 0) };
+                let stuck = q.kickers.lock().iter_mut().find(|k| k.tid == tid).is_some_and(|k| {
+                    k.delivered = true;
+                    k.stuck
+                });
+                if stuck {
+                    // Its slot was given to another kicker meanwhile.
+                    break;
+                }
             }
-            if let Some(k) = q.kickers.lock().iter_mut().find(|k| k.0 == tid) {
-                *k = (tid, std::time::Instant::now(), false);
-            }
-            // SAFETY: both strings are NUL-terminated; size 0 asks for the
-            // length only (no buffer is written).
-            unsafe { libc::getxattr(path.as_ptr(), KICK_NAME.as_ptr(), std::ptr::null_mut(), 0) };
-            if let Some(k) = q.kickers.lock().iter_mut().find(|k| k.0 == tid) {
-                k.2 = true;
-            }
-        }
-        q.kickers.lock().retain(|k| k.0 != tid);
-    });
+            q.kickers.lock().retain(|k| k.tid != tid);
+            q.kicker_threads.fetch_sub(1, Ordering::SeqCst);
+        });
     if let Err(e) = spawned {
+        q.kicker_threads.fetch_sub(1, Ordering::SeqCst);
         q.kicks.fetch_sub(1, Ordering::SeqCst);
         debug!(queue = q.qid, "cannot start a kick: {e}");
     }
