@@ -20,14 +20,14 @@ pub fn failpoint(name: &str) {
 }
 
 /// Stall here for a while when `LEASEFS_PAUSE=NAME:MILLISECONDS` names this
-/// point (debug builds only): tests widen a window (appends landing while a
-/// snapshot is written) that is otherwise too short to hit.
+/// point (debug builds only; several points comma-separated): tests widen a
+/// window (appends landing while a snapshot is written) that is otherwise
+/// too short to hit.
 pub fn pausepoint(name: &str) {
     #[cfg(debug_assertions)]
-    if let Some(ms) = std::env::var("LEASEFS_PAUSE")
-        .ok()
-        .and_then(|v| v.strip_prefix(name).and_then(|r| r.strip_prefix(':')).and_then(|ms| ms.parse().ok()))
-    {
+    if let Some(ms) = std::env::var("LEASEFS_PAUSE").ok().and_then(|v| {
+        v.split(',').find_map(|p| p.strip_prefix(name).and_then(|r| r.strip_prefix(':')).and_then(|ms| ms.parse().ok()))
+    }) {
         // A test waits for this file to know the pause began.
         if let Some(mark) = std::env::var_os("LEASEFS_PAUSE_MARK") {
             let _ = std::fs::write(mark, name);

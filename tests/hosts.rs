@@ -1711,3 +1711,46 @@ fn an_exclusive_create_takes_its_epoch_in_its_own_transaction_and_is_decided_aga
     assert_eq!(txns(&a) - t0, 1, "the create, its name and its epoch are one transaction");
     assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch l"), "5");
 }
+
+/// Readers of one host that come while a read of the namespace revision is
+/// on its way share the next one, never the one on its way. Host a holds
+/// each such read's answer back 500 ms and its watch's events 400 ms (a
+/// slow watch); host b replaces the file each reader will read, by
+/// `rename`, after a's first read was answered and before the readers
+/// come: every reader reads the new file, and they shared reads between
+/// them. (Each reader reads in a directory of its own: requests for one
+/// directory or one file are handled one at a time anyway.)
+#[test]
+fn readers_that_come_while_a_revision_read_is_on_its_way_share_the_next_one() {
+    let cluster = Cluster::start();
+    let p = prefix("share");
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("paused");
+    let gate = marks.path().join("go");
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&b.path, "echo g > g; for k in 1 2 3; do mkdir d$k; echo v1 > d$k/f; echo v2 > d$k/n; done");
+    let eps = cluster.endpoints().join(",");
+    let a = Mount::with_args_env(
+        &["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", &p, "--etcd-timeout", "10s"],
+        &[("LEASEFS_PAUSE", "barrier:500,feed:400"), ("LEASEFS_PAUSE_MARK", mark.to_str().unwrap())],
+    );
+    // Three readers, each in its directory, waiting for the gate.
+    let wait = format!("echo ready; while [ ! -e {} ]; do sleep 0.01; done; exec cat f", gate.display());
+    let mut readers: Vec<Bg> = (1..=3).map(|k| Bg::ready(&a.path.join(format!("d{k}")), &wait)).collect();
+    let shared0 = status(&a)["etcd"]["namespace"]["barriers"]["shared"].as_u64().unwrap();
+    let _ = std::fs::remove_file(&mark);
+    // The first reader's read is answered, then held back.
+    let mut first = Bg::capture(&a.path, "cat", &["g"]);
+    await_mark(&mark);
+    // b's renames return while it is held back; then the readers come.
+    sh_ok(&b.path, "for k in 1 2 3; do mv d$k/n d$k/f; done");
+    std::fs::write(&gate, "").unwrap();
+    for r in &mut readers {
+        assert!(r.wait(STEP).success());
+        assert_eq!(r.output_to_end(), ["v2"], "a reader that came after the rename read the file it replaced");
+    }
+    assert!(first.wait(STEP).success());
+    let after = &status(&a)["etcd"]["namespace"]["barriers"];
+    let shared = after["shared"].as_u64().unwrap() - shared0;
+    assert!(shared >= 2, "the three readers shared reads of the revision: {after}");
+}

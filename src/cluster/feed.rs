@@ -161,6 +161,8 @@ impl Feed {
                 }
                 match w.next(POLL) {
                     Ok(Some(WatchMsg::Events { events, .. })) => {
+                        // Tests hold the events back here (a slow watch).
+                        crate::failpoints::pausepoint("feed");
                         if !self.push(generation, events) {
                             break;
                         }

@@ -107,10 +107,19 @@ pub struct EtcdNamespace {
 
 /// The store side of a read barrier: the namespace revision from a
 /// linearizable read, then a wait for the feed to have received it.
+///
+/// Readers that come while a read is on its way share the next one: a
+/// read sent after a reader came reflects every change that returned
+/// before it came, so one read serves every reader that was waiting when
+/// it was sent (as etcd batches its own linearizable reads). One is on
+/// its way at a time; a host's concurrent readers cost at most two round
+/// trips each, and one for all of them together per round.
 struct EtcdBarrier {
     client: Arc<Client>,
     /// `P/ns/rev`, written by every change.
     rev_key: Vec<u8>,
+    rounds: parking_lot::Mutex<Rounds>,
+    round_done: parking_lot::Condvar,
     feed: parking_lot::Mutex<Option<Arc<Feed>>>,
     /// After a failed read, reads do not wait for etcd again before this
     /// instant (each would wait a whole request timeout), unless the client
@@ -125,6 +134,54 @@ impl std::fmt::Debug for EtcdBarrier {
     }
 }
 
+/// The reads of a barrier, numbered as they are sent.
+#[derive(Debug, Default)]
+struct Rounds {
+    /// Reads sent so far (the last one may be on its way).
+    sent: u64,
+    /// Whether read number `sent` is on its way.
+    on_its_way: bool,
+    /// The outcome of read number `sent` once it came back.
+    outcome: Option<std::result::Result<i64, EtcdError>>,
+    /// Readers served by a read another reader sent.
+    shared: u64,
+}
+
+impl EtcdBarrier {
+    /// The namespace revision from a linearizable read sent after this
+    /// call began: this caller's own, or one it waited for with others.
+    fn revision(&self) -> std::result::Result<i64, EtcdError> {
+        let mut r = self.rounds.lock();
+        // The read on its way now may have been sent before this call:
+        // the next one is this caller's.
+        let mine = r.sent + 1;
+        loop {
+            if r.sent >= mine && !r.on_its_way {
+                if let Some(o) = r.outcome.clone() {
+                    r.shared += 1;
+                    return o;
+                }
+            }
+            if !r.on_its_way {
+                r.sent += 1;
+                r.on_its_way = true;
+                r.outcome = None;
+                drop(r);
+                let got = self.client.get(&self.rev_key).map(|(kv, _)| kv.map_or(0, |k| k.mod_revision));
+                // Tests hold a read's answer back here (readers that come
+                // meanwhile must not take it).
+                crate::failpoints::pausepoint("barrier");
+                let mut r = self.rounds.lock();
+                r.on_its_way = false;
+                r.outcome = Some(got.clone());
+                self.round_done.notify_all();
+                return got;
+            }
+            self.round_done.wait(&mut r);
+        }
+    }
+}
+
 impl Barrier for EtcdBarrier {
     fn target(&self) -> Result<i64> {
         let backing_off = *self.retry_at.lock();
@@ -135,10 +192,9 @@ impl Barrier for EtcdBarrier {
     }
 
     fn target_now(&self) -> Result<i64> {
-        match self.client.get(&self.rev_key) {
-            Ok((kv, _)) => {
+        match self.revision() {
+            Ok(rev) => {
                 *self.retry_at.lock() = None;
-                let rev = kv.map_or(0, |k| k.mod_revision);
                 let feed = self.feed.lock().clone();
                 if let Some(f) = feed {
                     f.wait_through(rev, Instant::now() + self.client.timeout());
@@ -240,6 +296,8 @@ impl EtcdNamespace {
             barrier: Arc::new(EtcdBarrier {
                 rev_key: format!("{prefix}/ns/rev").into_bytes(),
                 client: client.clone(),
+                rounds: parking_lot::Mutex::new(Rounds::default()),
+                round_done: parking_lot::Condvar::new(),
                 feed: parking_lot::Mutex::new(None),
                 retry_at: parking_lot::Mutex::new(None),
             }),
@@ -820,6 +878,10 @@ impl Replica for EtcdNamespace {
             "replayed": self.replayed,
             "conflicts": self.conflicts,
             "stale": self.stale || self.desync,
+            "barriers": {
+                "sent": self.barrier.rounds.lock().sent,
+                "shared": self.barrier.rounds.lock().shared,
+            },
         })
     }
 }
