@@ -10,7 +10,9 @@
 #   creating a 14-byte lease file (O_EXCL, write, close), and a renewal by
 #   rename on one host read back on the other, against a single-host mount;
 #   writes to disjoint files from one host, then from two hosts at once,
-#   beside what bare transactions from one and from two clients achieve.
+#   beside what bare transactions from one and from two clients achieve;
+#   stat from one process, then from four at once on one host (readers that
+#   share the host's revision reads).
 # Needs root (mounts) for the second part; it is skipped otherwise.
 #   scripts/etcdbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 500, 3)
 # Needs etcd (apt-get install etcd-server).
@@ -98,6 +100,24 @@ elif mode == "pair":
         fcntl.flock(fd, fcntl.LOCK_EX); fcntl.flock(fd, fcntl.LOCK_UN)
         t.append(time.perf_counter_ns() - t0)
     print(statistics.median(t) / 1000)
+elif mode == "stats":
+    # n processes on one host, each stat-ing a file of its own: readers that
+    # share the host's revision reads.
+    r, w = os.pipe()
+    for i in range(n):
+        f = os.path.join(dirs[0], f"s{i}")
+        open(f, "w").close()
+    for i in range(n):
+        if os.fork() == 0:
+            f = os.path.join(dirs[0], f"s{i}")
+            k, end = 0, time.time() + secs
+            while time.time() < end:
+                os.stat(f)
+                k += 1
+            os.write(w, f"{k}\n".encode()); os._exit(0)
+    os.close(w)
+    for _ in range(n): os.wait()
+    print(sum(int(x) for x in os.read(r, 4096).split()) / secs)
 elif mode == "changes":
     # One process per directory, each writing its own file: disjoint changes.
     r, w = os.pipe()
@@ -135,6 +155,8 @@ for r in $(seq "$repeats"); do
         echo "local_flock_pair_us $(python3 "$work/mountbench.py" pair "$n" 0 "$work/local")"
         echo "local_contend2_acq_s $(python3 "$work/mountbench.py" contend 0 "$secs" "$work/local" "$work/local")"
         echo "mount_stat_us $(python3 "$work/mountbench.py" stat "$n" 0 "$work/a")"
+        echo "mount_stats1_s $(python3 "$work/mountbench.py" stats 1 "$secs" "$work/a")"
+        echo "mount_stats4_s $(python3 "$work/mountbench.py" stats 4 "$secs" "$work/a")"
         echo "local_stat_us $(python3 "$work/mountbench.py" stat "$n" 0 "$work/local")"
         echo "mount_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/a")"
         echo "local_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/local")"
@@ -170,5 +192,6 @@ if 'mount_flock_pair_us' in m:
     print(f"renew floor/raw     {(10 * read + 1.5 * cyc) / cyc:>9.2f}x  (10 reads + 3 transactions)")
     print(f"contend2*raw        {m['mount_contend2_acq_s'] * m['raw_txn_cycle_us'] / 1e6:>9.2f}  (acquisitions per raw cycle)")
     print(f"parallel2/1         {m['mount_parallel2_changes_s'] / m['mount_parallel1_changes_s']:>9.2f}x")
+    print(f"stats4/1            {m['mount_stats4_s'] / m['mount_stats1_s']:>9.2f}x  (readers on one host)")
     print(f"raw parallel2/1     {m['raw_parallel2_txn_s'] / m['raw_parallel1_txn_s']:>9.2f}x  (the cluster's own)")
 PY

@@ -1712,6 +1712,19 @@ fn an_exclusive_create_takes_its_epoch_in_its_own_transaction_and_is_decided_aga
     assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch l"), "5");
 }
 
+/// A directory for pause marks and gates, and the pause mark's path in it.
+fn mark_dir() -> (tempfile::TempDir, PathBuf) {
+    let marks = tempfile::tempdir().unwrap();
+    let mark = marks.path().join("paused");
+    (marks, mark)
+}
+
+/// A shell in `dir` that says ready, waits until `gate` exists, then runs
+/// `script`.
+fn after_gate(dir: &Path, gate: &Path, script: &str) -> Bg {
+    Bg::ready(dir, &format!("echo ready; while [ ! -e {} ]; do sleep 0.01; done; {script}", gate.display()))
+}
+
 /// Readers of one host that come while a read of the namespace revision is
 /// on its way share the next one, never the one on its way. Host a holds
 /// each such read's answer back 500 ms and its watch's events 400 ms (a
@@ -1724,8 +1737,7 @@ fn an_exclusive_create_takes_its_epoch_in_its_own_transaction_and_is_decided_aga
 fn readers_that_come_while_a_revision_read_is_on_its_way_share_the_next_one() {
     let cluster = Cluster::start();
     let p = prefix("share");
-    let marks = tempfile::tempdir().unwrap();
-    let mark = marks.path().join("paused");
+    let (marks, mark) = mark_dir();
     let gate = marks.path().join("go");
     let b = host(&cluster, &p, &[]);
     sh_ok(&b.path, "echo g > g; for k in 1 2 3; do mkdir d$k; echo v1 > d$k/f; echo v2 > d$k/n; done");
@@ -1735,8 +1747,8 @@ fn readers_that_come_while_a_revision_read_is_on_its_way_share_the_next_one() {
         &[("LEASEFS_PAUSE", "barrier:500,feed:400"), ("LEASEFS_PAUSE_MARK", mark.to_str().unwrap())],
     );
     // Three readers, each in its directory, waiting for the gate.
-    let wait = format!("echo ready; while [ ! -e {} ]; do sleep 0.01; done; exec cat f", gate.display());
-    let mut readers: Vec<Bg> = (1..=3).map(|k| Bg::ready(&a.path.join(format!("d{k}")), &wait)).collect();
+    let mut readers: Vec<Bg> =
+        (1..=3).map(|k| after_gate(&a.path.join(format!("d{k}")), &gate, "exec cat f")).collect();
     let shared0 = status(&a)["etcd"]["namespace"]["barriers"]["shared"].as_u64().unwrap();
     let _ = std::fs::remove_file(&mark);
     // The first reader's read is answered, then held back.
@@ -1753,4 +1765,30 @@ fn readers_that_come_while_a_revision_read_is_on_its_way_share_the_next_one() {
     let after = &status(&a)["etcd"]["namespace"]["barriers"];
     let shared = after["shared"].as_u64().unwrap() - shared0;
     assert!(shared >= 2, "the three readers shared reads of the revision: {after}");
+}
+
+/// Lookups of different names in one directory are served at once (not
+/// one after another as requests for one directory are): three processes
+/// look up three missing names in the root while host a holds each revision
+/// read's answer back 500 ms, and two of them share a read.
+#[test]
+fn lookups_of_different_names_in_one_directory_run_at_once() {
+    let cluster = Cluster::start();
+    let p = prefix("lookups");
+    let (marks, mark) = mark_dir();
+    let gate = marks.path().join("go");
+    let a = pausing_host_at(&cluster, &p, "barrier", 500, &mark);
+    let mut lookers: Vec<Bg> =
+        (1..=3).map(|k| after_gate(&a.path, &gate, &format!("test -e missing{k}; echo $?"))).collect();
+    let shared0 = status(&a)["etcd"]["namespace"]["barriers"]["shared"].as_u64().unwrap();
+    std::fs::write(&gate, "").unwrap();
+    for l in &mut lookers {
+        assert!(l.wait(STEP).success());
+        assert_eq!(l.output_to_end(), ["1"], "the name is missing");
+    }
+    let after = &status(&a)["etcd"]["namespace"]["barriers"];
+    assert!(
+        after["shared"].as_u64().unwrap() > shared0,
+        "lookups in one directory waited for each other instead of sharing a read: {after}"
+    );
 }

@@ -524,6 +524,10 @@ impl fuser::Filesystem for LeaseFs {
         // loop). It still removes file capabilities itself
         // (compat::writes_truncates_and_chowns_remove_file_capabilities).
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
+        // Without this the kernel sends one lookup (or readdir) at a time
+        // per directory: on a shared mount each waits for etcd, and every
+        // path walk looks up names in the root.
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         // The kernel offers io_uring only when its fuse module may use it.
         // Accepting it is a promise: the kernel holds every request until
         // the daemon has registered its queues, so it is accepted only when

@@ -5,7 +5,10 @@
 //! thread hands each request to this pool instead of running it, so it goes
 //! on reading `/dev/fuse` while one request waits:
 //! - requests are keyed by the node id the kernel sent them for (the inode,
-//!   or the directory of a name); requests with one key run one at a time,
+//!   or the directory of a name; for a lookup, the directory and the name:
+//!   lookups of different names in one directory need no order between
+//!   them, and every path walk looks up names in the root); requests with
+//!   one key run one at a time,
 //!   in the order the kernel sent them (a `close` releasing a `flock` comes
 //!   before the next lock request on that file, as on the session thread);
 //! - requests with different keys run on up to `threads` threads at once;

@@ -175,9 +175,11 @@ impl std::fmt::Debug for StartSlot {
 }
 
 /// Where request handlers run (leasefs patch). Called on the session thread
-/// with a request's node id and a job that parses and dispatches a copy of
-/// it; returns `false` when the job cannot be queued (the request is then
-/// answered with EAGAIN). INIT, DESTROY, FORGET, BATCH_FORGET and
+/// with a request's key and a job that parses and dispatches a copy of it;
+/// returns `false` when the job cannot be queued (the request is then
+/// answered with EAGAIN). The key is the request's node id, except for a
+/// LOOKUP: the directory's node id mixed with the name (see
+/// [`dispatch_key`]). INIT, DESTROY, FORGET, BATCH_FORGET and
 /// INTERRUPT are still handled on the session thread.
 pub type Dispatcher = Arc<dyn Fn(u64, Box<dyn FnOnce() + Send>) -> bool + Send + Sync>;
 
@@ -652,6 +654,27 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) dispatcher: DispatchSlot,
 }
 
+/// The key a request is dispatched under (requests with one key run one at
+/// a time, in order): its node id; for a LOOKUP, the directory's node id
+/// mixed with the name, so lookups of different names in one directory
+/// (every path walk's, in the root) may run at once. The kernel orders
+/// what needs ordering between them: a lookup and a change in one
+/// directory are never both outstanding unless the lookup revalidates a
+/// name outside the directory's lock, when either order is a valid one.
+pub(crate) fn dispatch_key(data: &[u8]) -> u64 {
+    let nodeid = u64::from_ne_bytes(data[16..24].try_into().unwrap());
+    let opcode = u32::from_ne_bytes(data[4..8].try_into().unwrap());
+    if opcode != abi::fuse_opcode::FUSE_LOOKUP as u32 || data.len() <= 40 {
+        return nodeid;
+    }
+    // FNV-1a over the name (up to its NUL), then mixed with the node id.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in data[40..].iter().take_while(|&&b| b != 0) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    nodeid.rotate_left(32) ^ h
+}
+
 /// Opcodes the session thread handles itself when a dispatcher is set.
 const INLINE_OPCODES: [u32; 5] = [
     abi::fuse_opcode::FUSE_INIT as u32,
@@ -673,7 +696,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             return false;
         }
         let unique = u64::from_ne_bytes(data[8..16].try_into().unwrap());
-        let nodeid = u64::from_ne_bytes(data[16..24].try_into().unwrap());
+        let key = dispatch_key(data);
         // A copy kept 8-byte aligned, as the parser needs.
         let mut copy = vec![0u64; data.len().div_ceil(8)];
         // SAFETY: `copy` owns at least `data.len()` bytes; u64 has no invalid bit patterns.
@@ -689,7 +712,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
                 req.dispatch(&se);
             }
         });
-        if !d(nodeid, job) {
+        if !d(key, job) {
             <ReplyRaw as Reply>::new(ll::RequestId(unique), ReplySender::Channel(reply_to))
                 .send_ll(&ResponseErrno(ll::Errno::EAGAIN));
         }
