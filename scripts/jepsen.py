@@ -424,6 +424,28 @@ def main():
                             return str(e)
                     print(f"--- worker {p.args[3]} (pid {p.pid}): state {proc('stat').split(')')[-1].split()[:1]}, "
                           f"wchan {proc('wchan')}\n{proc('stack')}", file=sys.stderr)
+            # What each host and etcd believe about the lease.
+            for host, d in h.mounts.items():
+                for f in ("leases", "status"):
+                    r = subprocess.run(["timeout", "5", "cat", os.path.join(d, ".leasefs", f)],
+                                       capture_output=True, text=True)
+                    print(f"--- {host} .leasefs/{f} ---\n{r.stdout}{r.stderr}", file=sys.stderr)
+                try:
+                    tail = open(os.path.join(work, f"{host}.log")).read().splitlines()[-30:]
+                except OSError as e:
+                    tail = [str(e)]
+                print(f"--- {host} log (end) ---\n" + "\n".join(tail), file=sys.stderr)
+            eps = ",".join(f"http://127.0.0.1:{c}" for c, _ in h.ports)
+            for prefix in ("jepsen/q/", "jepsen/epoch/", "jepsen/hosts/"):
+                r = subprocess.run(["etcdctl", "--endpoints", eps, "--command-timeout=2s", "get", "--prefix", prefix],
+                                   capture_output=True, text=True, env=dict(os.environ, ETCDCTL_API="3"))
+                print(f"--- etcd {prefix} ---\n{r.stdout[:4000]}{r.stderr[:500]}", file=sys.stderr)
+            try:
+                hist = open(log).read().splitlines()[-25:]
+            except OSError as e:
+                hist = [str(e)]
+            print("--- history (end) ---\n" + "\n".join(hist + [json.dumps(e) for e in h.events[-10:]]),
+                  file=sys.stderr)
             if shutil.which("gdb"):
                 for host, pid in h.daemons.items():
                     bt = subprocess.run(["gdb", "-p", str(pid), "-batch", "-ex", "thread apply all bt"],
