@@ -138,7 +138,9 @@ class Harness:
         tag = os.getpid() % 100000
         self.ns = f"lfj{tag}"
         self.host_if, self.ns_if = f"ljh{tag}", f"ljn{tag}"
-        self.host_ip, self.ns_ip = "10.214.7.1", "10.214.7.2"
+        # Runs side by side (each its own namespace) use addresses of their own.
+        net = 8 + tag % 240
+        self.host_ip, self.ns_ip = f"10.214.{net}.1", f"10.214.{net}.2"
 
     def note(self, what, **kv):
         kv.update(op="nemesis", what=what, at=now())
