@@ -1725,6 +1725,21 @@ fn after_gate(dir: &Path, gate: &Path, script: &str) -> Bg {
     Bg::ready(dir, &format!("echo ready; while [ ! -e {} ]; do sleep 0.01; done; {script}", gate.display()))
 }
 
+/// Readers served by a revision read another reader sent, and the whole
+/// `barriers` object of host `m`'s status.
+fn shared_reads(m: &Mount) -> (u64, serde_json::Value) {
+    let b = status(m)["etcd"]["namespace"]["barriers"].clone();
+    (b["shared"].as_u64().unwrap(), b)
+}
+
+/// Each of `bgs` ends well, having printed just `line`.
+fn each_prints(bgs: &mut [Bg], line: &str, why: &str) {
+    for b in bgs {
+        assert!(b.wait(STEP).success());
+        assert_eq!(b.output_to_end(), [line], "{why}");
+    }
+}
+
 /// Readers of one host that come while a read of the namespace revision is
 /// on its way share the next one, never the one on its way. Host a holds
 /// each such read's answer back 500 ms and its watch's events 400 ms (a
@@ -1749,7 +1764,7 @@ fn readers_that_come_while_a_revision_read_is_on_its_way_share_the_next_one() {
     // Three readers, each in its directory, waiting for the gate.
     let mut readers: Vec<Bg> =
         (1..=3).map(|k| after_gate(&a.path.join(format!("d{k}")), &gate, "exec cat f")).collect();
-    let shared0 = status(&a)["etcd"]["namespace"]["barriers"]["shared"].as_u64().unwrap();
+    let (shared0, _) = shared_reads(&a);
     let _ = std::fs::remove_file(&mark);
     // The first reader's read is answered, then held back.
     let mut first = Bg::capture(&a.path, "cat", &["g"]);
@@ -1757,14 +1772,10 @@ fn readers_that_come_while_a_revision_read_is_on_its_way_share_the_next_one() {
     // b's renames return while it is held back; then the readers come.
     sh_ok(&b.path, "for k in 1 2 3; do mv d$k/n d$k/f; done");
     std::fs::write(&gate, "").unwrap();
-    for r in &mut readers {
-        assert!(r.wait(STEP).success());
-        assert_eq!(r.output_to_end(), ["v2"], "a reader that came after the rename read the file it replaced");
-    }
+    each_prints(&mut readers, "v2", "a reader that came after the rename read the file it replaced");
     assert!(first.wait(STEP).success());
-    let after = &status(&a)["etcd"]["namespace"]["barriers"];
-    let shared = after["shared"].as_u64().unwrap() - shared0;
-    assert!(shared >= 2, "the three readers shared reads of the revision: {after}");
+    let (shared, after) = shared_reads(&a);
+    assert!(shared - shared0 >= 2, "the three readers shared reads of the revision: {after}");
 }
 
 /// Lookups of different names in one directory are served at once (not
@@ -1780,15 +1791,9 @@ fn lookups_of_different_names_in_one_directory_run_at_once() {
     let a = pausing_host_at(&cluster, &p, "barrier", 500, &mark);
     let mut lookers: Vec<Bg> =
         (1..=3).map(|k| after_gate(&a.path, &gate, &format!("test -e missing{k}; echo $?"))).collect();
-    let shared0 = status(&a)["etcd"]["namespace"]["barriers"]["shared"].as_u64().unwrap();
+    let (shared0, _) = shared_reads(&a);
     std::fs::write(&gate, "").unwrap();
-    for l in &mut lookers {
-        assert!(l.wait(STEP).success());
-        assert_eq!(l.output_to_end(), ["1"], "the name is missing");
-    }
-    let after = &status(&a)["etcd"]["namespace"]["barriers"];
-    assert!(
-        after["shared"].as_u64().unwrap() > shared0,
-        "lookups in one directory waited for each other instead of sharing a read: {after}"
-    );
+    each_prints(&mut lookers, "1", "the name is missing");
+    let (shared, after) = shared_reads(&a);
+    assert!(shared > shared0, "lookups in one directory waited for each other instead of sharing a read: {after}");
 }

@@ -871,6 +871,10 @@ impl Replica for EtcdNamespace {
     }
 
     fn status(&self) -> serde_json::Value {
+        let barriers = {
+            let r = self.barrier.rounds.lock();
+            json!({"sent": r.sent, "shared": r.shared})
+        };
         json!({
             "revision": self.applied,
             "inodes": self.to_ino.len(),
@@ -878,10 +882,7 @@ impl Replica for EtcdNamespace {
             "replayed": self.replayed,
             "conflicts": self.conflicts,
             "stale": self.stale || self.desync,
-            "barriers": {
-                "sent": self.barrier.rounds.lock().sent,
-                "shared": self.barrier.rounds.lock().shared,
-            },
+            "barriers": barriers,
         })
     }
 }

@@ -861,17 +861,16 @@ fn run(ring: &mut Ring, early: Vec<(u64, i32)>, dev: RawFd, q: &Arc<Shared>, ser
         // another kick is made once entries are free (registered and
         // submitted), where it takes one at once instead of queueing too.
         if q.kicks.load(Ordering::SeqCst) > 0 {
-            let now = std::time::Instant::now();
-            for k in q.kickers.lock().iter_mut().filter(|k| !k.delivered && !k.stuck) {
-                if now.duration_since(k.made) >= KICK_PATIENCE {
-                    k.stuck = true;
-                    q.kicks.fetch_sub(1, Ordering::SeqCst);
-                    q.kicks_wanted.fetch_add(1, Ordering::SeqCst);
-                }
-            }
+            let n = mark_stuck(&mut q.kickers.lock(), std::time::Instant::now());
+            q.kicks.fetch_sub(n, Ordering::SeqCst);
+            q.kicks_wanted.fetch_add(n, Ordering::SeqCst);
         }
-        let wanted = q.kicks_wanted.load(Ordering::SeqCst) > 0 && q.kicks.load(Ordering::SeqCst) == 0;
-        if wanted && held < q.stats.entries.load(Ordering::Relaxed) {
+        if kick_now(
+            q.kicks_wanted.load(Ordering::SeqCst),
+            q.kicks.load(Ordering::SeqCst),
+            held,
+            q.stats.entries.load(Ordering::Relaxed),
+        ) {
             match ring.submit(false) {
                 Ok(_) => start_kicks(q),
                 Err(e) => warn!(queue = q.qid, "io_uring submit: {e}"),
@@ -910,6 +909,25 @@ struct Kicker {
     /// Its kick was found queued in the kernel: it no longer holds a slot
     /// of `kicks`, and it ends once the kick is fetched.
     stuck: bool,
+}
+
+/// Mark the kicks not delivered within `KICK_PATIENCE` stuck (queued in the
+/// kernel behind the requests they were to fetch); how many were. Each
+/// gives its slot of `kicks` back and asks for a kick in its place.
+fn mark_stuck(kickers: &mut [Kicker], now: std::time::Instant) -> u32 {
+    let mut n = 0;
+    for k in kickers.iter_mut().filter(|k| !k.delivered && !k.stuck && now.duration_since(k.made) >= KICK_PATIENCE) {
+        k.stuck = true;
+        n += 1;
+    }
+    n
+}
+
+/// Whether a kicker starts now for the kicks `wanted`: none is out making
+/// them, and an entry is free, so that a kick made now takes it at once
+/// instead of queueing behind the requests it is to fetch.
+fn kick_now(wanted: u32, kicks: u32, held: u32, entries: u32) -> bool {
+    wanted > 0 && kicks == 0 && held < entries
 }
 
 /// Make the kernel hand queue `q` the requests it queued for want of a free
@@ -1091,5 +1109,47 @@ fn serve(
             let data = std::slice::from_raw_parts(at, len);
             server.serve(data, sink.clone(), token);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn kicker(made: Instant, delivered: bool) -> Kicker {
+        Kicker { tid: 1, made, delivered, stuck: false }
+    }
+
+    /// A kick not delivered within its patience is stuck once: delivered
+    /// kicks and young ones are not.
+    #[test]
+    fn a_kick_undelivered_past_its_patience_is_stuck_once() {
+        let now = Instant::now() + Duration::from_secs(1);
+        let old = now - KICK_PATIENCE * 2;
+        let mut k = vec![kicker(old, true), kicker(now, false), kicker(old, false)];
+        assert_eq!(mark_stuck(&mut k, now), 1);
+        assert!(k[2].stuck && !k[0].stuck && !k[1].stuck);
+        assert_eq!(mark_stuck(&mut k, now), 0, "a stuck kick gives its slot back once");
+    }
+
+    /// The state a 10 000-waiter run once stopped in: 64 kicks, all queued in
+    /// the kernel, and 1 127 of 2 048 entries free. The stuck kicks give
+    /// their slots back and a new kick starts; none starts while every entry
+    /// is taken (it would queue too), nor while a kicker is out.
+    #[test]
+    fn stuck_kicks_make_way_for_a_new_one_once_an_entry_is_free() {
+        let now = Instant::now() + Duration::from_secs(1);
+        let mut k: Vec<Kicker> = (0..64).map(|_| kicker(now - KICK_PATIENCE * 2, false)).collect();
+        let mut kicks = 64u32;
+        let mut wanted = 0u32;
+        assert!(!kick_now(wanted, kicks, 921, 2048));
+        let n = mark_stuck(&mut k, now);
+        kicks -= n;
+        wanted += n;
+        assert!(kick_now(wanted, kicks, 921, 2048), "a new kick once the stuck ones gave their slots back");
+        assert!(!kick_now(wanted, kicks, 2048, 2048), "no kick while every entry is taken");
+        assert!(!kick_now(wanted, 1, 921, 2048), "no second kicker while one is out");
+        assert!(!kick_now(0, kicks, 921, 2048), "no kick nobody asked for");
     }
 }
