@@ -362,11 +362,11 @@ pub fn absolute(p: &Path) -> io::Result<PathBuf> {
 }
 
 /// Whether `e`, from a request on a mount, says its daemon is gone:
-/// `ENOTCONN`, or `ECONNABORTED`, which the kernel answers for a moment
-/// after a daemon that served through io_uring died (while it tears the
-/// rings down) before it answers `ENOTCONN`.
+/// `ENOTCONN`, or `ECONNABORTED` or `ECANCELED`, which the kernel answers
+/// for a moment after a daemon that served through io_uring died (while it
+/// tears the rings down) before it answers `ENOTCONN`.
 pub fn daemon_gone(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED))
+    matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED | libc::ECANCELED))
 }
 
 /// Check the mount point and mount `/dev/fuse` on it. Returns the device fd.
