@@ -447,6 +447,40 @@ fn a_full_state_disk_fails_fsync_with_enospc_until_space_returns() {
     assert_eq!(sh_ok(&m.path, "md5sum big"), sum, "the retried sync made the pending changes durable");
 }
 
+/// A large write's journal batch (written to the state directory without
+/// the page cache, by the sync) reserves its space first: on a full disk
+/// the `fsync` is refused with `ENOSPC`, not failed later, and a retry
+/// once space returns keeps every byte across a `kill -9`.
+#[test]
+fn a_large_write_on_a_full_state_disk_fails_fsync_with_enospc_and_a_retry_keeps_it() {
+    let disk = TinyDisk::new(24 << 10);
+    let sd = disk.path.clone();
+    let sds = sd.to_str().unwrap();
+    let mut m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
+    let sync = |name: &str| format!("python3 -c \"import os; os.fsync(os.open('{name}', os.O_RDONLY))\"");
+    sh_ok(&m.path, &format!("echo durable > kept && {}", sync("kept")));
+    // Leave 2 MiB free: less than the 6 MiB batch needs.
+    let free = |p: &std::path::Path| {
+        let o = run_timeout(Command::new("df").args(["-B1", "--output=avail"]).arg(p), STEP);
+        String::from_utf8_lossy(&o.stdout).lines().nth(1).unwrap().trim().parse::<u64>().unwrap()
+    };
+    let fill = free(&sd) - (2 << 20);
+    sh_ok(&sd, &format!("head -c {fill} /dev/zero > filler"));
+    sh_ok(&m.path, "head -c 6291456 /dev/urandom > big");
+    let o = sh(&m.path, &sync("big"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("No space left on device"), "{o:?}");
+    let status = sh_ok(&m.path, "cat .leasefs/status");
+    assert!(status.contains("\"durability\":\"durable\""), "a full disk is not fail-stop: {status}");
+    std::fs::remove_file(sd.join("filler")).unwrap();
+    sh_ok(&m.path, &sync("big"));
+    let sum = sh_ok(&m.path, "md5sum big");
+    kill_9(&mut m);
+    drop(m);
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
+    assert_eq!(sh_ok(&m.path, "cat kept"), "durable\n", "nothing durable was lost");
+    assert_eq!(sh_ok(&m.path, "md5sum big"), sum, "the retried sync made the large write durable");
+}
+
 /// Leases created without an `fsync` are appended to the journal in
 /// batches as they accumulate (2 048 changed inodes each), not all at the
 /// next `fsync`; a clean unmount keeps every one of them, and a second

@@ -1,7 +1,9 @@
 //! Group commit: the journal's `fdatasync` runs off the request path.
 //!
 //! A flush appends its batch to the namespace journal under the state lock
-//! (a copy into the page cache) and hands the sync to this thread, which
+//! (a copy into the page cache; the bulk of a batch of megabytes is
+//! written by the sync instead, without the page cache: see
+//! [`crate::store::direct`]) and hands the sync to this thread, which
 //! answers the caller once the batch is durable. Requests that arrive
 //! meanwhile (other files' lock operations, reads, writes) are served at
 //! once instead of waiting for another process's `fsync`, and every sync

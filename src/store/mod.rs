@@ -9,8 +9,10 @@
 //!   file, sync, rename, sync the directory; written off the request path);
 //!   [`records`]: their checksummed record codec.
 //! - [`group`]: group commit, so a journal sync never runs on the request
-//!   path.
+//!   path; [`direct`]: large journal writes without the page cache,
+//!   written by the sync that needs them.
 
+pub mod direct;
 pub mod epochs;
 pub mod group;
 pub mod records;

@@ -11,6 +11,11 @@ use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::store::direct::{self, Deferred};
 
 /// Files of one flat state directory, by name.
 pub trait Storage: Send {
@@ -79,6 +84,9 @@ pub struct DirStorage {
     open: HashMap<String, File>,
     /// What was written to each file since its cached pages were last let go.
     cached: HashMap<String, Cached>,
+    /// Large writes waiting for their file's next sync (shared with the
+    /// handles [`Storage::fork`] makes, whose syncs must cover them too).
+    deferred: Arc<Mutex<HashMap<String, Arc<Deferred>>>>,
 }
 
 /// What [`DirStorage`] knows of a file's cached pages.
@@ -93,7 +101,26 @@ struct Cached {
 
 impl DirStorage {
     pub fn new(dir: &Path) -> DirStorage {
-        DirStorage { dir: dir.to_path_buf(), open: HashMap::new(), cached: HashMap::new() }
+        DirStorage { dir: dir.to_path_buf(), open: HashMap::new(), cached: HashMap::new(), deferred: Arc::default() }
+    }
+
+    /// Write out the deferred writes of `name` (a barrier before anything
+    /// that reads, cuts, syncs or replaces it); `forget` also drops its
+    /// queue (the name is replaced or removed).
+    fn settle(&self, name: &str, forget: bool) -> io::Result<()> {
+        let d = if forget { self.deferred.lock().remove(name) } else { self.deferred.lock().get(name).cloned() };
+        d.map_or(Ok(()), |d| d.drain())
+    }
+
+    /// The deferred writer of `name`, made on first use.
+    fn deferred(&mut self, name: &str) -> io::Result<Arc<Deferred>> {
+        if let Some(d) = self.deferred.lock().get(name) {
+            return Ok(d.clone());
+        }
+        let path = self.dir.join(name);
+        let d = Arc::new(Deferred::open(&path, self.file(name)?)?);
+        self.deferred.lock().insert(name.to_string(), d.clone());
+        Ok(d)
     }
 
     fn file(&mut self, name: &str) -> io::Result<&mut File> {
@@ -122,10 +149,11 @@ impl DirStorage {
         }
     }
 
-    /// Account for `len` bytes written at `offset` of `name`.
-    fn wrote(&mut self, name: &str, offset: u64, len: u64) {
+    /// Account for `len` bytes written at `offset` of `name`, `cached` of
+    /// them through the page cache.
+    fn wrote(&mut self, name: &str, offset: u64, len: u64, cached: u64) {
         let c = self.cached.entry(name.to_string()).or_default();
-        c.written += len;
+        c.written += cached;
         if let Some(z) = &mut c.zeros_from {
             *z = (*z).max(offset + len);
         }
@@ -142,6 +170,7 @@ impl Storage for DirStorage {
     }
 
     fn read(&mut self, name: &str) -> io::Result<Option<Vec<u8>>> {
+        self.settle(name, false)?;
         let mut f = match File::open(self.dir.join(name)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
@@ -154,6 +183,7 @@ impl Storage for DirStorage {
 
     fn read_range(&mut self, name: &str, offset: u64, end: u64) -> io::Result<Vec<u8>> {
         use std::os::unix::fs::FileExt;
+        self.settle(name, false)?;
         let f = match File::open(self.dir.join(name)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -172,7 +202,9 @@ impl Storage for DirStorage {
     }
 
     fn fork(&self) -> Option<Box<dyn Storage>> {
-        Some(Box::new(DirStorage::new(&self.dir)))
+        let mut s = DirStorage::new(&self.dir);
+        s.deferred = self.deferred.clone();
+        Some(Box::new(s))
     }
 
     fn append(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
@@ -180,14 +212,29 @@ impl Storage for DirStorage {
         let f = self.file(name)?;
         let at = f.seek(SeekFrom::End(0))?;
         f.write_all(data)?;
-        self.wrote(name, at, data.len() as u64);
+        self.wrote(name, at, data.len() as u64, data.len() as u64);
         Ok(())
     }
 
+    /// Large writes (see [`direct`]): the unaligned ends through the page
+    /// cache now, the aligned middle reserved now and written without the
+    /// page cache by the file's next sync.
     fn write_at(&mut self, name: &str, offset: u64, data: &[u8]) -> io::Result<()> {
         use std::os::unix::fs::FileExt;
+        if data.len() >= direct::DIRECT_MIN {
+            let d = self.deferred(name)?;
+            if d.direct() {
+                let (head, mid, _) = direct::split(offset, data.len());
+                d.queue(offset + head as u64, &data[head..head + mid])?;
+                let f = self.file(name)?;
+                f.write_all_at(&data[..head], offset)?;
+                f.write_all_at(&data[head + mid..], offset + (head + mid) as u64)?;
+                self.wrote(name, offset, data.len() as u64, (data.len() - mid) as u64);
+                return Ok(());
+            }
+        }
         self.file(name)?.write_all_at(data, offset)?;
-        self.wrote(name, offset, data.len() as u64);
+        self.wrote(name, offset, data.len() as u64, data.len() as u64);
         Ok(())
     }
 
@@ -199,6 +246,7 @@ impl Storage for DirStorage {
     }
 
     fn truncate(&mut self, name: &str, len: u64) -> io::Result<()> {
+        self.settle(name, false)?;
         self.file(name)?.set_len(len)?;
         if let Some(c) = self.cached.get_mut(name) {
             c.zeros_from = c.zeros_from.filter(|&z| z < len);
@@ -207,6 +255,7 @@ impl Storage for DirStorage {
     }
 
     fn sync(&mut self, name: &str) -> io::Result<()> {
+        self.settle(name, false)?;
         self.file(name)?.sync_data()
     }
 
@@ -215,7 +264,11 @@ impl Storage for DirStorage {
         // appended through the first.
         let f = self.file(name)?.try_clone()?;
         let drop_cache = self.cache_to_drop(name);
+        let deferred = self.deferred.lock().get(name).cloned();
         Ok(Box::new(move || {
+            if let Some(d) = deferred {
+                d.drain()?;
+            }
             f.sync_data()?;
             if let Some(len) = drop_cache {
                 let_cache_go(&f, len);
@@ -225,6 +278,7 @@ impl Storage for DirStorage {
     }
 
     fn write_new(&mut self, name: &str, data: &[u8]) -> io::Result<()> {
+        self.settle(name, true)?;
         self.open.remove(name);
         self.cached.remove(name);
         let mut f = OpenOptions::new().create(true).truncate(true).write(true).open(self.dir.join(name))?;
@@ -233,6 +287,8 @@ impl Storage for DirStorage {
     }
 
     fn rename(&mut self, from: &str, to: &str) -> io::Result<()> {
+        self.settle(from, true)?;
+        self.settle(to, true)?;
         self.open.remove(from);
         self.open.remove(to);
         self.cached.remove(from);
@@ -241,6 +297,7 @@ impl Storage for DirStorage {
     }
 
     fn remove(&mut self, name: &str) -> io::Result<()> {
+        self.settle(name, true)?;
         self.open.remove(name);
         self.cached.remove(name);
         match std::fs::remove_file(self.dir.join(name)) {
@@ -254,6 +311,7 @@ impl Storage for DirStorage {
     }
 
     fn len(&mut self, name: &str) -> u64 {
+        let _ = self.settle(name, false);
         std::fs::metadata(self.dir.join(name)).map(|m| m.len()).unwrap_or(0)
     }
 }
@@ -544,6 +602,46 @@ mod tests {
         s.truncate("j", 3 << 20).unwrap();
         s.syncer("j").unwrap()().unwrap();
         assert_eq!(resident_pages(&path), (0, 0));
+    }
+
+    /// A large write reaches the file without the page cache (but for
+    /// its unaligned ends) and is seen by every later read, by the sync of
+    /// a forked handle, and by a truncate.
+    #[test]
+    fn a_large_write_is_written_by_the_next_sync_or_read_and_skips_the_page_cache() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let mut s = DirStorage::new(dir.path());
+        let pattern =
+            |seed: u32, len: usize| -> Vec<u8> { (0..len as u32).map(|i| ((i + seed) % 251) as u8).collect() };
+        let mib = 1 << 20;
+        s.append("j", b"head").unwrap();
+        let big = pattern(0, 5 * mib);
+        s.write_at("j", 4, &big).unwrap();
+        s.syncer("j").unwrap()().unwrap();
+        let (before, after) = resident_pages(&path);
+        assert!(before + after <= 2, "only the unaligned ends went through the page cache: {before} + {after}");
+        assert!(std::fs::read(&path).unwrap()[4..] == big[..], "written by the sync");
+        // A read is a barrier.
+        let other = pattern(7, 5 * mib);
+        s.write_at("j", 4, &other).unwrap();
+        assert_eq!(s.len("j"), 4 + other.len() as u64);
+        let got = s.read("j").unwrap().unwrap();
+        assert!(got[..4] == *b"head" && got[4..] == other[..], "a read sees the deferred write");
+        // A forked handle's sync (the snapshot thread's) covers the main
+        // handle's deferred writes.
+        let third = pattern(11, 3 * mib);
+        s.write_at("j", 4, &third).unwrap();
+        let mut fork = s.fork().unwrap();
+        fork.sync("j").unwrap();
+        assert!(std::fs::read(&path).unwrap()[4..4 + 3 * mib] == third[..], "written before the forked sync returned");
+        // No deferred write lands after a truncate.
+        s.write_at("j", 4, &big[..3 * mib]).unwrap();
+        s.truncate("j", 100).unwrap();
+        s.sync("j").unwrap();
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(on_disk.len(), 100);
+        assert!(on_disk[4..] == big[..96], "the write went before the cut");
     }
 
     #[test]
