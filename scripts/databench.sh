@@ -10,6 +10,8 @@
 #   PIN=1 scripts/databench.sh                          (everything on CPU 0)
 #   BASELINE=/path/to/older/leasefs scripts/databench.sh (adds that build)
 #   RAW=FILE scripts/databench.sh                       (keeps every round's figures)
+#   WRITEBACK=1 scripts/databench.sh                    (adds "minwb": the minimal
+#       filesystem with the kernel's write-back cache, which leasefs does not use)
 # Metrics, per column:
 #   write_fsync_s  dd of MIB MiB in 1 MiB blocks, conv=fsync (a fresh file)
 #   read_cold_s    dd it back in 1 MiB blocks after dropping the page cache
@@ -37,12 +39,26 @@ unmount_minpunch() {
     umount "$work/minpunch" 2>/dev/null || umount -l "$work/minpunch" 2>/dev/null || true
     kill "$minpunch_pid" 2>/dev/null || true
     wait "$minpunch_pid" 2>/dev/null || true
+    if [ -n "${minwb_pid:-}" ]; then
+        umount "$work/minwb" 2>/dev/null || umount -l "$work/minwb" 2>/dev/null || true
+        kill "$minwb_pid" 2>/dev/null || true
+        wait "$minwb_pid" 2>/dev/null || true
+    fi
     bench_unmount_all
 }
 trap unmount_minpunch EXIT
 for _ in $(seq 100); do mountpoint -q "$work/minpunch" && break; sleep 0.05; done
 mountpoint -q "$work/minpunch" || { echo "minimalfs did not mount on minpunch" >&2; exit 1; }
 cols="${cols} minimal minpunch disk"
+minwb_pid=
+if [ -n "${WRITEBACK:-}" ]; then
+    mkdir -p "$work/minwb"
+    "${pin[@]}" ./target/release/examples/minimalfs "$work/minwb" 0 writeback &
+    minwb_pid=$!
+    for _ in $(seq 100); do mountpoint -q "$work/minwb" && break; sleep 0.05; done
+    mountpoint -q "$work/minwb" || { echo "minimalfs did not mount on minwb" >&2; exit 1; }
+    cols="${cols} minwb"
+fi
 head -c $((mib << 20)) /dev/urandom > "$work/tmpfs/source"
 daemon_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1] + '/.leasefs/status'))['pid'])" "$1"; }
 written() { awk '/^write_bytes/ {print $2}' "/proc/$1/io"; }
@@ -70,7 +86,7 @@ mmap_ops() { # dir bytes -> bogo ops/s (real time)
 for r in $(seq "$rounds"); do
     for fs in $cols; do
         d="$work/$fs"
-        case $fs in minimal|minpunch) f="$d/data$r" ;; *) mkdir -p "$d/run$r"; f="$d/run$r/data" ;; esac
+        case $fs in minimal|minpunch|minwb) f="$d/data$r" ;; *) mkdir -p "$d/run$r"; f="$d/run$r/data" ;; esac
         pid=
         # A timed write starts with no compaction of the last round's
         # leftovers running.
@@ -87,7 +103,7 @@ for r in $(seq "$rounds"); do
         echo "$fs read_warm_s $(secs "${pin[@]}" dd if="$f" of=/dev/null bs=1M)"
         cmp -s "$f" "$work/tmpfs/source" || { echo "databench: $fs returned other bytes than were written" >&2; exit 1; }
         rm -f "$f"
-        case $fs in minimal|minpunch) md="$d" ;; *) md="$d/run$r" ;; esac
+        case $fs in minimal|minpunch|minwb) md="$d" ;; *) md="$d/run$r" ;; esac
         echo "$fs mmap4m_ops $(mmap_ops "$md" 4M)"
         echo "$fs mmap256m_ops $(mmap_ops "$md" 256M)"
     done

@@ -2,13 +2,16 @@
 //! none of leasefs's logic (no request hook, no epochs, no identity, no fairness
 //! beyond a FIFO queue). `scripts/lockbench.sh` measures leasefs against it.
 //!
-//! Usage: minimalfs MOUNTPOINT [TTL_SECONDS [punch]]   (runs until unmounted; as root)
+//! Usage: minimalfs MOUNTPOINT [TTL_SECONDS [punch] [writeback]]   (runs until unmounted; as root)
 //!
 //! TTL_SECONDS (default 0) is the entry and attribute timeout of every reply:
 //! 0 makes the kernel ask for every name and attribute, 1 lets it cache them.
 //! `punch` makes it answer `fallocate` (hole punching and allocation, the
 //! work `stress-ng --mmap-file` asks for on every page); without it
 //! `fallocate` is ENOSYS and the kernel stops sending it after the first.
+//! `writeback` turns on the kernel's write-back cache (`FUSE_WRITEBACK_CACHE`:
+//! writes are acknowledged from the page cache and sent later), the mode
+//! leasefs does not use; it shows what that mode would gain.
 //!
 //! One flat directory of regular files whose contents are kept in memory,
 //! one contiguous buffer per file, served through the kernel's page cache
@@ -118,12 +121,18 @@ fn ttl() -> &'static Duration {
     TTL.get_or_init(|| Duration::ZERO)
 }
 
-/// Whether `fallocate` is served (third argument `punch`).
+/// Whether `fallocate` is served (argument `punch`).
 static PUNCH: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the kernel's write-back cache is asked for (argument `writeback`).
+static WRITEBACK: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl fuser::Filesystem for MinimalFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.add_capabilities(InitFlags::FUSE_POSIX_LOCKS | InitFlags::FUSE_FLOCK_LOCKS);
+        if WRITEBACK.load(std::sync::atomic::Ordering::Relaxed) {
+            let _ = config.add_capabilities(InitFlags::FUSE_WRITEBACK_CACHE);
+        }
         Ok(())
     }
 
@@ -352,7 +361,9 @@ fn main() {
     let mountpoint = std::env::args().nth(1).expect("usage: minimalfs MOUNTPOINT [TTL_SECONDS]");
     let secs: f64 = std::env::args().nth(2).map_or(0.0, |s| s.parse().expect("TTL_SECONDS: a number"));
     let _ = TTL.set(Duration::from_secs_f64(secs));
-    PUNCH.store(std::env::args().nth(3).as_deref() == Some("punch"), std::sync::atomic::Ordering::Relaxed);
+    let flags: Vec<String> = std::env::args().skip(3).collect();
+    PUNCH.store(flags.iter().any(|f| f == "punch"), std::sync::atomic::Ordering::Relaxed);
+    WRITEBACK.store(flags.iter().any(|f| f == "writeback"), std::sync::atomic::Ordering::Relaxed);
     let mut config = fuser::Config::default();
     config.mount_options = vec![fuser::MountOption::FSName("minimalfs".into()), fuser::MountOption::DefaultPermissions];
     config.acl = fuser::SessionACL::All;
