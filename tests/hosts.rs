@@ -372,6 +372,49 @@ for f, what in ((fd, "lease"), (g, "guarded")):
     assert_eq!(e3, e2 + 1);
 }
 
+/// A keep-alive answered after the session's deadline does not revive
+/// the session: here every answer of host a is held back 1.5 s, past the
+/// deadline of its 2 s lease renewed every 0.67 s. From the deadline on a
+/// fences its holder and lets its entry go with the lease, so a waiter on
+/// host b is granted once the lease expires. Red (b's waiter never
+/// granted: a's entry stays held under a lease the late answers keep
+/// alive) when a late answer extends the deadline.
+#[test]
+fn a_keep_alive_answered_after_the_deadline_leaves_no_entry_in_the_way() {
+    let cluster = Cluster::start();
+    let p = prefix("late-keep-alive");
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&b.path, "touch x");
+    let eps = cluster.endpoints().join(",");
+    let a = Mount::with_args_env(
+        &["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", &p, "--host-ttl", "2s"],
+        &[("LEASEFS_PAUSE", "keep-alive-answer:1500")],
+    );
+    // a's sessions are alive about 2 s at a time: take the lock in one.
+    let holder = r#"
+import fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+for _ in range(200):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        break
+    except OSError:
+        time.sleep(0.05)
+print("ready", flush=True)
+time.sleep(60)
+"#;
+    let _h = py_ready(&a, holder);
+    let waited = Instant::now();
+    let waiter = sh(&b.path, "flock -w 20 x true");
+    assert!(
+        waiter.status.success(),
+        "the waiter on the other host was never granted ({:?}): {}",
+        waited.elapsed(),
+        status(&a)["etcd"]["session"]
+    );
+    assert!(status(&a)["etcd"]["session"]["lost"].as_u64().unwrap() >= 1, "a's late answers lost its session");
+}
+
 /// `--lock-delay`: a lease whose holder's host was lost is granted only
 /// once the delay has passed after the loss was noticed.
 #[test]

@@ -14,7 +14,8 @@
 //! the deadline itself (checked against the clock, not the thread), the
 //! `on_lost` callback runs (the daemon fences every local holder), and the
 //! thread registers a new lease (a new session: nothing of the old one is
-//! carried over).
+//! carried over). A keep-alive answered after the deadline does not revive
+//! the old lease: the host has already let its entries go with it.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
@@ -166,13 +167,16 @@ fn keep_alive(s: &Shared) {
             continue;
         }
         let sent = Instant::now();
-        match s.client.keep_alive(id) {
+        let answer = s.client.keep_alive(id);
+        crate::failpoints::pausepoint("keep-alive-answer");
+        match answer {
             Ok(ttl) if ttl > 0 => {
-                let mut l = s.lease.lock();
-                if l.id == id {
-                    l.deadline = l.deadline.max(deadline_after(sent, ttl));
+                if renew(&mut s.lease.lock(), id, sent, ttl, Instant::now()) {
+                    next = sent + every;
+                } else {
+                    lose(s, id);
+                    next = Instant::now();
                 }
-                next = sent + every;
             }
             // The server says the lease is gone: lost now, whatever the clock says.
             Ok(_) => {
@@ -184,6 +188,26 @@ fn keep_alive(s: &Shared) {
             Err(_) => next = Instant::now() + Duration::from_millis(200).min(every),
         }
     }
+}
+
+/// Apply a keep-alive answer for lease `id` (sent at `sent`, granting
+/// `ttl`) at `now`: the deadline moves on only while the session is still
+/// alive. An answer that comes after the deadline is too late to keep it:
+/// from the deadline on the host acts on the loss (fences its holders and
+/// drops its waiters and entries, which go with the lease), so reviving the
+/// lease would leave those entries in etcd under a lease that lives on,
+/// granted or queued for requests nobody answers, in every other host's
+/// way for good. False: the session is lost (the old lease, renewed no
+/// more, expires on the server and takes its entries with it).
+fn renew(l: &mut Lease, id: i64, sent: Instant, ttl: i64, now: Instant) -> bool {
+    if l.id != id {
+        return true;
+    }
+    if now >= l.deadline {
+        return false;
+    }
+    l.deadline = l.deadline.max(deadline_after(sent, ttl));
+    true
 }
 
 /// The session with `id` is lost: tell the host, then register anew.
@@ -229,6 +253,24 @@ impl Drop for HostSession {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A keep-alive answered after the deadline does not revive the
+    /// session the host has already given up (its entries would stay in
+    /// etcd under a live lease: a Jepsen run hung on one).
+    #[test]
+    fn a_keep_alive_answered_after_the_deadline_does_not_revive_the_session() {
+        let t0 = Instant::now();
+        let mut l = Lease { id: 7, deadline: t0 + Duration::from_secs(1), generation: 1 };
+        let sent = t0 + Duration::from_millis(900);
+        assert!(renew(&mut l, 7, sent, 2, t0 + Duration::from_millis(950)), "in time");
+        assert_eq!(l.deadline, deadline_after(sent, 2));
+        let was = l.deadline;
+        let late = was + Duration::from_millis(1);
+        assert!(!renew(&mut l, 7, was - Duration::from_millis(10), 2, late), "too late: lost");
+        assert_eq!(l.deadline, was, "the deadline stays passed");
+        assert!(renew(&mut l, 8, sent, 2, late), "an answer for an older lease changes nothing");
+        assert_eq!(l.deadline, was);
+    }
 
     #[test]
     fn the_deadline_is_before_the_earliest_server_expiry_by_the_clock_margin() {
