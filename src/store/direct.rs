@@ -47,8 +47,9 @@ pub(crate) const DIRECT_MIN: usize = 2 << 20;
 /// The most bytes queued for one file before its writer writes them itself.
 const MAX_QUEUED: usize = 32 << 20;
 
-/// Spare buffers kept for reuse.
-const SPARE: usize = 4;
+/// Spare buffers kept for reuse (write-back batches are 8 MiB, one or two
+/// queued at a time: what a large write leaves resident stays small).
+const SPARE: usize = 2;
 
 /// A page-aligned heap buffer.
 struct Aligned {
