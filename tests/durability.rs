@@ -427,23 +427,35 @@ fn a_full_state_disk_fails_fsync_with_enospc_until_space_returns() {
     let disk = TinyDisk::new(256);
     let sd = disk.path.clone();
     let sds = sd.to_str().unwrap();
-    let mut m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
-    let sync = |name: &str| format!("python3 -c \"import os; os.fsync(os.open('{name}', os.O_RDONLY))\"");
-    sh_ok(&m.path, &format!("echo durable > kept && {}", sync("kept")));
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
+    sh_ok(&m.path, &format!("echo durable > kept && {}", fsync_cmd("kept")));
     let _ = Command::new("sh").arg("-c").arg(format!("cat /dev/zero > {}/filler 2>/dev/null", sd.display())).status();
     sh_ok(&m.path, "dd if=/dev/urandom of=big bs=1k count=64 status=none && echo new > fresh");
-    let o = sh(&m.path, &sync("fresh"));
+    let o = sh(&m.path, &fsync_cmd("fresh"));
     assert!(String::from_utf8_lossy(&o.stderr).contains("No space left on device"), "{o:?}");
     assert_eq!(sh_ok(&m.path, "cat kept fresh"), "durable\nnew\n", "reads keep working");
     let status = sh_ok(&m.path, "cat .leasefs/status");
     assert!(status.contains("\"durability\":\"durable\""), "a full disk is not fail-stop: {status}");
+    space_returns_and_a_retried_sync_keeps_it(m, &sd, "fresh", ("cat kept fresh", "durable\nnew\n"));
+}
+
+/// `fsync` of `name` through python3 (`sync(1)` does not reach the daemon).
+fn fsync_cmd(name: &str) -> String {
+    format!("python3 -c \"import os; os.fsync(os.open('{name}', os.O_RDONLY))\"")
+}
+
+/// The full state disk `sd` gets its space back (its `filler` removed):
+/// `fsync` of `name` succeeds again, and after a `kill -9` and a remount
+/// `kept` (a command and its output) and the bytes of `big` are as they
+/// were.
+fn space_returns_and_a_retried_sync_keeps_it(mut m: Mount, sd: &std::path::Path, name: &str, kept: (&str, &str)) {
     std::fs::remove_file(sd.join("filler")).unwrap();
-    sh_ok(&m.path, &sync("fresh"));
+    sh_ok(&m.path, &fsync_cmd(name));
     let sum = sh_ok(&m.path, "md5sum big");
     kill_9(&mut m);
     drop(m);
-    let m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
-    assert_eq!(sh_ok(&m.path, "cat kept fresh"), "durable\nnew\n", "nothing durable was lost");
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sd.to_str().unwrap()]);
+    assert_eq!(sh_ok(&m.path, kept.0), kept.1, "nothing durable was lost");
     assert_eq!(sh_ok(&m.path, "md5sum big"), sum, "the retried sync made the pending changes durable");
 }
 
@@ -456,9 +468,8 @@ fn a_large_write_on_a_full_state_disk_fails_fsync_with_enospc_and_a_retry_keeps_
     let disk = TinyDisk::new(24 << 10);
     let sd = disk.path.clone();
     let sds = sd.to_str().unwrap();
-    let mut m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
-    let sync = |name: &str| format!("python3 -c \"import os; os.fsync(os.open('{name}', os.O_RDONLY))\"");
-    sh_ok(&m.path, &format!("echo durable > kept && {}", sync("kept")));
+    let m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
+    sh_ok(&m.path, &format!("echo durable > kept && {}", fsync_cmd("kept")));
     // Leave 2 MiB free: less than the 6 MiB batch needs.
     let free = |p: &std::path::Path| {
         let o = run_timeout(Command::new("df").args(["-B1", "--output=avail"]).arg(p), STEP);
@@ -467,18 +478,11 @@ fn a_large_write_on_a_full_state_disk_fails_fsync_with_enospc_and_a_retry_keeps_
     let fill = free(&sd) - (2 << 20);
     sh_ok(&sd, &format!("head -c {fill} /dev/zero > filler"));
     sh_ok(&m.path, "head -c 6291456 /dev/urandom > big");
-    let o = sh(&m.path, &sync("big"));
+    let o = sh(&m.path, &fsync_cmd("big"));
     assert!(String::from_utf8_lossy(&o.stderr).contains("No space left on device"), "{o:?}");
     let status = sh_ok(&m.path, "cat .leasefs/status");
     assert!(status.contains("\"durability\":\"durable\""), "a full disk is not fail-stop: {status}");
-    std::fs::remove_file(sd.join("filler")).unwrap();
-    sh_ok(&m.path, &sync("big"));
-    let sum = sh_ok(&m.path, "md5sum big");
-    kill_9(&mut m);
-    drop(m);
-    let m = Mount::with_args(&["--allow-other", "--state-dir", sds]);
-    assert_eq!(sh_ok(&m.path, "cat kept"), "durable\n", "nothing durable was lost");
-    assert_eq!(sh_ok(&m.path, "md5sum big"), sum, "the retried sync made the large write durable");
+    space_returns_and_a_retried_sync_keeps_it(m, &sd, "big", ("cat kept", "durable\n"));
 }
 
 /// Leases created without an `fsync` are appended to the journal in

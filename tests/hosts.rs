@@ -19,10 +19,15 @@ fn prefix(test: &str) -> String {
 
 /// A daemon of the namespace `prefix` on `cluster`, with extra arguments.
 fn host(cluster: &Cluster, prefix: &str, extra: &[&str]) -> Mount {
+    host_env(cluster, prefix, extra, &[])
+}
+
+/// [`host`], its daemon started with `env` added.
+fn host_env(cluster: &Cluster, prefix: &str, extra: &[&str], env: &[(&str, &str)]) -> Mount {
     let eps = cluster.endpoints().join(",");
     let mut args = vec!["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", prefix];
     args.extend_from_slice(extra);
-    Mount::with_args(&args)
+    Mount::with_args_env(&args, env)
 }
 
 /// Entries (holders and waiters) in the etcd queue of lease `name`.
@@ -385,11 +390,7 @@ fn a_keep_alive_answered_after_the_deadline_leaves_no_entry_in_the_way() {
     let p = prefix("late-keep-alive");
     let b = host(&cluster, &p, &[]);
     sh_ok(&b.path, "touch x");
-    let eps = cluster.endpoints().join(",");
-    let a = Mount::with_args_env(
-        &["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", &p, "--host-ttl", "2s"],
-        &[("LEASEFS_PAUSE", "keep-alive-answer:1500")],
-    );
+    let a = host_env(&cluster, &p, &["--host-ttl", "2s"], &[("LEASEFS_PAUSE", "keep-alive-answer:1500")]);
     // a's sessions are alive about 2 s at a time: take the lock in one.
     let holder = r#"
 import fcntl, os, time
@@ -876,11 +877,8 @@ fn pausing_host(cluster: &Cluster, p: &str, ms: u32, mark: &Path) -> Mount {
 /// A host that stalls `ms` each time it passes the pause point `point`,
 /// writing `mark` as it does.
 fn pausing_host_at(cluster: &Cluster, p: &str, point: &str, ms: u32, mark: &Path) -> Mount {
-    let eps = cluster.endpoints().join(",");
-    Mount::with_args_env(
-        &["--allow-other", "--volatile", "--etcd", &eps, "--etcd-prefix", p],
-        &[("LEASEFS_PAUSE", &format!("{point}:{ms}")), ("LEASEFS_PAUSE_MARK", mark.to_str().unwrap())],
-    )
+    let pause = format!("{point}:{ms}");
+    host_env(cluster, p, &[], &[("LEASEFS_PAUSE", &pause), ("LEASEFS_PAUSE_MARK", mark.to_str().unwrap())])
 }
 
 /// Host b, prepared by `setup` (a shell command run on it), then host a,

@@ -625,3 +625,20 @@ impl<FS: fuser::Filesystem> Served<FS> {
 pub fn open_append(p: &Path) -> io::Result<File> {
     std::fs::OpenOptions::new().create(true).append(true).open(p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The errnos of a dead daemon's mount, including the ones io_uring's
+    /// teardown answers for a moment, are told apart from other failures.
+    #[test]
+    fn a_gone_daemon_is_told_by_its_errnos() {
+        for errno in [libc::ENOTCONN, libc::ECONNABORTED, libc::ECANCELED] {
+            assert!(daemon_gone(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+        for errno in [libc::ENOENT, libc::EIO, libc::EACCES] {
+            assert!(!daemon_gone(&io::Error::from_raw_os_error(errno)), "{errno}");
+        }
+    }
+}
