@@ -1,7 +1,7 @@
 //! Named points where debug builds misbehave on request, for tests that
 //! must hit a window otherwise too short (or a failure otherwise too rare)
 //! to reach: crash here (`LEASEFS_FAILPOINT=NAME`), fail this I/O with
-//! `EIO` (the same variable), or stall here
+//! `EIO` or another errno (the same variable), or stall here
 //! (`LEASEFS_PAUSE=NAME:MILLISECONDS`, with `LEASEFS_PAUSE_MARK` a file
 //! written when the stall begins). Release builds compile them out.
 
@@ -40,10 +40,16 @@ pub fn pausepoint(name: &str) {
 
 /// An injected I/O error for a named failpoint (debug builds only).
 pub fn injected(name: &str) -> std::io::Result<()> {
+    injected_errno(name, libc::EIO)
+}
+
+/// An injected failure with `errno` for a named failpoint (debug builds
+/// only): the refusals of a file system the tests cannot mount here.
+pub fn injected_errno(name: &str, errno: i32) -> std::io::Result<()> {
     #[cfg(debug_assertions)]
     if std::env::var("LEASEFS_FAILPOINT").is_ok_and(|v| v == name) {
-        return Err(std::io::Error::from_raw_os_error(libc::EIO));
+        return Err(std::io::Error::from_raw_os_error(errno));
     }
-    let _ = name;
+    let _ = (name, errno);
     Ok(())
 }

@@ -485,6 +485,26 @@ fn a_large_write_on_a_full_state_disk_fails_fsync_with_enospc_and_a_retry_keeps_
     space_returns_and_a_retried_sync_keeps_it(m, &sd, "big", ("cat kept", "durable\n"));
 }
 
+/// A state directory whose file system refuses `O_DIRECT` (failpoint
+/// `direct-open`) or its alignment (`direct-write`: every direct write
+/// `EINVAL`) gets a large write's journal batch through the page cache:
+/// the `fsync` succeeds and the bytes survive a `kill -9`.
+#[test]
+fn a_state_disk_that_refuses_direct_writes_gets_large_batches_through_the_page_cache() {
+    for point in ["direct-open", "direct-write"] {
+        let state = tempfile::tempdir().unwrap();
+        let sd = state.path().to_str().unwrap();
+        let mut m = Mount::with_args_env(&["--allow-other", "--state-dir", sd], &[("LEASEFS_FAILPOINT", point)]);
+        // 6 MiB and 3 bytes: a batch with an aligned middle and unaligned ends.
+        sh_ok(&m.path, &format!("head -c 6291459 /dev/urandom > big && {}", fsync_cmd("big")));
+        let sum = sh_ok(&m.path, "md5sum big");
+        kill_9(&mut m);
+        drop(m);
+        let m = Mount::with_args(&["--allow-other", "--state-dir", sd]);
+        assert_eq!(sh_ok(&m.path, "md5sum big"), sum, "{point}: the synced bytes survived");
+    }
+}
+
 /// Leases created without an `fsync` are appended to the journal in
 /// batches as they accumulate (2 048 changed inodes each), not all at the
 /// next `fsync`; a clean unmount keeps every one of them, and a second

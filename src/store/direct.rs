@@ -36,6 +36,8 @@ use std::ptr::NonNull;
 
 use parking_lot::Mutex;
 
+use crate::failpoints::injected_errno;
+
 /// Direct I/O alignment of offsets, lengths and memory: 4 KiB covers the
 /// logical block size of every disk (512 B or 4 KiB) and a whole
 /// file-system block, so no write shares a block with a buffered one.
@@ -132,7 +134,10 @@ pub(crate) struct Deferred {
 impl Deferred {
     /// For the file at `path`, opened as `buffered` by its storage.
     pub(crate) fn open(path: &Path, buffered: &File) -> io::Result<Deferred> {
-        let direct = OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path).ok();
+        // Failpoint `direct-open`: a file system that refuses O_DIRECT.
+        let direct = injected_errno("direct-open", libc::EINVAL)
+            .and_then(|()| OpenOptions::new().write(true).custom_flags(libc::O_DIRECT).open(path))
+            .ok();
         Ok(Deferred { direct, buffered: buffered.try_clone()?, queue: Mutex::default(), draining: Mutex::new(()) })
     }
 
@@ -181,7 +186,8 @@ impl Deferred {
 
     fn write(&self, offset: u64, bytes: &[u8]) -> io::Result<()> {
         if let Some(f) = &self.direct {
-            match f.write_all_at(bytes, offset) {
+            // Failpoint `direct-write`: every direct write refused.
+            match injected_errno("direct-write", libc::EINVAL).and_then(|()| f.write_all_at(bytes, offset)) {
                 // Alignment the file system does not take: through the
                 // page cache instead (written over whatever part went).
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
