@@ -209,10 +209,16 @@ impl Default for Bounds {
 }
 
 impl super::State {
-    /// Refuse with `ENOSPC` unless `extra` more bytes fit in what `uid` may use.
+    /// Refuse with `ENOSPC` unless `extra` more bytes fit in what `uid` may
+    /// use, once removed files only the kernel still remembers have let go
+    /// of their contents (see [`State::let_go_of_removed`]).
     pub(super) fn room_for_bytes(&mut self, uid: u32, extra: u64) -> Result<()> {
+        let size = self.bounds.limits.size;
+        if check(self.ns.usage().bytes(), extra, size, uid).is_err() {
+            self.let_go_of_removed();
+        }
         let used = self.ns.usage().bytes();
-        check(used, extra, self.bounds.limits.size, uid).map_err(|e| {
+        check(used, extra, size, uid).map_err(|e| {
             let size = self.bounds.limits.size;
             self.bounds.hits.refuse(
                 Limit::Size,
@@ -222,9 +228,13 @@ impl super::State {
         })
     }
 
-    /// Refuse with `ENOSPC` unless `uid` may make one more inode.
+    /// Refuse with `ENOSPC` unless `uid` may make one more inode (removed
+    /// inodes only the kernel still remembers not counted).
     pub(super) fn room_for_inode(&mut self, uid: u32) -> Result<()> {
-        let used = self.ns.len() as u64;
+        let mut used = self.ns.len() as u64;
+        if check(used, 1, self.bounds.limits.inodes, uid).is_err() {
+            used -= self.ns.forgettable().count() as u64;
+        }
         check(used, 1, self.bounds.limits.inodes, uid).map_err(|e| {
             let max = self.bounds.limits.inodes;
             self.bounds.hits.refuse(
@@ -233,6 +243,28 @@ impl super::State {
                 format_args!("{used} of {max} inodes used, one more asked by uid {uid}"),
             )
         })
+    }
+
+    /// Free the contents and extended attributes of removed files that no
+    /// handle has open ([`crate::namespace::Namespace::forgettable`]): as
+    /// on tmpfs, `rm` of a file nobody has open frees its room at once,
+    /// though the daemon keeps the inode until the kernel's FORGET comes.
+    /// Nothing can read them any more but a reopen through an `O_PATH`
+    /// descriptor's `/proc/self/fd` link, which then finds the file empty.
+    /// Run only when a change would not fit otherwise (it walks every
+    /// inode).
+    pub(super) fn let_go_of_removed(&mut self) {
+        let held: Vec<_> =
+            self.ns.forgettable().filter(|i| crate::namespace::Usage::of(i).bytes() > 0).map(|i| i.ino).collect();
+        for ino in held {
+            let _ = self.ns.account(ino, |i| {
+                i.xattrs.clear();
+                match i.data_mut() {
+                    Ok(d) => d.truncate(0),
+                    Err(_) => Ok(()),
+                }
+            });
+        }
     }
 
     /// Refuse with `ENFILE` when no more handles may be open (control
@@ -257,9 +289,13 @@ impl super::State {
         let (locks, waiters) = self.lease.lock_usage();
         let ll = self.lease.lock_limits();
         let row = |name, used, max, refused| LimitRow { name, used, max, refused };
+        // Removed files only the kernel still remembers are free room.
+        let (gone, gone_bytes) =
+            self.ns.forgettable().fold((0, 0), |(n, b), i| (n + 1, b + crate::namespace::Usage::of(i).bytes()));
+        let (bytes, inodes) = (self.ns.usage().bytes() - gone_bytes, self.ns.len() as u64 - gone);
         vec![
-            row("size", Some(self.ns.usage().bytes()), self.bounds.limits.size, self.bounds.hits.count(Limit::Size)),
-            row("inodes", Some(self.ns.len() as u64), self.bounds.limits.inodes, self.bounds.hits.count(Limit::Inodes)),
+            row("size", Some(bytes), self.bounds.limits.size, self.bounds.hits.count(Limit::Size)),
+            row("inodes", Some(inodes), self.bounds.limits.inodes, self.bounds.hits.count(Limit::Inodes)),
             row(
                 "handles",
                 Some(self.open.handles.len() as u64),

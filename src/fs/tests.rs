@@ -166,15 +166,20 @@ fn unlinked_open_file_lives_until_forget_and_release() {
     assert!(b.ino > a.ino);
 }
 
-#[test]
-fn size_and_inode_limits_refuse_with_enospc_change_nothing_and_free_up() {
+/// A mount of 100 pages and 20 inodes, with a user (uid 1000) and that
+/// user's writes.
+fn limited_fs() -> (Fs, Caller, WriteOpts) {
     let fs = fs();
     fs.set_limits(
         limits::Limits { size: 100 * 4096, inodes: 20, ..limits::Limits::with_size(100 * 4096) },
         Default::default(),
     );
-    let user = Caller { uid: 1000, gid: 1000, pid: 1 };
-    let as_user = WriteOpts { uid: 1000, ..WriteOpts::default() };
+    (fs, Caller { uid: 1000, gid: 1000, pid: 1 }, WriteOpts { uid: 1000, ..WriteOpts::default() })
+}
+
+#[test]
+fn size_and_inode_limits_refuse_with_enospc_change_nothing_and_free_up() {
+    let (fs, user, as_user) = limited_fs();
     let (a, h) = fs.create(user, Ino::ROOT, OsStr::new("a"), 0o644, 0, libc::O_RDWR).unwrap();
     // Users may fill 95 pages: a write needing the 96th changes nothing.
     fs.write(a.ino, h, 0, &vec![7u8; 95 * 4096], as_user).unwrap();
@@ -209,6 +214,51 @@ fn size_and_inode_limits_refuse_with_enospc_change_nothing_and_free_up() {
     let st = fs.state.lock();
     assert_eq!(st.ns.usage().pages, st.ns.pages());
     assert_eq!(st.ns.usage().xattr_bytes, 16);
+}
+
+/// `rm` of a file nobody has open frees its room at once, as on tmpfs,
+/// though the kernel's FORGET of it may reach the daemon after later
+/// requests; a removed file still open keeps its room until its release.
+#[test]
+fn removed_files_free_their_room_before_the_kernel_forgets_them() {
+    let (fs, user, as_user) = limited_fs();
+    // Users may fill 95 pages and 19 inodes: the root, `a` and 17 more.
+    let (a, h) = fs.create(user, Ino::ROOT, OsStr::new("a"), 0o644, 0, libc::O_RDWR).unwrap();
+    fs.write(a.ino, h, 0, &vec![7u8; 90 * 4096], as_user).unwrap();
+    fs.setxattr(a.ino, OsStr::new("user.k"), &[1; 100], 0, user).unwrap();
+    let f: Vec<Ino> = (0..17)
+        .map(|i| fs.mknod(user, Ino::ROOT, OsStr::new(&format!("f{i}")), libc::S_IFREG | 0o644, 0, 0).unwrap().ino)
+        .collect();
+    let mknod = |name: &str| fs.mknod(user, Ino::ROOT, OsStr::new(name), libc::S_IFREG | 0o644, 0, 0);
+    assert_eq!(mknod("n").map(|a| a.ino), Err(Error::NoSpace));
+    // Five names removed, none forgotten yet: their inodes are room.
+    for i in 0..5 {
+        fs.unlink(Ino::ROOT, OsStr::new(&format!("f{i}")), by(0)).unwrap();
+    }
+    let n = mknod("n").unwrap();
+    let hn = fs.open(n.ino, libc::O_RDWR, user).unwrap();
+    // `a` removed while open keeps its pages until its release.
+    fs.unlink(Ino::ROOT, OsStr::new("a"), by(0)).unwrap();
+    assert_eq!(fs.write(n.ino, hn, 0, &[1u8; 10 * 4096], as_user), Err(Error::NoSpace));
+    fs.release(h, None).unwrap();
+    fs.write(n.ino, hn, 0, &[1u8; 10 * 4096], as_user).unwrap();
+    let gone = fs.getattr(a.ino, 0).unwrap();
+    assert_eq!((gone.nlink, gone.size), (0, 0), "kept until the FORGET, its content let go");
+    {
+        let st = fs.state.lock();
+        assert_eq!(st.ns.usage().pages, st.ns.pages(), "the running count matches a recount");
+        let rows = st.limit_rows();
+        let used = |name: &str| rows.iter().find(|r| r.name == name).unwrap().used.unwrap();
+        // The root, `n`, f5..f16; `a` and f0..f4 wait for their FORGET.
+        assert_eq!((used("inodes"), st.ns.len()), (14, 20));
+        assert_eq!(used("size"), 10 * 4096);
+    }
+    fs.forget(a.ino, 1);
+    for ino in &f[..5] {
+        fs.forget(*ino, 1);
+    }
+    assert_eq!(fs.getattr(a.ino, 0), Err(Error::NotFound));
+    assert_eq!(fs.state.lock().ns.len(), 14);
 }
 
 #[test]

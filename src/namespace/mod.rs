@@ -536,7 +536,8 @@ impl Usage {
         self.pages * PAGE as u64 + self.xattr_bytes
     }
 
-    fn of(i: &Inode) -> Usage {
+    /// What the inode `i` occupies.
+    pub fn of(i: &Inode) -> Usage {
         Usage {
             pages: match &i.body {
                 Body::File(d) => d.pages(),
@@ -736,6 +737,15 @@ impl Namespace {
     /// Every inode (for snapshots).
     pub fn inodes(&self) -> impl Iterator<Item = &Inode> {
         self.inodes.values().map(|i| &**i)
+    }
+
+    /// Removed inodes (no name) that no handle has open: only the kernel's
+    /// memory of them keeps them, until its FORGET. That may reach the
+    /// daemon after later requests (the kernel sends forgets in batches
+    /// between other requests, and over io_uring on `/dev/fuse`, apart
+    /// from the queues), so the limits do not count them.
+    pub fn forgettable(&self) -> impl Iterator<Item = &Inode> {
+        self.inodes.values().map(|i| &**i).filter(|i| i.nlink == 0 && i.opens == 0 && i.ino != Ino::ROOT)
     }
 
     /// The inode, or `ENOENT`.
