@@ -200,11 +200,20 @@ pub(super) struct Bounds {
     pub(super) hits: Hits,
     /// Largest file size accepted (`EFBIG` beyond).
     pub(super) max_file: u64,
+    /// Whether removed files only the kernel remembers are room (see
+    /// [`super::State::let_go_of_removed`]); not on a shared namespace,
+    /// whose changes store every inode they touch.
+    pub(super) removed_are_room: bool,
 }
 
 impl Default for Bounds {
     fn default() -> Bounds {
-        Bounds { limits: Limits::default(), hits: Hits::default(), max_file: crate::namespace::MAX_FILE_SIZE }
+        Bounds {
+            limits: Limits::default(),
+            hits: Hits::default(),
+            max_file: crate::namespace::MAX_FILE_SIZE,
+            removed_are_room: true,
+        }
     }
 }
 
@@ -214,7 +223,7 @@ impl super::State {
     /// of their contents (see [`State::let_go_of_removed`]).
     pub(super) fn room_for_bytes(&mut self, uid: u32, extra: u64) -> Result<()> {
         let size = self.bounds.limits.size;
-        if check(self.ns.usage().bytes(), extra, size, uid).is_err() {
+        if self.bounds.removed_are_room && check(self.ns.usage().bytes(), extra, size, uid).is_err() {
             self.let_go_of_removed();
         }
         let used = self.ns.usage().bytes();
@@ -232,7 +241,7 @@ impl super::State {
     /// inodes only the kernel still remembers not counted).
     pub(super) fn room_for_inode(&mut self, uid: u32) -> Result<()> {
         let mut used = self.ns.len() as u64;
-        if check(used, 1, self.bounds.limits.inodes, uid).is_err() {
+        if self.bounds.removed_are_room && check(used, 1, self.bounds.limits.inodes, uid).is_err() {
             used -= self.ns.forgettable().count() as u64;
         }
         check(used, 1, self.bounds.limits.inodes, uid).map_err(|e| {
@@ -290,8 +299,10 @@ impl super::State {
         let ll = self.lease.lock_limits();
         let row = |name, used, max, refused| LimitRow { name, used, max, refused };
         // Removed files only the kernel still remembers are free room.
-        let (gone, gone_bytes) =
-            self.ns.forgettable().fold((0, 0), |(n, b), i| (n + 1, b + crate::namespace::Usage::of(i).bytes()));
+        let (gone, gone_bytes) = match self.bounds.removed_are_room {
+            true => self.ns.forgettable().fold((0, 0), |(n, b), i| (n + 1, b + crate::namespace::Usage::of(i).bytes())),
+            false => (0, 0),
+        };
         let (bytes, inodes) = (self.ns.usage().bytes() - gone_bytes, self.ns.len() as u64 - gone);
         vec![
             row("size", Some(bytes), self.bounds.limits.size, self.bounds.hits.count(Limit::Size)),

@@ -355,6 +355,7 @@ impl Fs {
         let c = replica.catch_up(&mut st.ns)?;
         st.caught(c);
         st.bounds.max_file = replica.max_file_size();
+        st.bounds.removed_are_room = false;
         st.sharing.replica = Some(replica);
         st.cache.names_cached = false;
         st.mount.checks_access = true;
