@@ -224,11 +224,13 @@ fn the_kernel_keeps_about_kernel_inodes_files_cached_and_every_name_still_resolv
     // While new files keep coming the kernel holds up to twice the bound
     // (dropped a batch, an eighth of the bound, at a time past 2 * 64 + 8;
     // a batch the kernel has not acted on yet still counts, hence the
-    // margin: without those drops all 400 are held) ...
+    // margin, and its FORGETs come later still on a loaded machine: 197
+    // were seen under `stress-ng --cpu 2`; without those drops all 400
+    // are held) ...
     let during = py_ok(&m.path, &format!("{MAKE_400}\nprint(open('.leasefs/status').read())"));
     let during: serde_json::Value = serde_json::from_str(during.trim()).unwrap();
     let used = during["limits"]["kernel_inodes"]["used"].as_u64().unwrap();
-    assert!(used <= 2 * 64 + 64, "{used} held right after the creates");
+    assert!(used <= 2 * 64 + 128, "{used} held right after the creates");
     // ... and once they stop, the timer brings it back to the bound.
     assert!(kernel_files_settled(&m, 64) <= 64, "{}", status(&m)["limits"]);
     // Every name still leads to its file (looked up again), and reading

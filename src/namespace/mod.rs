@@ -512,6 +512,10 @@ pub struct Namespace {
     churn: PageChurn,
     /// Non-directories the kernel holds a reference to (lookups > 0).
     held: usize,
+    /// Inodes left without a name but not dropped (a handle or the
+    /// kernel's memory keeps them), and perhaps named again since: where
+    /// [`Namespace::forgettable`] looks, so it never walks the table.
+    removed: InoSet,
 }
 
 /// Content pages added and removed since start.
@@ -588,6 +592,7 @@ impl Namespace {
             usage: Usage::default(),
             churn: PageChurn::default(),
             held: 0,
+            removed: InoSet::default(),
         }
     }
 
@@ -679,6 +684,7 @@ impl Namespace {
             usage,
             churn: PageChurn::default(),
             held: 0,
+            removed: InoSet::default(),
         }
     }
 
@@ -745,7 +751,11 @@ impl Namespace {
     /// between other requests, and over io_uring on `/dev/fuse`, apart
     /// from the queues), so the limits do not count them.
     pub fn forgettable(&self) -> impl Iterator<Item = &Inode> {
-        self.inodes.values().map(|i| &**i).filter(|i| i.nlink == 0 && i.opens == 0 && i.ino != Ino::ROOT)
+        self.removed
+            .iter()
+            .filter_map(|ino| self.inodes.get(ino))
+            .map(|i| &**i)
+            .filter(|i| i.nlink == 0 && i.opens == 0 && i.ino != Ino::ROOT)
     }
 
     /// The inode, or `ENOENT`.
@@ -873,6 +883,7 @@ impl Namespace {
         if is_dir {
             p.nlink += 1;
         }
+        self.removed.remove(&ino);
         let i = self.get_mut(ino)?;
         if is_dir {
             i.nlink = 2;
@@ -945,7 +956,11 @@ impl Namespace {
             return;
         }
         if let Some(i) = self.inodes.get(&ino) {
+            if i.nlink == 0 && (i.lookups > 0 || i.opens > 0) {
+                self.removed.insert(ino);
+            }
             if i.nlink == 0 && i.lookups == 0 && i.opens == 0 {
+                self.removed.remove(&ino);
                 if let Body::File(d) = &i.body {
                     freed(d.pages.len());
                 }
