@@ -857,6 +857,47 @@ for what, call in [("write", lambda: os.pwrite(fd, b"x", 1 << 20)),
     assert_eq!(there, format!("{}\n1048576\n", lines[0]));
 }
 
+/// On a shared mount, removed files the kernel still holds (here through
+/// `O_PATH` descriptors) keep their room until the kernel lets go of them:
+/// a write past `--size` meanwhile is refused with `ENOSPC`, not `EIO`
+/// (letting 200 such files go would put 200 more keys in the change's
+/// transaction, past etcd's 128 operations), and succeeds once they go.
+#[test]
+fn removed_files_held_by_the_kernel_keep_their_room_on_a_shared_mount_and_a_write_past_it_is_enospc() {
+    let cluster = Cluster::start();
+    let p = prefix("removed-room");
+    let a = host(&cluster, &p, &["--size", "2m"]);
+    let out = py_ok(
+        &a.path,
+        r#"
+import errno, os, time
+os.mkdir("d")
+for i in range(200):
+    with open(f"d/s{i}", "wb") as f: f.write(b"x" * 100)
+with open("g", "wb") as f: f.write(b"g" * 1000 * 1024)
+held = [os.open(f"d/s{i}", os.O_PATH) for i in range(200)]
+for i in range(200): os.unlink(f"d/s{i}")
+def big():
+    fd = os.open("k", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        os.write(fd, b"k" * 1000 * 1024)
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+    finally:
+        os.close(fd)
+print(big())
+for fd in held: os.close(fd)
+deadline = time.time() + 10
+r = big()
+while r != "ok" and time.time() < deadline:
+    time.sleep(0.1); r = big()
+print(r)
+"#,
+    );
+    assert_eq!(out, "ENOSPC\nok\n");
+}
+
 /// Python that waits for the common start [`open_gate`] sets.
 const GATE: &str =
     "import os, time\nstart = float(open('../go').read())\nwhile time.time() < start:\n    time.sleep(0.001)\n";

@@ -228,7 +228,6 @@ impl super::State {
         }
         let used = self.ns.usage().bytes();
         check(used, extra, size, uid).map_err(|e| {
-            let size = self.bounds.limits.size;
             self.bounds.hits.refuse(
                 Limit::Size,
                 e,
@@ -260,8 +259,7 @@ impl super::State {
     /// though the daemon keeps the inode until the kernel's FORGET comes.
     /// Nothing can read them any more but a reopen through an `O_PATH`
     /// descriptor's `/proc/self/fd` link, which then finds the file empty.
-    /// Run only when a change would not fit otherwise (it walks every
-    /// inode).
+    /// Run only when a change would not fit otherwise.
     pub(super) fn let_go_of_removed(&mut self) {
         let held: Vec<_> =
             self.ns.forgettable().filter(|i| crate::namespace::Usage::of(i).bytes() > 0).map(|i| i.ino).collect();

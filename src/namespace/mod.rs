@@ -513,8 +513,8 @@ pub struct Namespace {
     /// Non-directories the kernel holds a reference to (lookups > 0).
     held: usize,
     /// Inodes left without a name but not dropped (a handle or the
-    /// kernel's memory keeps them), and perhaps named again since: where
-    /// [`Namespace::forgettable`] looks, so it never walks the table.
+    /// kernel's memory keeps them): where [`Namespace::forgettable`]
+    /// looks, so it never walks the table.
     removed: InoSet,
 }
 
