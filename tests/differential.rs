@@ -175,3 +175,88 @@ fn random_namespace_operations_match_tmpfs() {
         assert_eq!(tree(&a), tree(&b), "seed {seed}: final trees differ");
     }
 }
+
+/// Whether the fuse module lets daemons use io_uring here.
+fn uring_allowed() -> bool {
+    fs::read_to_string("/sys/module/fuse/parameters/enable_uring").is_ok_and(|s| s.trim() == "Y")
+}
+
+/// Run tests/helpers/modes.py as root or, for an actor, as its uid and gid
+/// with no supplementary groups; its output.
+fn modes_py(dir: &Path, args: &[&str], ids: Option<(u32, u32)>) -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/modes.py");
+    let mut cmd = match ids {
+        None => std::process::Command::new("/usr/bin/python3"),
+        Some((uid, gid)) => {
+            let mut c = std::process::Command::new("setpriv");
+            c.args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into()]);
+            c.arg("/usr/bin/python3");
+            c
+        }
+    };
+    cmd.arg(&script).args(args).current_dir(dir);
+    let o = crate::util::run_timeout(&mut cmd, crate::util::STEP);
+    assert!(o.status.success(), "modes.py {args:?} failed: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Every case's result and the mode, owner and group after it.
+fn mode_rules(dir: &Path) -> BTreeMap<String, String> {
+    let root = dir.to_str().unwrap();
+    modes_py(dir, &["setup", root], None);
+    let mut out: BTreeMap<String, String> = BTreeMap::new();
+    let actors: [(&str, Option<(u32, u32)>); 4] = [
+        ("root", None),
+        ("owner-in-group", Some((1000, 1000))),
+        ("owner-not-in-group", Some((1000, 1000))),
+        ("other-writer", Some((1001, 1001))),
+    ];
+    for (actor, ids) in actors {
+        for line in modes_py(dir, &["act", root, actor], ids).lines() {
+            let (case, result) = line.split_once(' ').expect("case result");
+            out.insert(case.to_string(), result.to_string());
+        }
+    }
+    for line in modes_py(dir, &["show", root], None).lines() {
+        let (case, after) = line.split_once(' ').expect("case mode uid gid");
+        let r = out.get_mut(case).unwrap_or_else(|| panic!("{case} was not run"));
+        *r = format!("{r}, then {after}");
+    }
+    out
+}
+
+/// The kernel's rules for set-user-ID and set-group-ID bits, exhaustively:
+/// {chown of uid, of gid, of both, of neither; chmod; write; truncate;
+/// fallocate; `O_TRUNC` open} × {suid, sgid with group-execute, sgid
+/// without, none} × {root, the owner in the file's group, the owner not in
+/// it, another user with write permission} × {file, directory}, each actor
+/// a process of its own, on both transports: the result and the mode,
+/// owner and group after each case equal tmpfs's.
+#[test]
+fn set_id_bits_follow_the_kernels_rules_as_on_tmpfs() {
+    let t = Tmpfs::new();
+    let want = mode_rules(&t.path);
+    assert_eq!(want.len(), 9 * 4 * 4 * 2);
+    let mut transports = vec!["dev"];
+    if uring_allowed() {
+        transports.push("uring");
+    } else {
+        assert_ne!(std::env::var("LEASEFS_TRANSPORT").as_deref(), Ok("uring"), "io_uring asked for but not allowed");
+    }
+    for transport in transports {
+        let m = Mount::with_args(&["--allow-other", "--transport", transport]);
+        let got = mode_rules(&m.path);
+        let diff: Vec<String> = want
+            .iter()
+            .filter(|(case, w)| got.get(*case) != Some(w))
+            .map(|(case, w)| format!("{case}: tmpfs {w}, leasefs {}", got.get(case).map_or("-", |s| s.as_str())))
+            .collect();
+        assert!(
+            diff.is_empty(),
+            "{transport}: {} of {} cases differ from tmpfs:\n{}",
+            diff.len(),
+            want.len(),
+            diff.join("\n")
+        );
+    }
+}

@@ -155,6 +155,9 @@ impl State {
     /// the setgid bit goes when a caller outside the file's group and not
     /// root sets it.
     pub(super) fn permit_setattr(&self, caller: Caller, ino: Ino, set: &SetAttr) -> Result<Option<u32>> {
+        if set.asks_nothing() {
+            self.permit_dropping_set_id(caller, ino)?;
+        }
         if !self.mount.checks_access {
             return Ok(set.mode);
         }
@@ -192,6 +195,26 @@ impl State {
             self.permit(caller, ino, W)?;
         }
         Ok(mode)
+    }
+
+    /// A `SETATTR` with nothing to set asks to drop suid/sgid (see
+    /// [`SetAttr::asks_nothing`]). As `chown(f, -1, -1)` by someone else
+    /// it is refused once there are bits to drop (the kernel's
+    /// `setattr_prepare` would see a mode change); before a writer's
+    /// `fallocate` it is not: that writer has the file open and may write
+    /// it. The kernel cannot check this itself, even with
+    /// `default_permissions`: it no longer sends the mode change.
+    fn permit_dropping_set_id(&self, caller: Caller, ino: Ino) -> Result<()> {
+        let i = self.ns.get(ino)?;
+        let a = i.attr();
+        if a.kind == Kind::Dir || owns(&a, caller) || after_chown(a.perm, a.gid, caller) == a.perm {
+            return Ok(());
+        }
+        if i.opens > 0 && permitted(&a, caller, W) {
+            Ok(())
+        } else {
+            Err(Error::NotPermitted)
+        }
     }
 
     /// `may_linkat` with `fs.protected_hardlinks` (on by default): a caller

@@ -54,6 +54,9 @@ impl Fs {
                 st.ns.account(ino, |i| i.data_mut()?.truncate(size))?;
             }
             let i = st.ns.get_mut(ino)?;
+            if set.drops_set_id() && i.kind != Kind::Dir {
+                i.perm = after_chown(i.perm, i.gid, caller);
+            }
             if set.size.is_some() {
                 i.change_content(now);
                 if set.mode.is_none() {

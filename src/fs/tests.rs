@@ -63,6 +63,47 @@ fn setgid_directories_hand_down_group() {
 }
 
 #[test]
+fn chown_drops_set_id_bits_as_the_kernel_does() {
+    let fs = fs();
+    let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o6755, 0, 0).unwrap();
+    let d = fs.mkdir(C, Ino::ROOT, OsStr::new("d"), 0o6755, 0).unwrap();
+    let chmod = |ino: Ino, m: u32| fs.setattr(ino, &SetAttr { mode: Some(m), ..SetAttr::default() }, C).unwrap();
+    chmod(f.ino, 0o6755);
+    // Root's chown drops suid and group-executable sgid, even to the same owner.
+    let a = fs.setattr(f.ino, &SetAttr { uid: Some(0), ..SetAttr::default() }, C).unwrap();
+    assert_eq!(a.perm, 0o755);
+    // Directories keep both.
+    let a = fs.setattr(d.ino, &SetAttr { uid: Some(7), gid: Some(7), ..SetAttr::default() }, C).unwrap();
+    assert_eq!(a.perm, 0o6755);
+    // sgid without group-execute: root keeps it; an owner outside the group does not.
+    chmod(f.ino, 0o6745);
+    let a = fs.setattr(f.ino, &SetAttr { gid: Some(0), ..SetAttr::default() }, C).unwrap();
+    assert_eq!(a.perm, 0o2745);
+    fs.setattr(f.ino, &SetAttr { uid: Some(1000), gid: Some(50), ..SetAttr::default() }, C).unwrap();
+    chmod(f.ino, 0o6745);
+    let owner = Caller { uid: 1000, gid: 1000, pid: 1 };
+    let a = fs.setattr(f.ino, &SetAttr { gid: Some(1000), ..SetAttr::default() }, owner).unwrap();
+    assert_eq!(a.perm, 0o745);
+    // A chown that sets the mode itself (a kernel without
+    // FUSE_HANDLE_KILLPRIV_V2) gets that mode.
+    let a = fs.setattr(f.ino, &SetAttr { uid: Some(0), mode: Some(0o4700), ..SetAttr::default() }, C).unwrap();
+    assert_eq!(a.perm, 0o4700);
+    // chown(f, -1, -1): nothing to set. The owner's drops the bits; someone
+    // else's is refused while the file is not open (a writer's fallocate
+    // with the file open is not).
+    fs.setattr(f.ino, &SetAttr { uid: Some(1000), ..SetAttr::default() }, C).unwrap();
+    chmod(f.ino, 0o4777);
+    let other = Caller { uid: 1001, gid: 1001, pid: 1 };
+    assert_eq!(fs.setattr(f.ino, &SetAttr::default(), other), Err(Error::NotPermitted));
+    assert_eq!(fs.getattr(f.ino, 0).unwrap().perm, 0o4777);
+    let h = fs.open(f.ino, libc::O_WRONLY, C).unwrap();
+    assert_eq!(fs.setattr(f.ino, &SetAttr::default(), other).unwrap().perm, 0o777);
+    fs.release(h, None).unwrap();
+    chmod(f.ino, 0o4777);
+    assert_eq!(fs.setattr(f.ino, &SetAttr::default(), owner).unwrap().perm, 0o777);
+}
+
+#[test]
 fn xattr_flags_and_errors() {
     let fs = fs();
     let f = fs.mknod(C, Ino::ROOT, OsStr::new("f"), libc::S_IFREG | 0o644, 0, 0).unwrap();

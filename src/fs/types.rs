@@ -92,6 +92,28 @@ pub struct SetAttr {
     pub handle: Option<Handle>,
 }
 
+impl SetAttr {
+    /// Nothing to set: how the kernel asks to drop suid/sgid, both for
+    /// `chown(f, -1, -1)` and (`file_remove_privs`) before an unprivileged
+    /// writer's `fallocate` or `copy_file_range`.
+    pub fn asks_nothing(&self) -> bool {
+        self.mode.is_none()
+            && self.uid.is_none()
+            && self.gid.is_none()
+            && self.size.is_none()
+            && self.atime.is_none()
+            && self.mtime.is_none()
+            && self.ctime.is_none()
+    }
+
+    /// A change of owner or group, or the kernel's request to drop suid and
+    /// sgid: either way the set-ID bits follow [`after_chown`] unless the
+    /// request sets the mode itself.
+    pub(super) fn drops_set_id(&self) -> bool {
+        self.mode.is_none() && (self.uid.is_some() || self.gid.is_some() || self.asks_nothing())
+    }
+}
+
 /// One directory entry as returned by `readdir`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DirEntry {
@@ -155,6 +177,20 @@ pub(super) fn after_unprivileged_change(perm: u16, file_gid: u32, caller: Caller
         return perm;
     }
     kill_suidgid(perm, in_group(caller.pid, caller.gid, file_gid))
+}
+
+/// What a change of owner (`chown`, `chown(f, -1, -1)` included) leaves of
+/// a non-directory's mode, as the kernel's `chown_common` decides it: suid
+/// always goes, for root too; sgid goes when group-executable, or when the
+/// caller is neither root (`CAP_FSETID`) nor in the file's group as it was
+/// before the change. With `FUSE_HANDLE_KILLPRIV_V2` the kernel leaves this
+/// to the filesystem (it marks every such `SETATTR` `FATTR_KILL_SUIDGID`,
+/// and sends `chown(f, -1, -1)` as a `SETATTR` with nothing to set).
+pub(super) fn after_chown(perm: u16, file_gid: u32, caller: Caller) -> u16 {
+    if perm & (libc::S_ISUID | libc::S_ISGID) as u16 == 0 {
+        return perm;
+    }
+    kill_suidgid(perm, caller.uid == 0 || in_group(caller.pid, caller.gid, file_gid))
 }
 
 /// True when thread `tid` (with primary group `gid`) is a member of group
