@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use leasefs::cluster::authority::{EtcdArbitration, EtcdConfig};
 use leasefs::fs::{Fs, Keep, Setup};
+use leasefs::fuse::serving::{self, ServingReport};
 use leasefs::fuse::session::{self, MountOptions, Served};
 use leasefs::fuse::LeaseFs;
 use tracing::{error, info};
@@ -140,10 +141,14 @@ pub(crate) fn serve(args: &MountArgs) -> ExitCode {
         // On a shared namespace the daemon checks permissions (see fs/access.rs),
         // and requests that wait for etcd must not hold up the others.
         opts.kernel_permissions = !fs.checks_access();
-        opts.handlers = fs.handlers();
-        opts.report = fs.transport().clone();
+        if fs.is_shared() {
+            let pool = serving::handler_pool().map_err(|e| format!("starting request handlers: {e}"))?;
+            opts.handlers = Some(pool);
+        }
         opts.report.set_wanted(opts.transport);
-        let (lease_fs, interceptor) = LeaseFs::new(fs.clone());
+        let report = ServingReport { transport: opts.report.clone(), handlers: opts.handlers.clone() };
+        fs.show_serving(Arc::new(report));
+        let (lease_fs, interceptor) = LeaseFs::new(fs.clone(), opts.report.clone());
         let served = Served::start(lease_fs, &mountpoint, &opts, interceptor).map_err(|e| e.to_string())?;
         Ok::<_, String>((fs, mountpoint, served))
     })();

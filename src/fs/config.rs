@@ -45,10 +45,20 @@ pub struct Setup {
     pub metrics_addr: Option<String>,
 }
 
+/// What the daemon serving a mount reports of itself: the transport from
+/// the kernel and the pool running handlers, as the FUSE adapter knows
+/// them. The core only shows it (`status`, `/metrics`).
+pub trait Serving: Send + Sync + std::fmt::Debug {
+    /// Its part of `status` (`transport`, and `handlers` where a pool runs
+    /// them).
+    fn status(&self, status: &mut serde_json::Value);
+    /// Its metric lines for the mount point `mount`.
+    fn metrics(&self, mount: &str) -> String;
+}
+
 impl Fs {
     /// The filesystem `setup` describes. A shared namespace is read from
-    /// its store first (the error when it cannot be), and its mount gets
-    /// its pool of request handlers ([`Fs::handlers`]).
+    /// its store first (the error when it cannot be).
     pub fn start(setup: Setup) -> Result<Fs> {
         let Setup {
             uid,
@@ -90,27 +100,14 @@ impl Fs {
         match namespace {
             Kept::Memory(volatile) => fs.state.lock().durable.volatile = volatile,
             Kept::Durable(store, recovered) => fs.restore(store, recovered),
-            Kept::Shared(replica) => {
-                fs.share(replica)?;
-                let w = crate::fuse::workers::Workers::start(HANDLER_THREADS, HANDLERS_HELD).map_err(|e| {
-                    tracing::error!("starting request handlers: {e}");
-                    Error::Io
-                })?;
-                fs.state.lock().mount.handlers = Some(w);
-            }
+            Kept::Shared(replica) => fs.share(replica)?,
         }
         Ok(fs)
     }
 
-    /// The pool running request handlers of a shared mount (a request that
-    /// waits for etcd holds up no other).
-    pub fn handlers(&self) -> Option<crate::fuse::workers::Workers> {
-        self.state.lock().mount.handlers.clone()
-    }
-
-    /// The FUSE transport serving the mount.
-    pub fn transport(&self) -> &Arc<crate::fuse::uring::TransportReport> {
-        &self.transport
+    /// What the daemon serving the mount shows of itself from now on.
+    pub fn show_serving(&self, serving: Arc<dyn Serving>) {
+        let _ = self.serving.set(serving);
     }
 
     /// Whether the kernel may cache names (not on a shared namespace:

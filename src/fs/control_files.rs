@@ -246,12 +246,8 @@ impl Fs {
                         "compaction": st.compaction_phase(),
                     })),
                 });
-                status["transport"] = self.transport.status();
-                if let Some(w) = &st.mount.handlers {
-                    let s = w.stats(super::HANDLER_THREADS);
-                    status["handlers"] = serde_json::json!({
-                        "threads": s.threads, "bound": s.bound, "held": s.held, "peak": s.peak, "refused": s.refused,
-                    });
+                if let Some(serving) = self.serving.get() {
+                    serving.status(&mut status);
                 }
                 if let Some(mut remote) = remote {
                     if let Some(r) = &st.sharing.replica {
@@ -280,7 +276,9 @@ impl Fs {
                 st.report.metrics.limits = st.limit_rows();
                 let mount = st.mount.point.to_string_lossy().into_owned();
                 let mut out = st.report.metrics.render(&g, &mount);
-                out.push_str(&self.transport.metrics(&mount));
+                if let Some(serving) = self.serving.get() {
+                    out.push_str(&serving.metrics(&mount));
+                }
                 out
             }
             // Read through state of their own handles (`Listing`, events).

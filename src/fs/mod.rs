@@ -45,7 +45,7 @@ mod names;
 mod shared;
 use shared::Sharing;
 mod types;
-pub use config::{Keep, Setup};
+pub use config::{Keep, Serving, Setup};
 pub use types::*;
 mod config;
 mod xattr;
@@ -53,14 +53,6 @@ mod xattr;
 /// How often a change of a shared namespace is decided again after losing
 /// a race with another host before it fails (`EIO`).
 const CONFLICT_TRIES: u32 = 16;
-
-/// Threads running the request handlers of a shared mount (requests that
-/// wait for etcd hold one each; a blocked lock wait holds none).
-const HANDLER_THREADS: usize = 16;
-
-/// Requests of a shared mount queued or running at most; past it a request
-/// is answered `EAGAIN`.
-const HANDLERS_HELD: usize = 4096;
 
 const XATTR_CREATE: i32 = 1;
 const XATTR_REPLACE: i32 = 2;
@@ -128,8 +120,6 @@ struct MountInfo {
     allow_other: bool,
     /// Where `/metrics` is served over HTTP, if it is.
     metrics_addr: Option<String>,
-    /// The pool running request handlers (a shared mount), for `status`.
-    handlers: Option<crate::fuse::workers::Workers>,
     /// The daemon checks permissions, not the kernel (a shared namespace:
     /// see [`access`]).
     checks_access: bool,
@@ -223,8 +213,9 @@ pub struct Fs {
     changing: Mutex<()>,
     /// A change on its way to the shared store settled.
     settled: parking_lot::Condvar,
-    /// The FUSE transport serving the mount (`status`, `/metrics`).
-    transport: Arc<crate::fuse::uring::TransportReport>,
+    /// What the daemon serving the mount reports of itself (`status`,
+    /// `/metrics`), once it serves.
+    serving: std::sync::OnceLock<Arc<dyn config::Serving>>,
 }
 
 fn now() -> SystemTime {
@@ -258,7 +249,7 @@ impl Fs {
             barrier: std::sync::OnceLock::new(),
             changing: Mutex::new(()),
             settled: parking_lot::Condvar::new(),
-            transport: Arc::default(),
+            serving: std::sync::OnceLock::new(),
         };
         let wake = fs.state.lock().wake.clone();
         fs.state.lock().lease.set_wake(wake);

@@ -7,8 +7,12 @@
 //! core is caught here: the request is answered with `EIO` and the mount stays
 //! up.
 
+mod convert;
 pub mod fusermount;
+mod intercept;
+mod locks;
 mod ring;
+pub mod serving;
 pub mod session;
 mod ttls;
 pub mod uring;
@@ -35,101 +39,20 @@ use tracing::{debug, error, warn};
 use crate::error::Error;
 use crate::fs::{Caller, Fs, Handle, SetAttr, SetTime, WriteOpts};
 use crate::fuse::session::{Intercept, Notices, TmpfileReply, TmpfileRequest};
+use crate::fuse::uring::TransportReport;
 use crate::lease::{Effect, LockKind, Mode, Outcome, Owner, Range, Request as LockRequest, WaitId};
 use crate::namespace::{Attr, Ino, Kind};
+use convert::*;
+pub use intercept::Interceptor;
+use locks::*;
 use ttls::*;
 use waits::*;
 
-/// `fuse_lk_in.lk_flags` bit marking a `flock(2)` request.
-const FUSE_LK_FLOCK: u32 = 1;
 /// How long the lease timer sleeps when it has no deadline and nobody
 /// wakes it (a safety net: every change that needs it wakes it).
 const TIMER_IDLE: Duration = Duration::from_secs(1);
 /// How many interrupts for not-yet-parked requests are remembered.
 const EARLY_INTERRUPTS: usize = 256;
-
-/// The part of the filesystem the request hook calls into.
-pub struct Interceptor {
-    fs: Arc<Fs>,
-    waits: Arc<Mutex<Waits>>,
-}
-
-impl Intercept for Interceptor {
-    fn interrupt(&self, unique: u64) {
-        let mut w = self.waits.lock();
-        match self.fs.interrupt(WaitId(unique)) {
-            Some(effects) => {
-                debug!(unique, "lock wait interrupted by a signal");
-                w.deliver(effects, &self.fs);
-            }
-            None if w.parked_reads.contains_key(&unique) && self.fs.events_interrupt(unique) => {
-                debug!(unique, "event read interrupted by a signal");
-                if let Some(r) = w.parked_reads.remove(&unique) {
-                    r.error(refuse("events read", Error::Interrupted));
-                }
-            }
-            None => {
-                // Either not a lock wait (ignored: it completes on its own) or
-                // not parked yet: remember it for when it arrives.
-                if w.early.len() >= EARLY_INTERRUPTS {
-                    w.early.pop_front();
-                }
-                w.early.push_back(unique);
-            }
-        }
-    }
-
-    fn lock_request(&self, unique: u64, lk_flags: u32) {
-        self.waits.lock().lk_flags.insert(unique, lk_flags);
-    }
-
-    fn tmpfile(&self, r: TmpfileRequest) -> Result<TmpfileReply, i32> {
-        let direct_io = self.waits.lock().direct_io;
-        let caller = Caller { uid: r.uid, gid: r.gid, pid: r.pid };
-        let guarded =
-            catch_unwind(AssertUnwindSafe(|| self.fs.tmpfile(caller, Ino(r.parent), r.mode, r.umask, r.flags as i32)));
-        match guarded {
-            Ok(Ok((attr, h))) => Ok(TmpfileReply { attr, fh: h.0, direct_io }),
-            Ok(Err(e)) => Err(refuse("tmpfile", e).code()),
-            Err(_) => {
-                error!(op = "tmpfile", "handler panicked; request answered with EIO");
-                Err(libc::EIO)
-            }
-        }
-    }
-
-    fn attach(&self, notices: Notices) {
-        self.waits.lock().notices = Some(notices);
-        // Lease timers: a waiter on a lease whose TTL runs out is granted
-        // without any other request arriving, and answers the authority
-        // decided later are delivered. The timer sleeps to its next
-        // deadline unless the authority wakes it; the thread ends with the
-        // filesystem.
-        let wake = self.fs.wake();
-        let (fs, waits) = (Arc::downgrade(&self.fs), Arc::downgrade(&self.waits));
-        let spawned = std::thread::Builder::new().name("lease-timer".into()).spawn(move || loop {
-            let (Some(fs), Some(waits)) = (fs.upgrade(), waits.upgrade()) else {
-                return;
-            };
-            let next = {
-                // Without the `Waits` lock: a tick may ask etcd (answers
-                // that come before their request is parked are kept).
-                let (effects, next) = fs.tick();
-                let mut w = waits.lock();
-                send_entry_drops(&fs, &w);
-                w.deliver(effects, &fs);
-                w.deliver_events(&fs);
-                next
-            };
-            drop((fs, waits));
-            let nap = next.unwrap_or(TIMER_IDLE).clamp(Duration::from_millis(1), TIMER_IDLE);
-            wake.sleep(nap);
-        });
-        if let Err(e) = spawned {
-            error!("cannot start the lease timer: {e}");
-        }
-    }
-}
 
 /// Largest write the kernel may send in one request (the kernel's default
 /// page limit per request, 256 pages).
@@ -145,18 +68,6 @@ thread_local! {
 /// their last flush, and their change.
 type Closing = (Mutex<HashMap<u64, Vec<(u64, std::time::Instant)>>>, parking_lot::Condvar);
 
-/// How long after a descriptor's `FLUSH` a conflicting lock request waits
-/// for its `RELEASE` (io_uring only, see `LeaseFs::settle`).
-const RELEASE_GRACE: Duration = Duration::from_millis(100);
-
-/// A lock request about to be refused for a conflict, to be decided again
-/// (and answered) by the settler once the inode's pending releases and the
-/// other queues were served.
-struct Settle {
-    ino: u64,
-    decide: Box<dyn FnOnce() + Send>,
-}
-
 /// The `fuser::Filesystem` implementation.
 pub struct LeaseFs {
     fs: Arc<Fs>,
@@ -170,6 +81,8 @@ pub struct LeaseFs {
     /// Open regular files with direct I/O (kernel supports mmap with it).
     direct_io: bool,
     ttls: KernelTtls,
+    /// The transport serving the mount.
+    transport: Arc<TransportReport>,
 }
 
 impl std::fmt::Debug for LeaseFs {
@@ -179,12 +92,14 @@ impl std::fmt::Debug for LeaseFs {
 }
 
 impl LeaseFs {
-    /// Serve `fs`; the interceptor goes to the request hook.
-    pub fn new(fs: Arc<Fs>) -> (LeaseFs, Arc<Interceptor>) {
+    /// Serve `fs` through the transport `transport` reports on; the
+    /// interceptor goes to the request hook.
+    pub fn new(fs: Arc<Fs>, transport: Arc<TransportReport>) -> (LeaseFs, Arc<Interceptor>) {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
         let ttls = KernelTtls { cache_names: fs.names_cached() };
-        (LeaseFs { fs, waits, closing: Arc::default(), settler: Default::default(), direct_io: false, ttls }, icpt)
+        let closing = Arc::default();
+        (LeaseFs { fs, waits, closing, settler: Default::default(), direct_io: false, ttls, transport }, icpt)
     }
 
     /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
@@ -205,96 +120,6 @@ impl LeaseFs {
                 Err(e) => reply.error(refuse(op, e)),
             }))
         });
-    }
-
-    #[allow(clippy::too_many_arguments)] // the fields of a FUSE lock request, passed on
-    fn lock_request(
-        &self,
-        w: &mut Waits,
-        unique: u64,
-        fh: FileHandle,
-        owner: LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-    ) -> Result<LockRequest, Error> {
-        let flags = w.lk_flags.remove(&unique).unwrap_or(0);
-        let mode = match typ {
-            libc::F_RDLCK => Some(Mode::Shared),
-            libc::F_WRLCK => Some(Mode::Exclusive),
-            libc::F_UNLCK => None,
-            _ => return Err(Error::Invalid),
-        };
-        if start > end {
-            return Err(Error::Invalid);
-        }
-        Ok(LockRequest {
-            owner: Owner(owner.0),
-            kind: if flags & FUSE_LK_FLOCK != 0 { LockKind::Flock } else { LockKind::Posix },
-            mode,
-            range: Range { start, end },
-            pid,
-            handle: fh.0,
-        })
-    }
-
-    /// A descriptor's `RELEASE` was served: its `close` is complete.
-    fn closed(&self, ino: u64, fh: u64) {
-        let (m, c) = &*self.closing;
-        let mut g = m.lock();
-        if let Some(v) = g.get_mut(&ino) {
-            v.retain(|(f, _)| *f != fh);
-            if v.is_empty() {
-                g.remove(&ino);
-            }
-            c.notify_all();
-        }
-    }
-
-    /// Under io_uring, a lock request about to be refused for a conflict on
-    /// `ino` is not answered yet: `decide` (which decides it again and
-    /// answers) runs on the settler thread once what may end the conflict
-    /// was served. A `close` returns once its `FLUSH` is answered, but the
-    /// `RELEASE` that ends its `flock` locks is queued on the closing CPU's
-    /// queue and may not have been served when a process on another CPU
-    /// asks for the lock. The settler waits for the inode's descriptors
-    /// flushed and not released, each until `RELEASE_GRACE` after its
-    /// flush (a descriptor closed while a duplicate from `dup` or `fork`
-    /// stays open is released only at its last close, so past the grace
-    /// its flush is forgotten), then for every queue to serve what the
-    /// kernel handed it ([`Queues::settle`]). The queue threads never wait:
-    /// the request holds its ring entry meanwhile, and the release it waits
-    /// for is served on its own queue. Only under io_uring: on
-    /// `/dev/fuse` requests are served in order.
-    fn defer_conflict(&self, ino: u64, decide: Box<dyn FnOnce() + Send>) {
-        self.fs.transport().note_conflict();
-        let tx = self.settler.get_or_init(|| {
-            let (tx, rx) = std::sync::mpsc::channel::<Settle>();
-            let (fs, closing) = (Arc::downgrade(&self.fs), self.closing.clone());
-            let spawned = std::thread::Builder::new().name("lock-settle".into()).spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    // Every request deferred before this round began is
-                    // covered by it.
-                    let mut batch = vec![first];
-                    batch.extend(rx.try_iter());
-                    wait_for_releases(&closing, batch.iter().map(|s| s.ino));
-                    if let Some(fs) = fs.upgrade() {
-                        fs.transport().settle();
-                    }
-                    for s in batch {
-                        guarded("settle", s.decide);
-                    }
-                }
-            });
-            if let Err(e) = spawned {
-                error!("cannot start the lock settler: {e}");
-            }
-            tx
-        });
-        if let Err(std::sync::mpsc::SendError(s)) = tx.send(Settle { ino, decide }) {
-            (s.decide)();
-        }
     }
 
     /// Send the entry drops that keep the kernel's references to files
@@ -343,10 +168,6 @@ impl LeaseFs {
     }
 }
 
-fn caller(req: &Request) -> Caller {
-    Caller { uid: req.uid(), gid: req.gid(), pid: req.pid() }
-}
-
 /// Refuse a request with `e`: the one place a refusal is logged (at
 /// debug, with what the error carries: which epoch was held and which is
 /// current for an `ESTALE`), counted by errno (`leasefs_refusals_total`)
@@ -355,145 +176,6 @@ pub(super) fn refuse(op: &str, e: Error) -> Errno {
     debug!(op, errno = e.errno_name(), "refused: {e}");
     crate::control::count_refusal(e.errno_name());
     Errno::from_i32(e.errno())
-}
-
-fn kind(k: Kind) -> FileType {
-    match k {
-        Kind::File => FileType::RegularFile,
-        Kind::Dir => FileType::Directory,
-        Kind::Symlink => FileType::Symlink,
-        Kind::Fifo => FileType::NamedPipe,
-        Kind::Socket => FileType::Socket,
-        Kind::CharDev => FileType::CharDevice,
-        Kind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-fn attr(a: &Attr) -> FileAttr {
-    FileAttr {
-        ino: INodeNo(a.ino.0),
-        size: a.size,
-        blocks: a.blocks,
-        atime: a.atime,
-        mtime: a.mtime,
-        ctime: a.ctime,
-        crtime: a.crtime,
-        kind: kind(a.kind),
-        perm: a.perm,
-        nlink: a.nlink,
-        uid: a.uid,
-        gid: a.gid,
-        rdev: a.rdev,
-        blksize: 4096,
-        flags: 0,
-    }
-}
-
-fn set_time(t: Option<TimeOrNow>) -> Option<SetTime> {
-    t.map(|t| match t {
-        TimeOrNow::Now => SetTime::Now,
-        TimeOrNow::SpecificTime(t) => SetTime::At(t),
-    })
-}
-
-/// Run a handler, turning a panic into an `EIO` reply (the reply object
-/// answers `EIO` when it is dropped unanswered during unwinding).
-/// Answer `F_GETLK` with the conflicting lock found, if any.
-fn answer_getlk(result: Result<Option<crate::lease::Lock>, Error>, start: u64, end: u64, reply: ReplyLock) {
-    match result {
-        Ok(Some(l)) => {
-            let typ = if l.mode == Mode::Exclusive { libc::F_WRLCK } else { libc::F_RDLCK };
-            reply.locked(l.range.start, l.range.end, typ, l.pid);
-        }
-        Ok(None) => reply.locked(start, end, libc::F_UNLCK, 0),
-        Err(e) => reply.error(refuse("getlk", e)),
-    }
-}
-
-/// Answer `F_SETLK`/`F_SETLKW`/`flock` with the lease core's decision:
-/// granted, parked until granted, or refused.
-#[allow(clippy::too_many_arguments)] // a lock request's decision and how to answer it
-fn answer_setlk(
-    fs: &Fs,
-    waits: &Mutex<Waits>,
-    ino: u64,
-    lreq: LockRequest,
-    pid: u32,
-    unique: u64,
-    answer: Result<(Outcome, Vec<Effect>), Error>,
-    reply: ReplyEmpty,
-) -> bool {
-    let mut w = waits.lock();
-    match answer {
-        Ok((Outcome::Granted, effects)) => {
-            debug!(path = %fs.describe(Ino(ino)), ino, pid, kind = ?lreq.kind, mode = ?lreq.mode, epoch = fs.epoch(Ino(ino)).0, "lock granted");
-            // Hand the lock on before answering the releaser, as the
-            // kernel's own lock code wakes waiters inside the unlock.
-            w.deliver(effects, fs);
-            reply.ok();
-        }
-        Ok((Outcome::Parked, effects)) => {
-            debug!(path = %fs.describe(Ino(ino)), ino, pid, kind = ?lreq.kind, "lock wait parked");
-            w.deliver(effects, fs);
-            w.park(WaitId(unique), reply, fs);
-            return true;
-        }
-        Ok((Outcome::Refused(e), effects)) => {
-            reply.error(refuse("setlk", e));
-            w.deliver(effects, fs);
-        }
-        Err(e) => reply.error(refuse("setlk", e)),
-    }
-    false
-}
-
-/// Under io_uring, whether the thread `tid` whose request was just
-/// delivered was signalled before the kernel marked the request sent: the
-/// kernel then never sends the `FUSE_INTERRUPT` (on `/dev/fuse` it does,
-/// when the request is read), and a waiter killed or signalled in that
-/// moment would wait, unkillable, until it is answered. A signal the
-/// thread does not block is still pending while it waits in the kernel,
-/// so the daemon answers `EINTR` as the interrupt would have made it.
-/// Signals that come later arrive as `FUSE_INTERRUPT`.
-fn signalled_unseen(fs: &Fs, tid: u32) -> bool {
-    fs.transport().is_uring() && tid != 0 && crate::procfs::signal_pending(tid)
-}
-
-/// A parked lock wait of a thread [`signalled_unseen`]: ended with `EINTR`
-/// as a `FUSE_INTERRUPT` would end it (nothing if it was answered since).
-fn interrupt_parked(fs: &Fs, waits: &Mutex<Waits>, unique: u64) {
-    let mut w = waits.lock();
-    if let Some(effects) = fs.interrupt(WaitId(unique)) {
-        debug!(unique, "lock wait of a thread signalled as it was delivered: interrupted");
-        w.deliver(effects, fs);
-    }
-}
-
-/// Wait until no descriptor of `inos` is flushed and not released, each
-/// flush for at most `RELEASE_GRACE` after it (see
-/// `LeaseFs::defer_conflict`); flushes past their grace are forgotten.
-fn wait_for_releases(closing: &Closing, inos: impl Iterator<Item = u64>) {
-    let (m, c) = closing;
-    let inos: Vec<u64> = inos.collect();
-    let mut g = m.lock();
-    loop {
-        let now = std::time::Instant::now();
-        let mut deadline = None;
-        for ino in &inos {
-            let Some(v) = g.get_mut(ino) else { continue };
-            v.retain(|(_, at)| now < *at + RELEASE_GRACE);
-            match v.iter().map(|(_, at)| *at + RELEASE_GRACE).max() {
-                Some(d) => deadline = deadline.max(Some(d)),
-                None => {
-                    g.remove(ino);
-                }
-            }
-        }
-        let Some(deadline) = deadline else { return };
-        // Woken by each release; past the deadline the loop forgets the
-        // flushes whose grace ran out.
-        c.wait_until(&mut g, deadline);
-    }
 }
 
 fn guarded(op: &str, f: impl FnOnce()) {
@@ -533,7 +215,7 @@ impl fuser::Filesystem for LeaseFs {
         // the daemon has registered its queues, so it is accepted only when
         // asked for and io_uring works for this process.
         let offered = config.capabilities().contains(InitFlags::FUSE_OVER_IO_URING);
-        if self.fs.transport().accept(offered) {
+        if self.transport.accept(offered) {
             let _ = config.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
         }
         self.waits.lock().direct_io = self.direct_io;
@@ -723,7 +405,7 @@ impl fuser::Filesystem for LeaseFs {
                     // A reader signalled as its read was delivered is
                     // interrupted (see `signalled_unseen`).
                     Ok(crate::events::Read::Parked)
-                        if signalled_unseen(&self.fs, req.pid()) && self.fs.events_interrupt(unique) =>
+                        if signalled_unseen(&self.transport, req.pid()) && self.fs.events_interrupt(unique) =>
                     {
                         reply.error(refuse("events read", Error::Interrupted))
                     }
@@ -800,7 +482,7 @@ impl fuser::Filesystem for LeaseFs {
     fn flush(&self, _req: &Request, ino: INodeNo, fh: FileHandle, lock_owner: LockOwner, reply: ReplyEmpty) {
         guarded("flush", || {
             let effects = self.fs.flush(Ino(ino.0), Owner(lock_owner.0));
-            if self.fs.transport().is_uring() {
+            if self.transport.is_uring() {
                 let now = std::time::Instant::now();
                 let mut g = self.closing.0.lock();
                 let v = g.entry(ino.0).or_default();
@@ -961,24 +643,7 @@ impl fuser::Filesystem for LeaseFs {
         pid: u32,
         reply: ReplyLock,
     ) {
-        guarded("getlk", || {
-            let lreq = {
-                let mut w = self.waits.lock();
-                self.lock_request(&mut w, req.unique().0, fh, lock_owner, start, end, typ, pid)
-            };
-            let result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
-            match (result, lreq) {
-                // A conflict may be a release still on another CPU's queue.
-                (Ok(Some(_)), Ok(r)) if self.fs.transport().is_uring() => {
-                    let fs = self.fs.clone();
-                    self.defer_conflict(
-                        ino.0,
-                        Box::new(move || answer_getlk(fs.getlk(Ino(ino.0), &r), start, end, reply)),
-                    );
-                }
-                (result, _) => answer_getlk(result, start, end, reply),
-            }
-        });
+        self.serve_getlk(req, ino, fh, lock_owner, start, end, typ, pid, reply);
     }
 
     fn setlk(
@@ -994,51 +659,7 @@ impl fuser::Filesystem for LeaseFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        guarded("setlk", || {
-            let unique = req.unique().0;
-            let lreq = {
-                let mut w = self.waits.lock();
-                let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
-                    Ok(r) => r,
-                    Err(e) => return reply.error(refuse("setlk", e)),
-                };
-                if sleep && w.take_early(unique) {
-                    return reply.error(refuse("setlk", Error::Interrupted));
-                }
-                lreq
-            };
-            let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
-            // Without the `Waits` lock: the lease core may ask etcd, and
-            // interrupts and other lock requests must not wait for that.
-            let answer = self.fs.setlk(Ino(ino.0), lreq, wait);
-            // A conflict may be a release still on another CPU's queue
-            // (io_uring): decided again once the other queues served what
-            // they hold.
-            if let Ok((Outcome::Refused(Error::WouldBlock), _)) = &answer {
-                if self.fs.transport().is_uring() {
-                    if let Ok((_, effects)) = answer {
-                        self.waits.lock().deliver(effects, &self.fs);
-                    }
-                    let (fs, waits, tid) = (self.fs.clone(), self.waits.clone(), req.pid());
-                    return self.defer_conflict(
-                        ino.0,
-                        Box::new(move || {
-                            let answer = fs.setlk(Ino(ino.0), lreq, wait);
-                            if answer_setlk(&fs, &waits, ino.0, lreq, pid, unique, answer, reply)
-                                && signalled_unseen(&fs, tid)
-                            {
-                                interrupt_parked(&fs, &waits, unique);
-                            }
-                        }),
-                    );
-                }
-            }
-            if answer_setlk(&self.fs, &self.waits, ino.0, lreq, pid, unique, answer, reply)
-                && signalled_unseen(&self.fs, req.pid())
-            {
-                interrupt_parked(&self.fs, &self.waits, unique);
-            }
-        });
+        self.serve_setlk(req, ino, fh, lock_owner, start, end, typ, pid, sleep, reply);
     }
 
     fn poll(
@@ -1094,14 +715,5 @@ impl fuser::Filesystem for LeaseFs {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(refuse("fallocate", e)),
         });
-    }
-}
-
-fn reply_xattr(op: &str, r: crate::error::Result<Vec<u8>>, size: u32, reply: ReplyXattr) {
-    match r {
-        Ok(v) if size == 0 => reply.size(v.len() as u32),
-        Ok(v) if v.len() > size as usize => reply.error(refuse(op, Error::Range)),
-        Ok(v) => reply.data(&v),
-        Err(e) => reply.error(refuse(op, e)),
     }
 }
