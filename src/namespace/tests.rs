@@ -1,3 +1,4 @@
+use super::dir::{NAME_SHARDS, SPLIT_NAMES_AT};
 use super::*;
 
 #[test]

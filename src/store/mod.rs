@@ -13,6 +13,7 @@
 //!   written by the sync that needs them.
 
 pub mod direct;
+mod encode;
 pub mod epochs;
 pub mod group;
 pub mod records;
