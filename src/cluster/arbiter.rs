@@ -57,71 +57,12 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::client::{prefix_end, Client, Compare, EtcdError, Kv, Op, Result, WatchMsg};
+use super::entries::entry;
+pub use super::entries::{escape, overlap, owner_key, owner_kind, unescape, Asker, Entry, Mode};
 use super::session::HostSession;
 use super::watcher::Mirror;
-use crate::lease::{LockKind, Owner};
+
 use crate::namespace::replica::{Condition, Seen};
-
-/// Shared or exclusive.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Shared,
-    Exclusive,
-}
-
-impl Mode {
-    fn tag(self) -> &'static str {
-        match self {
-            Mode::Shared => "s",
-            Mode::Exclusive => "x",
-        }
-    }
-
-    /// Whether a holder in one mode blocks a request in the other.
-    pub fn conflicts(self, other: Mode) -> bool {
-        self == Mode::Exclusive || other == Mode::Exclusive
-    }
-}
-
-/// Who asks, as shown to operators on every host.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Asker {
-    pub pid: u32,
-    pub comm: String,
-    /// The lock owner on its host ([`owner_key`]: `flock:…`, `posix:…`).
-    pub owner: String,
-    /// The lease's TTL when it has one: other hosts may break this holder
-    /// once they saw its entry unrenewed that long.
-    pub ttl_ms: Option<u64>,
-}
-
-/// A holder or waiter as stored in etcd.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub key: Vec<u8>,
-    pub create_revision: i64,
-    pub mode: Mode,
-    pub held: bool,
-    pub epoch: u64,
-    pub host: String,
-    pub asker: Asker,
-    /// Byte ranges (first and last byte); `None`: the whole lease.
-    pub ranges: Option<Vec<(u64, u64)>>,
-}
-
-fn ranges_of(v: &Value) -> Option<Vec<(u64, u64)>> {
-    let a = v["ranges"].as_array()?;
-    Some(a.iter().filter_map(|r| Some((r[0].as_u64()?, r[1].as_u64()?))).collect())
-}
-
-pub fn overlap(a: &Option<Vec<(u64, u64)>>, b: &Option<Vec<(u64, u64)>>) -> bool {
-    match (a, b) {
-        (Some(a), Some(b)) => a.iter().any(|x| b.iter().any(|y| x.0 <= y.1 && y.0 <= x.1)),
-        // The whole lease overlaps any range (even none left: an empty
-        // list never stays in the queue).
-        _ => true,
-    }
-}
 
 impl Entry {
     /// Whether this entry stands in the way of `t` (another owner's, on
@@ -130,25 +71,6 @@ impl Entry {
         let same_owner = self.host == host && self.asker.owner == t.value["owner"].as_str().unwrap_or("");
         !same_owner && self.mode.conflicts(t.mode) && overlap(&self.ranges, &t.ranges)
     }
-}
-
-pub(super) fn entry(kv: &Kv) -> Option<Entry> {
-    let v: Value = serde_json::from_slice(&kv.value).ok()?;
-    Some(Entry {
-        key: kv.key.clone(),
-        create_revision: kv.create_revision,
-        mode: if v["mode"] == "s" { Mode::Shared } else { Mode::Exclusive },
-        held: v["state"] == "held",
-        epoch: v["epoch"].as_u64().unwrap_or(0),
-        host: v["host"].as_str().unwrap_or("").to_string(),
-        asker: Asker {
-            pid: v["pid"].as_u64().unwrap_or(0) as u32,
-            comm: v["comm"].as_str().unwrap_or("").to_string(),
-            owner: v["owner"].as_str().unwrap_or("").to_string(),
-            ttl_ms: v["ttl_ms"].as_u64(),
-        },
-        ranges: ranges_of(&v),
-    })
 }
 
 /// A request in the queue of one lease.
@@ -195,27 +117,6 @@ pub enum Decision {
     Gone,
 }
 
-/// How a lock owner is written into its queue entry (`flock:1f`,
-/// `posix:2a`): spelled out here, not derived from the Rust names, so
-/// what other hosts read never changes with a rename.
-pub fn owner_key(kind: LockKind, owner: Owner) -> String {
-    let kind = match kind {
-        LockKind::Flock => "flock",
-        LockKind::Posix => "posix",
-    };
-    format!("{kind}:{:x}", owner.0)
-}
-
-/// The kind of lock an entry's owner took, from [`owner_key`]'s text (and
-/// from the `Flock:`/`Posix:` of hosts that wrote the Rust names).
-pub fn owner_kind(owner: &str) -> LockKind {
-    if owner.starts_with("flock:") || owner.starts_with("Flock:") {
-        LockKind::Flock
-    } else {
-        LockKind::Posix
-    }
-}
-
 /// The counter and the queue a transaction read (its answers from `at` on:
 /// a get of the counter, then a get of the queue prefix), with the
 /// revision they were read at.
@@ -226,16 +127,6 @@ fn counter_and_queue(r: &super::client::TxnResult, at: usize) -> Option<(Option<
         }
         _ => None,
     }
-}
-
-/// `%` and `/` escaped, so one lease's key range never contains another's.
-pub fn escape(name: &str) -> String {
-    name.replace('%', "%25").replace('/', "%2F")
-}
-
-/// The name [`escape`] turned into `s`.
-pub fn unescape(s: &str) -> String {
-    s.replace("%2F", "/").replace("%25", "%")
 }
 
 /// The arbiter of one mount prefix, for one host session.
@@ -892,6 +783,7 @@ fn held_value(t: &Ticket, epoch: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lease::{LockKind, Owner};
 
     #[test]
     fn owners_are_written_in_words_of_their_own_and_read_back() {

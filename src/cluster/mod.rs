@@ -14,6 +14,7 @@ pub mod arbiter;
 pub mod authority;
 pub mod b64;
 pub mod client;
+pub mod entries;
 pub mod feed;
 pub mod http;
 pub mod namespace;

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::arbiter::{entry, owner_kind, unescape, Mode};
 use super::client::{prefix_end, Client, EtcdError, Kv, WatchMsg};
+use super::entries::{entry, owner_kind, unescape, Mode};
 use crate::events::{Event, Kind};
 use crate::lease::authority::Wake;
 use crate::lease::LockKind;

@@ -11,10 +11,20 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use super::session::MountError;
-
 /// The helper's name (found on `PATH`).
 pub const FUSERMOUNT: &str = "fusermount3";
+
+/// Why a mount failed, worded for a one-line message.
+#[derive(Debug)]
+pub struct MountError(pub String);
+
+impl std::fmt::Display for MountError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for MountError {}
 
 /// Mount `path` through `fusermount3` with the kernel mount options
 /// `options` (`fsname=`, `subtype=`, `allow_other`, ...); the device.

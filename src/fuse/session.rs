@@ -51,17 +51,7 @@ pub struct MountOptions {
 /// The source of a mount made without one.
 pub const DEFAULT_SOURCE: &str = "leasefs";
 
-/// Why a mount failed, worded for a one-line message.
-#[derive(Debug)]
-pub struct MountError(pub String);
-
-impl std::fmt::Display for MountError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for MountError {}
+pub use super::fusermount::MountError;
 
 /// Opcodes of lock requests (GETLK, SETLK, SETLKW).
 const FUSE_GETLK: u32 = 31;

@@ -26,9 +26,9 @@
 //!   ([`Arbitration::lost_hold`]) from the moment it is lost, before any
 //!   tick carries the fence out.
 
-use super::authority::{Answer, Errand, Question, RemoteLeases, Step, Wake};
 use super::local::LocalAuthority;
 use super::machine::{Effect, Fenced, Lock, Outcome, Request, WaitId};
+use super::seam::{Answer, Errand, Question, RemoteLeases, Step, Wake};
 use crate::error::Result;
 use crate::namespace::replica::Condition;
 use crate::namespace::Ino;

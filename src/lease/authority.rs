@@ -39,98 +39,15 @@
 //!   holder, like a single break.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
-
-use parking_lot::{Condvar, Mutex};
 
 use super::arbitration::Arbitration;
 use super::floors::Floors;
 use super::local::LocalAuthority;
 use super::machine::{Effect, Epoch, Fenced, Lease, Lock, LockLimits, Outcome, Owner, Request, WaitId};
+pub use super::seam::{Answer, Errand, Question, RemoteLeases, Step, Wake};
 use super::views::Views;
 use crate::error::Result;
 use crate::namespace::Ino;
-
-/// Wakes the lease timer before its deadline: the authority has effects to
-/// hand over through [`LeaseAuthority::tick`]. A wake-up given while the
-/// timer is busy is kept, so none is lost.
-#[derive(Debug, Clone, Default)]
-pub struct Wake(Arc<(Mutex<bool>, Condvar)>);
-
-impl Wake {
-    /// Have the timer tick now.
-    pub fn wake(&self) {
-        let (flag, cond) = &*self.0;
-        *flag.lock() = true;
-        cond.notify_one();
-    }
-
-    /// Sleep until woken or for `timeout`; true when woken.
-    pub fn sleep(&self, timeout: Duration) -> bool {
-        let (flag, cond) = &*self.0;
-        let mut woken = flag.lock();
-        if !*woken {
-            cond.wait_for(&mut woken, timeout);
-        }
-        std::mem::take(&mut *woken)
-    }
-}
-
-/// Lists other hosts' leases under a prefix ([`LeaseAuthority::remote_leases`]).
-pub type RemoteLeases = Box<dyn FnOnce(&str) -> Vec<super::rows::LeaseRow> + Send>;
-
-/// What an authority must ask another party (etcd) before it can answer:
-/// the caller sends it **without the state lock**, so other requests go on
-/// meanwhile, and hands the answer back to the `finish_` call that matches
-/// the `begin_` call that returned it.
-pub struct Question(Box<dyn FnOnce() -> Answer + Send>);
-
-impl Question {
-    pub fn new(ask: impl FnOnce() -> Answer + Send + 'static) -> Question {
-        Question(Box::new(ask))
-    }
-
-    /// Ask (blocks for as long as the other party takes).
-    pub fn send(self) -> Answer {
-        (self.0)()
-    }
-}
-
-/// The answer to a [`Question`], meaningful only to the authority that
-/// asked it.
-pub struct Answer(pub Box<dyn std::any::Any + Send>);
-
-impl Answer {
-    /// The answer to [`LeaseAuthority::begin_test`]'s question: the lock
-    /// that would conflict, if any.
-    pub fn found_lock(self) -> Option<Lock> {
-        self.0.downcast::<Option<Lock>>().map(|b| *b).unwrap_or(None)
-    }
-}
-
-/// Work an authority leaves to run without the state lock, whose outcome
-/// it needs to hear nothing of (a release, a renewal seen by other hosts).
-/// The caller runs it before it answers the request that caused it, so a
-/// release is done when the unlock or close returns; what no request path
-/// runs, the next tick does.
-pub struct Errand(Box<dyn FnOnce() + Send>);
-
-impl Errand {
-    pub fn new(run: impl FnOnce() + Send + 'static) -> Errand {
-        Errand(Box::new(run))
-    }
-
-    pub fn run(self) {
-        (self.0)()
-    }
-}
-
-/// How a lock request goes on: answered, or a question to send first.
-pub enum Step {
-    Done(Outcome, Vec<Effect>),
-    Ask(Question),
-}
 
 /// Everything the filesystem core asks about leases: the lease table of
 /// this host ([`LocalAuthority`]: holders, waiters, epochs, views, fences,

@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use super::authority::Wake;
 use super::floors::Floors;
 use super::machine::{Effect, Epoch, Fenced, Lease, Lock, Locks, Outcome, Owner, Request, WaitId};
+use super::seam::Wake;
 use super::views::Views;
 use crate::error::Result;
 use crate::namespace::Ino;

@@ -19,6 +19,7 @@ pub mod local;
 pub mod machine;
 pub mod observe;
 pub mod rows;
+pub mod seam;
 pub mod views;
 
 pub use machine::*;

@@ -22,9 +22,9 @@ mod pages;
 pub mod replica;
 
 pub use data::Data;
-pub use dir::{Dir, FIRST_COOKIE};
-use dir::DirDirty;
 use data::{freed, FREED_PAGES};
+use dir::DirDirty;
+pub use dir::{Dir, FIRST_COOKIE};
 
 /// An inode number as the kernel sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -54,8 +54,8 @@ use std::time::SystemTime;
 use crate::namespace::{Body, InoMap, InoSet, Inode, Kind};
 use crate::store::storage::{Storage, Syncer};
 
-use super::records::{scan, scan_each, Rec, Scan};
 pub use super::encode::*;
+use super::records::{scan, scan_each, Rec, Scan};
 pub use super::records::{Enc, Extra};
 use crate::failpoints::{failpoint, injected, pausepoint};
 

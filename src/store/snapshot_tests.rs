@@ -20,8 +20,8 @@ fn crc32_matches_the_reference_definition() {
 }
 
 use super::*;
-use crate::store::encode::{CHECK, PIECE};
 use crate::namespace::{Ino, Kind, Namespace, NewInode};
+use crate::store::encode::{CHECK, PIECE};
 use crate::store::storage::MemStorage;
 use std::ffi::OsStr;
 

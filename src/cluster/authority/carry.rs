@@ -306,7 +306,7 @@ impl EtcdArbitration {
             .filter(|(_, p)| p.ready.load(Ordering::Relaxed) && Some(p.ticket.session) == alive)
             .filter_map(|(id, p)| {
                 let kv = mirror.entry(&p.ticket.key)?;
-                let e = crate::cluster::arbiter::entry(&kv)?;
+                let e = crate::cluster::entries::entry(&kv)?;
                 e.held.then_some((*id, e.epoch, kv.mod_revision))
             })
             .collect();
