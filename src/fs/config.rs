@@ -91,9 +91,9 @@ impl Fs {
             let mut st = fs.state.lock();
             st.set_authority(lease);
             st.bounds.limits = limits;
-            st.lease.set_lock_limits(lock_limits);
+            st.lease.table_mut().set_lock_limits(lock_limits);
             if let Some((journal, ceiling)) = journal {
-                st.lease.floors().set_journal(journal, ceiling);
+                st.lease.table_mut().floors().set_journal(journal, ceiling);
             }
             st.mount = MountInfo { point: mount_point, source, allow_other, metrics_addr, ..MountInfo::default() };
         }
@@ -140,13 +140,13 @@ impl Fs {
     pub(crate) fn set_limits(&self, l: limits::Limits, locks: crate::lease::machine::LockLimits) {
         let mut st = self.state.lock();
         st.bounds.limits = l;
-        st.lease.set_lock_limits(locks);
+        st.lease.table_mut().set_lock_limits(locks);
     }
 
     /// The bounds in force.
     pub fn limits(&self) -> (limits::Limits, crate::lease::machine::LockLimits) {
         let st = self.state.lock();
-        (st.bounds.limits, st.lease.lock_limits())
+        (st.bounds.limits, st.lease.table().lock_limits())
     }
 
     /// What wakes the lease timer before its deadline.

@@ -123,7 +123,7 @@ impl Fs {
         let rel = text.trim_start_matches('/');
         let mut st = self.state.lock();
         let target = if rel.is_empty() { None } else { st.resolve_path(std::path::Path::new(rel)) };
-        let lease = target.or_else(|| st.lease.detached(std::path::Path::new(rel))).ok_or(Error::NotFound)?;
+        let lease = target.or_else(|| st.lease.table().detached(std::path::Path::new(rel))).ok_or(Error::NotFound)?;
         st.clock();
         st.reserve(lease)?;
         let effects = st.lease.break_now(lease);
@@ -187,7 +187,7 @@ impl Fs {
                 }
             }
         }
-        for (p, ino) in &st.lease.detached_all() {
+        for (p, ino) in &st.lease.table().detached_all() {
             out.entry(*ino).or_insert_with(|| p.clone());
         }
         out
@@ -201,13 +201,13 @@ impl Fs {
     /// Render a read-only control file.
     pub(super) fn render(&self, c: ControlFile) -> String {
         let mut st = self.state.lock();
-        let leases = st.lease.leases();
+        let leases = st.lease.table().leases();
         match c {
             ControlFile::Status => {
                 let held = leases.iter().filter(|(_, l)| !l.locks().is_empty()).count();
                 // Also waits parked in a remote arbiter's queue.
                 let awaited = st.lease.waited().len();
-                let ttl = leases.iter().filter(|(i, _)| st.lease.effective_ttl(*i).is_some()).count();
+                let ttl = leases.iter().filter(|(i, _)| st.lease.table().effective_ttl(*i).is_some()).count();
                 let (backend, remote) = st.lease.backend();
                 let mut status = serde_json::json!({
                     "version": crate::VERSION,
@@ -217,18 +217,18 @@ impl Fs {
                     "source": st.mount.source,
                     "access": if st.mount.allow_other { "shared" } else { "private" },
                     "metrics_addr": st.mount.metrics_addr,
-                    "uptime_secs": st.lease.uptime(),
-                    "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": st.lease.known() },
+                    "uptime_secs": st.lease.table().uptime(),
+                    "leases": { "held": held, "awaited": awaited, "with_ttl": ttl, "known": st.lease.table().known() },
                     "inodes": st.ns.len(),
                     "limits": st.limit_rows().iter().map(|l| (l.name.to_string(), serde_json::json!({
                         "used": l.used, "max": l.max, "refused": l.refused,
                     }))).collect::<serde_json::Map<String, serde_json::Value>>(),
-                    "observations": st.lease.observations(),
-                    "state_dir": st.lease.floors_ref().journal().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
-                    "journal_bytes": st.lease.floors_ref().journal().map(|j| j.size()),
-                    "journal_commits": st.lease.floors_ref().journal().map(|j| j.commits()),
-                    "epoch_ceiling": st.lease.floors_ref().journal().map(|j| j.ceiling()),
-                    "journal_compactions": st.lease.floors_ref().journal().map(|j| j.compactions()),
+                    "observations": st.lease.table().observations(),
+                    "state_dir": st.lease.table().floors_ref().journal().and_then(|j| j.path().parent()).map(|p| p.to_string_lossy().into_owned()),
+                    "journal_bytes": st.lease.table().floors_ref().journal().map(|j| j.size()),
+                    "journal_commits": st.lease.table().floors_ref().journal().map(|j| j.commits()),
+                    "epoch_ceiling": st.lease.table().floors_ref().journal().map(|j| j.ceiling()),
+                    "journal_compactions": st.lease.table().floors_ref().journal().map(|j| j.compactions()),
                     "durability": match &st.durable.store {
                         Some(s) if s.failed() => "failed",
                         Some(_) => "durable",
@@ -261,12 +261,12 @@ impl Fs {
                 )
             }
             ControlFile::Metrics => {
-                let journal = st.lease.floors_ref().journal();
+                let journal = st.lease.table().floors_ref().journal();
                 let g = crate::control::Gauges {
                     live: leases.iter().filter(|(_, l)| l.is_live()).count(),
                     held: leases.iter().filter(|(_, l)| !l.locks().is_empty()).count(),
                     awaited: st.lease.waited().len(),
-                    with_ttl: leases.iter().filter(|(i, _)| st.lease.effective_ttl(*i).is_some()).count(),
+                    with_ttl: leases.iter().filter(|(i, _)| st.lease.table().effective_ttl(*i).is_some()).count(),
                     journal_commits: journal.map_or(0, |j| j.commits()),
                     epoch_journal_bytes: journal.map(|j| j.size()),
                     namespace_journal_bytes: st.durable.store.as_ref().map(|s| s.journal_bytes()),
@@ -317,8 +317,8 @@ impl Fs {
 
 /// Whether `.leasefs/leases` lists a lease: held, awaited, or with a TTL.
 fn listed(st: &State, ino: Ino) -> bool {
-    st.lease.lease(ino).is_some_and(|l| {
-        l.is_live() || l.ttl().is_some() || st.lease.effective_ttl(ino).is_some() && !l.locks().is_empty()
+    st.lease.table().lease(ino).is_some_and(|l| {
+        l.is_live() || l.ttl().is_some() || st.lease.table().effective_ttl(ino).is_some() && !l.locks().is_empty()
     })
 }
 
@@ -342,7 +342,8 @@ pub(crate) struct Listing {
 impl Listing {
     /// The leases listed under `prefix` (`/` for all).
     fn of(st: &State, prefix: &str) -> Listing {
-        let wanted: Vec<Ino> = st.lease.leases().into_iter().map(|(i, _)| i).filter(|i| listed(st, *i)).collect();
+        let wanted: Vec<Ino> =
+            st.lease.table().leases().into_iter().map(|(i, _)| i).filter(|i| listed(st, *i)).collect();
         let mut rows = Vec::with_capacity(wanted.len());
         let mut unnamed = std::collections::HashSet::new();
         for ino in wanted {
@@ -383,7 +384,7 @@ impl Listing {
     fn more(&mut self, st: &State, now: u64, out: &mut Vec<u8>) -> bool {
         while let Some((path, ino)) = self.rows.get(self.next) {
             self.next += 1;
-            let Some(l) = st.lease.lease(*ino).filter(|_| listed(st, *ino)) else { continue };
+            let Some(l) = st.lease.table().lease(*ino).filter(|_| listed(st, *ino)) else { continue };
             let row = LeaseRow {
                 epoch: l.epoch().0,
                 expires_in_ms: Some(l.expires().map(|e| e as i64 - now as i64)),
@@ -391,7 +392,7 @@ impl Listing {
                 hosts: None,
                 inode: Some(ino.0),
                 path: path.clone(),
-                ttl_ms: Some(st.lease.effective_ttl(*ino)),
+                ttl_ms: Some(st.lease.table().effective_ttl(*ino)),
                 version: Some(st.ns.get(*ino).map(|i| i.version).unwrap_or(0)),
                 waiters: l.waiters(),
             };

@@ -47,7 +47,7 @@ impl State {
     /// out (SPEC 5).
     pub(super) fn reserve(&mut self, ino: Ino) -> Result<()> {
         let need = self.lease.epoch(ino).0 + 1;
-        self.lease.floors().reserve(need)
+        self.lease.table_mut().floors().reserve(need)
     }
 
     /// Lease settings of `ino` for the durable store.
@@ -295,15 +295,15 @@ impl Fs {
                 continue;
             }
             if let Some(t) = x.ttl_ms {
-                st.lease.set_ttl(ino, Some(t));
+                st.lease.table_mut().set_ttl(ino, Some(t));
             }
             if let Some(g) = x.guard {
-                st.lease.set_guard(ino, g);
+                st.lease.table_mut().set_guard(ino, g);
             }
         }
         // Restored files resume above the recovered epoch ceiling: any epoch
         // up to it may have been handed out before the restart.
-        let floor = st.lease.floors().new_path_floor();
+        let floor = st.lease.table_mut().floors().new_path_floor();
         st.lease.raise_all(floor);
         st.ns.set_tracking();
         st.durable.churn_at_flush = st.ns.churn();
@@ -457,5 +457,8 @@ pub(super) fn give_memory_back() {
 
 /// Lease settings of `ino` for the durable store.
 pub(super) fn extra_of(lease: &LeaseAuthority, ino: Ino) -> crate::store::snapshot::Extra {
-    crate::store::snapshot::Extra { ttl_ms: lease.lease(ino).and_then(|l| l.ttl()), guard: lease.guard(ino) }
+    crate::store::snapshot::Extra {
+        ttl_ms: lease.table().lease(ino).and_then(|l| l.ttl()),
+        guard: lease.table().guard(ino),
+    }
 }

@@ -103,7 +103,7 @@ impl State {
         let epoch = self.lease.epoch(ino);
         let mut seen = Vec::new();
         let mut out = Vec::new();
-        for k in self.lease.lease(ino).map(|l| l.locks().to_vec()).unwrap_or_default() {
+        for k in self.lease.table().lease(ino).map(|l| l.locks().to_vec()).unwrap_or_default() {
             if gone(&k) && !seen.contains(&k.owner) {
                 seen.push(k.owner);
                 let req = Request {

@@ -113,7 +113,7 @@ impl Fs {
         let writes = flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0;
         let mut guard = None;
         if writes {
-            if let Some(path) = st.lease.guard(ino) {
+            if let Some(path) = st.lease.table().guard(ino) {
                 // A guarded file opens for writing only under its lease.
                 let pids = st.lineage(tid);
                 let lease = st.resolve_path(&path).ok_or(Error::NoLock)?;
@@ -156,7 +156,11 @@ impl Fs {
             return false;
         }
         let lease = &st.lease;
-        if lease.is_live(ino) || lease.lease(ino).is_some() || lease.guard(ino).is_some() || lease.epoch(ino).0 > 0 {
+        if lease.is_live(ino)
+            || lease.table().lease(ino).is_some()
+            || lease.table().guard(ino).is_some()
+            || lease.epoch(ino).0 > 0
+        {
             return false;
         }
         let Some(f) = st.open.handles.get_mut(&h) else { return false };

@@ -31,7 +31,7 @@ impl State {
 
     /// The process behind a request's thread id (cached unless `fresh`).
     pub(super) fn proc(&mut self, tid: u32, fresh: bool) -> Option<Proc> {
-        self.lease.views().proc(tid, fresh)
+        self.lease.table_mut().views().proc(tid, fresh)
     }
 
     /// `tid` observed the regular file `ino` at its current version.
@@ -47,7 +47,7 @@ impl State {
         let Ok(i) = self.ns.get(ino) else { return };
         if i.kind == Kind::File {
             let version = i.version;
-            self.lease.views().observe(p, ino, version);
+            self.lease.table_mut().views().observe(p, ino, version);
         }
     }
 
@@ -61,7 +61,7 @@ impl State {
             return Ok(());
         }
         let version = i.version;
-        let verdict = self.lease.views().check(tid, ino, version, content_counts);
+        let verdict = self.lease.table_mut().views().check(tid, ino, version, content_counts);
         verdict.map_err(|v| {
             debug!(path = %self.path_for_log(ino), pid = v.pid, ino = ino.0, seen = v.seen, current = v.current, epoch = self.lease.epoch(ino).0, op = what, "compare-and-swap rejected: stale view");
             self.report.metrics.cas_rejections += 1;
@@ -78,13 +78,13 @@ impl State {
     pub(super) fn repoint(&mut self, ino: Ino) {
         if let Ok(i) = self.ns.get(ino) {
             let version = i.version;
-            self.lease.views().repoint(ino, version);
+            self.lease.table_mut().views().repoint(ino, version);
         }
     }
 
     /// The name now pointing at `new` pointed at `old` before.
     pub(super) fn succeed(&mut self, old: Ino, new: Ino) {
-        self.lease.views().succeed(old, new);
+        self.lease.table_mut().views().succeed(old, new);
     }
 
     /// Milliseconds on the lease clock; also advances the lease table's clock.
@@ -94,7 +94,7 @@ impl State {
 
     /// The calling process and its ancestors (who acts for a holder).
     pub(super) fn lineage(&mut self, tid: u32) -> Vec<u32> {
-        self.lease.views().lineage(tid)
+        self.lease.table_mut().views().lineage(tid)
     }
 
     /// Refuse with `ESTALE` when the process was fenced off this lease.
@@ -115,12 +115,12 @@ impl State {
     /// Remember the epoch a path carried.
     pub(super) fn remember_epoch(&mut self, path: Option<PathBuf>, ino: Ino) {
         let e = self.lease.epoch(ino);
-        self.lease.floors().remember(path, e);
+        self.lease.table_mut().floors().remember(path, e);
     }
 
     /// The lowest epoch an inode newly named by `path` may carry.
     pub(super) fn path_floor(&self, path: Option<&PathBuf>) -> Epoch {
-        self.lease.floors_ref().floor(path)
+        self.lease.table().floors_ref().floor(path)
     }
 
     /// Never let an inode named by `path` carry a lower epoch than the path did.

@@ -294,7 +294,7 @@ impl super::State {
         use self::Limit;
         use crate::control::LimitRow;
         let (locks, waiters) = self.lease.lock_usage();
-        let ll = self.lease.lock_limits();
+        let ll = self.lease.table().lock_limits();
         let row = |name, used, max, refused| LimitRow { name, used, max, refused };
         // Removed files only the kernel still remembers are free room.
         let (gone, gone_bytes) = match self.bounds.removed_are_room {

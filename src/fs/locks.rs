@@ -166,7 +166,7 @@ impl Fs {
             }
             Outcome::Granted => {
                 // An unlock: only what it really let go is a release.
-                let still = st.lease.lease(ino).is_some_and(|l| l.locks().iter().any(|k| k.owner == req.owner));
+                let still = st.lease.table().lease(ino).is_some_and(|l| l.locks().iter().any(|k| k.owner == req.owner));
                 if !still {
                     for ev in released {
                         st.emit(ev, ino);

@@ -194,7 +194,7 @@ impl State {
             self.open.tmpfiles.remove(&ino);
         }
         let ns = &self.ns;
-        self.lease.retain_detached(&mut |i| ns.get(i).is_ok());
+        self.lease.table_mut().retain_detached(&mut |i| ns.get(i).is_ok());
     }
 }
 

@@ -87,7 +87,7 @@ impl Fs {
             // links still name it. Without other names its content starts
             // empty like any newly created file; with them it keeps the
             // content those names still show.
-            if let Some(ino) = path.as_ref().and_then(|p| st.lease.take_detached(p)) {
+            if let Some(ino) = path.as_ref().and_then(|p| st.lease.table_mut().take_detached(p)) {
                 if st.lease.is_live(ino) && st.ns.get(ino).is_ok_and(|i| i.kind == Kind::File) {
                     let orphan = st.ns.get(ino)?.nlink == 0;
                     st.ns.link(parent, name, ino)?;
@@ -108,7 +108,7 @@ impl Fs {
         st.ns.link(parent, name, ino)?;
         st.referenced(ino);
         st.floor_epoch(path.as_ref(), ino);
-        if let Some(old) = path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
+        if let Some(old) = path.as_ref().and_then(|p| st.lease.table_mut().views().take_removed(p)) {
             // The name points at something new: whoever looked at the old
             // target has a stale view.
             st.succeed(old, ino);
@@ -228,13 +228,13 @@ impl Fs {
             let now = now();
             let path = st.path_of(parent, name);
             if let Some(p) = &path {
-                st.lease.views().name_removed(p.clone(), ino);
+                st.lease.table_mut().views().name_removed(p.clone(), ino);
             }
             st.remember_epoch(path.clone(), ino);
             if st.lease.is_live(ino) {
                 // The name goes (POSIX), the lease stays bound to the path.
                 if let Some(p) = path {
-                    st.lease.detach(p, ino);
+                    st.lease.table_mut().detach(p, ino);
                 }
             }
             st.ns.get_mut(ino)?.ctime = now;
@@ -315,7 +315,7 @@ impl Fs {
             }
             // The name now leads to `ino`: whoever looked at what it named
             // before holds a stale view (the dotlock-breaking race).
-            if let Some(old) = path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
+            if let Some(old) = path.as_ref().and_then(|p| st.lease.table_mut().views().take_removed(p)) {
                 st.succeed(old, ino);
             }
             let i = st.ns.get_mut(ino)?;
@@ -510,7 +510,7 @@ impl Fs {
         }
         st.floor_epoch(new_path.as_ref(), src);
         if dst.is_none() {
-            if let Some(old) = new_path.as_ref().and_then(|p| st.lease.views().take_removed(p)) {
+            if let Some(old) = new_path.as_ref().and_then(|p| st.lease.table_mut().views().take_removed(p)) {
                 st.succeed(old, src);
             }
         }

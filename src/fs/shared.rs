@@ -95,25 +95,27 @@ impl State {
     /// Lease settings and names another host changed.
     pub(super) fn caught(&mut self, c: crate::namespace::replica::Caught) {
         for (ino, x) in c.extras {
-            if self.lease.lease(ino).and_then(|l| l.ttl()) != x.ttl_ms {
+            if self.lease.table().lease(ino).and_then(|l| l.ttl()) != x.ttl_ms {
                 // Effects of a changed TTL reach waiters at the next tick.
-                let _ = self.lease.set_ttl(ino, x.ttl_ms);
+                let _ = self.lease.table_mut().set_ttl(ino, x.ttl_ms);
             }
             match x.guard {
-                Some(g) if self.lease.guard(ino).as_ref() != Some(&g) => self.lease.set_guard(ino, g),
+                Some(g) if self.lease.table().guard(ino).as_ref() != Some(&g) => {
+                    self.lease.table_mut().set_guard(ino, g)
+                }
                 Some(_) => {}
                 None => {
-                    self.lease.remove_guard(ino);
+                    self.lease.table_mut().remove_guard(ino);
                 }
             }
         }
         for (dir, name, ino) in c.removed_names {
             if let Some(p) = self.path_of(dir, &name) {
-                self.lease.views().name_removed(p, ino);
+                self.lease.table_mut().views().name_removed(p, ino);
             }
         }
         for (dir, name, ino) in c.added_names {
-            if let Some(old) = self.path_of(dir, &name).and_then(|p| self.lease.views().take_removed(&p)) {
+            if let Some(old) = self.path_of(dir, &name).and_then(|p| self.lease.table_mut().views().take_removed(&p)) {
                 if old != ino {
                     self.succeed(old, ino);
                 }

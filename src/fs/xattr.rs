@@ -24,7 +24,7 @@ impl Fs {
                 return match name.to_str() {
                     Some(XATTR_TTL) => {
                         let ttl = parse_ttl(text)?;
-                        st.lease.set_ttl(ino, ttl);
+                        st.lease.table_mut().set_ttl(ino, ttl);
                         st.ns.mark_dirty(ino);
                         Ok(())
                     }
@@ -46,7 +46,7 @@ impl Fs {
                         if !ok {
                             return Err(Error::Invalid);
                         }
-                        st.lease.set_guard(ino, path);
+                        st.lease.table_mut().set_guard(ino, path);
                         st.ns.mark_dirty(ino);
                         Ok(())
                     }
@@ -106,11 +106,11 @@ impl Fs {
                 return Ok(holder_json(&st.lease, ino, now).into_bytes());
             }
             Some(XATTR_TTL) => {
-                let ttl = st.lease.lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
+                let ttl = st.lease.table().lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
                 return Ok(format_ttl(ttl).into_bytes());
             }
             Some(XATTR_GUARD) => {
-                let g = st.lease.guard(ino).ok_or(Error::NoAttr)?;
+                let g = st.lease.table().guard(ino).ok_or(Error::NoAttr)?;
                 return Ok(g.to_string_lossy().into_owned().into_bytes());
             }
             Some(XATTR_RENEW) => return Err(Error::NoAttr),
@@ -149,13 +149,13 @@ impl Fs {
                 return match name.to_str() {
                     Some(XATTR_TTL) => {
                         st.clock();
-                        st.lease.set_ttl(ino, None);
+                        st.lease.table_mut().set_ttl(ino, None);
                         st.ns.mark_dirty(ino);
                         Ok(())
                     }
                     Some(XATTR_GUARD) => {
                         st.ns.mark_dirty(ino);
-                        if st.lease.remove_guard(ino) {
+                        if st.lease.table_mut().remove_guard(ino) {
                             Ok(())
                         } else {
                             Err(Error::NoAttr)
@@ -175,8 +175,11 @@ impl Fs {
 
 /// `user.leasefs.holder`: the holders as JSON.
 pub(super) fn holder_json(locks: &LeaseAuthority, ino: Ino, now: u64) -> String {
-    let holders: Vec<HolderRow> =
-        locks.lease(ino).map(|l| l.locks().iter().map(|k| HolderRow::local(k, now)).collect()).unwrap_or_default();
+    let holders: Vec<HolderRow> = locks
+        .table()
+        .lease(ino)
+        .map(|l| l.locks().iter().map(|k| HolderRow::local(k, now)).collect())
+        .unwrap_or_default();
     serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
 }
 

@@ -4,17 +4,20 @@
 //!
 //! The core never decides a lease question itself. It asks: may this owner
 //! have this range now, and with which epoch ([`LeaseAuthority::request`])?
-//! Is this process's view of this name current ([`LeaseAuthority::views`])?
+//! Is this process's view of this name current (the table's views)?
 //! Is this holder still the holder, or was it fenced
 //! ([`LeaseAuthority::fenced_handle`], [`LeaseAuthority::held_by`])? What is
-//! the lowest epoch a path may carry ([`LeaseAuthority::floors`])? It then
+//! the lowest epoch a path may carry (the table's floors)? It then
 //! carries out the answer: replies, parks a lock wait, delivers the
 //! returned [`Effect`]s (grant or refuse a parked waiter, a lease broken).
 //!
 //! [`LeaseAuthority`] is one type for one host and for several. The lease
 //! table ([`LocalAuthority`], over the pure state machine in
 //! [`super::machine`]) answers everything a host decides on its own: views
-//! and compare-and-swap, fences, guards, detached leases, TTLs. With other
+//! and compare-and-swap, fences, guards, detached leases, TTLs. What is this
+//! host's alone in every backend the core reads and changes on the table
+//! itself ([`LeaseAuthority::table`]); everything another host may have a
+//! say in is a method of the authority. With other
 //! hosts (SPEC 10), an [`Arbitration`] decides what they share: who is
 //! granted a lease-level lock and with which epoch, which epochs users may
 //! read, whether a lease is held anywhere, and what a change's transaction
@@ -38,14 +41,10 @@
 //!   host's arbiter session there), reported as one [`Effect::Broken`] per
 //!   holder, like a single break.
 
-use std::path::{Path, PathBuf};
-
 use super::arbitration::Arbitration;
-use super::floors::Floors;
 use super::local::LocalAuthority;
-use super::machine::{Effect, Epoch, Fenced, Lease, Lock, LockLimits, Outcome, Owner, Request, WaitId};
+use super::machine::{Effect, Epoch, Fenced, Lock, Outcome, Owner, Request, WaitId};
 pub use super::seam::{Answer, Errand, Question, RemoteLeases, Step, Wake};
-use super::views::Views;
 use crate::error::Result;
 use crate::namespace::Ino;
 
@@ -72,6 +71,21 @@ impl LeaseAuthority {
     /// Leases whose grants and epochs `arbitration` decides with other hosts.
     pub fn shared(local: LocalAuthority, arbitration: Box<dyn Arbitration>) -> LeaseAuthority {
         LeaseAuthority { local, shared: Some(arbitration) }
+    }
+
+    /// This host's lease table, for what is this host's alone in every
+    /// backend and needs no other host's word: detached names, guards,
+    /// per-process views, TTL settings, lock-table bounds, and the rows
+    /// `.leasefs/` shows. Questions whose answer may depend on other hosts
+    /// (grants, releases, epochs, holders, fences, ticks) are the
+    /// authority's own methods, never asked here.
+    pub fn table(&self) -> &LocalAuthority {
+        &self.local
+    }
+
+    /// [`LeaseAuthority::table`], to change what is this host's alone.
+    pub fn table_mut(&mut self) -> &mut LocalAuthority {
+        &mut self.local
     }
 
     /// Milliseconds on the lease clock (advances the authority's clock).
@@ -256,16 +270,6 @@ impl LeaseAuthority {
         self.local.raise_all(floor);
     }
 
-    /// Path epoch floors and the durable ceiling.
-    pub fn floors(&mut self) -> &mut Floors {
-        self.local.floors()
-    }
-
-    /// The same, to read.
-    pub fn floors_ref(&self) -> &Floors {
-        self.local.floors_ref()
-    }
-
     // Lease identity (SPEC 4).
 
     /// True while the lease has a holder or a waiter on this host.
@@ -290,55 +294,9 @@ impl LeaseAuthority {
         self.local.forget(ino);
     }
 
-    /// A live lease lost its name: re-creating `path` re-attaches it.
-    pub fn detach(&mut self, path: PathBuf, ino: Ino) {
-        self.local.detach(path, ino);
-    }
-
-    /// The live lease detached from `path`, taken back (the name exists
-    /// again).
-    pub fn take_detached(&mut self, path: &Path) -> Option<Ino> {
-        self.local.take_detached(path)
-    }
-
-    /// The live lease detached from `path`.
-    pub fn detached(&self, path: &Path) -> Option<Ino> {
-        self.local.detached(path)
-    }
-
-    /// Every detached lease and its path.
-    pub fn detached_all(&self) -> Vec<(PathBuf, Ino)> {
-        self.local.detached_all()
-    }
-
-    /// Keep only the detached leases for which `keep` holds.
-    pub fn retain_detached(&mut self, keep: &mut dyn FnMut(Ino) -> bool) {
-        self.local.retain_detached(keep);
-    }
-
     // Observations and compare-and-swap verdicts (SPEC 6).
 
-    /// Per-process views and name history.
-    pub fn views(&mut self) -> &mut Views {
-        self.local.views()
-    }
-
-    /// Observation records kept.
-    pub fn observations(&self) -> usize {
-        self.local.observations()
-    }
-
     // Bounds on the lock table (ENOLCK beyond them).
-
-    /// Bound what the lock table keeps.
-    pub fn set_lock_limits(&mut self, limits: LockLimits) {
-        self.local.set_lock_limits(limits);
-    }
-
-    /// The bounds in force.
-    pub fn lock_limits(&self) -> LockLimits {
-        self.local.lock_limits()
-    }
 
     /// Locks held and waiters queued on the whole mount.
     pub fn lock_usage(&self) -> (usize, usize) {
@@ -346,22 +304,7 @@ impl LeaseAuthority {
         (held, waiting + self.shared.as_ref().map_or(0, |a| a.parked().count()))
     }
 
-    /// Requests refused because a lock-table bound was reached.
-    pub fn lock_limit_refusals(&self) -> u64 {
-        self.local.lock_limit_refusals()
-    }
-
     // TTLs, renewal, breaking and fences (SPEC 7).
-
-    /// Set or clear the file's own TTL.
-    pub fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
-        self.local.set_ttl(ino, ttl)
-    }
-
-    /// The TTL in force (the file's own, else the mount's).
-    pub fn effective_ttl(&self, ino: Ino) -> Option<u64> {
-        self.local.effective_ttl(ino)
-    }
 
     /// Renew the holds of `handle` or of any of `pids`; true if one was held.
     pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
@@ -461,45 +404,7 @@ impl LeaseAuthority {
 
     // Guards (writes to a file allowed only to a lease's holder).
 
-    /// The path of the lease guarding `ino`.
-    pub fn guard(&self, ino: Ino) -> Option<PathBuf> {
-        self.local.guard(ino)
-    }
-
-    /// Guard `ino` by the lease at `path`.
-    pub fn set_guard(&mut self, ino: Ino, path: PathBuf) {
-        self.local.set_guard(ino, path);
-    }
-
-    /// Remove the guard; false if there was none.
-    pub fn remove_guard(&mut self, ino: Ino) -> bool {
-        self.local.remove_guard(ino)
-    }
-
     // What `.leasefs/` shows.
-
-    /// Every lease with state beyond its epoch (idle leases, known only by
-    /// their epoch, are not listed).
-    pub fn leases(&self) -> Vec<(Ino, &Lease)> {
-        self.local.leases()
-    }
-
-    /// How many leases have state of their own, idle ones included (not
-    /// those that only carry the floor of [`LeaseAuthority::raise_all`],
-    /// such as files not touched since a restart).
-    pub fn known(&self) -> usize {
-        self.local.known()
-    }
-
-    /// One lease's state.
-    pub fn lease(&self, ino: Ino) -> Option<&Lease> {
-        self.local.lease(ino)
-    }
-
-    /// Seconds since the authority started.
-    pub fn uptime(&self) -> f64 {
-        self.local.uptime()
-    }
 
     // Several hosts (SPEC 10).
 

@@ -121,7 +121,7 @@ pub fn encode_streamed(
 /// change since, as whole states (an inode, a page, one directory entry
 /// set or unset, an inode freed), and replaying it over the image leaves
 /// each of them as its last batch made it, and the rest as the image has
-/// them, which is how they were at the base. [`write_snapshot`] syncs that
+/// them, which is how they were at the base. [`write_snapshot`](super::snapshot::write_snapshot) syncs that
 /// journal before installing the image.
 pub struct Slices {
     pub(super) e: Enc,
@@ -153,7 +153,7 @@ pub(super) const RUN: usize = 1024;
 pub(super) const CHECK: usize = 64;
 
 impl Slices {
-    /// Start an image after `head` (from [`Store::begin_snapshot`]) of the
+    /// Start an image after `head` (from [`Store::begin_snapshot`](super::snapshot::Store::begin_snapshot)) of the
     /// inodes `ns` has now. Inode numbers are handed out in order and never
     /// reused, so the image walks the numbers below the next one rather
     /// than listing a million keys at once (a number whose inode is gone

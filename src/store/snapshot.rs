@@ -93,7 +93,7 @@ pub const ZERO_AHEAD: u64 = 512 << 10;
 #[derive(Debug, Default)]
 pub struct Recovered {
     pub inodes: InoMap<Box<Inode>>,
-    /// Which of them are directories (see [`Namespace::restore`]).
+    /// Which of them are directories (see [`Namespace::restore`](crate::namespace::Namespace::restore)).
     pub dirs: InoSet,
     pub extras: InoMap<Extra>,
     pub next_ino: u64,
