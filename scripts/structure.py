@@ -35,23 +35,25 @@ def code_lines(text):
 
 
 def functions(lines):
+    """(length, name, first line) of each function with a body."""
     out = []
     start = re.compile(r"^(\s*)(pub(\([^)]*\))? )?(const |async |unsafe )*fn (\w+)")
     for i, line in enumerate(lines):
         m = start.match(line)
         if not m or line.rstrip().endswith(";"):
             continue
-        indent = m.group(1)
-        for j in range(i, len(lines)):
-            if lines[j].startswith(indent + "}") and not lines[j].startswith(indent + "} else"):
+        if line.count("{") and line.count("{") == line.count("}"):
+            out.append((1, m.group(5), i + 1))
+            continue
+        close = m.group(1) + "}"
+        for j in range(i + 1, len(lines)):
+            if lines[j].startswith(close) and not lines[j].startswith(close + " else"):
                 out.append((j - i + 1, m.group(5), i + 1))
-                break
-            if j > i and lines[j].rstrip().endswith("}") and lines[j] == indent + lines[j].strip() and j == i:
                 break
     return out
 
 
-def resolve(mod, dotted, modules):
+def resolve(dotted, modules):
     """The longest known module a `crate::a::b::c` path names."""
     parts = dotted.split("::")
     for n in range(len(parts), 0, -1):
@@ -98,7 +100,7 @@ def main():
                 if item and item[0].isalpha():
                     paths.append(item)
         for p in paths:
-            target = resolve(mod, p, modules)
+            target = resolve(p, modules)
             if target and target != mod and not mod.startswith(target + "/") and not (parent and target == parent):
                 edges[mod].add(target)
     core = sorted(f"{a} -> {b}" for a in edges for b in edges[a] if a.startswith("fs") and b.startswith("fuse"))

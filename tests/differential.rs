@@ -205,14 +205,11 @@ fn mode_rules(dir: &Path) -> BTreeMap<String, String> {
     let root = dir.to_str().unwrap();
     modes_py(dir, &["setup", root], None);
     let mut out: BTreeMap<String, String> = BTreeMap::new();
-    let actors: [(&str, Option<(u32, u32)>); 4] = [
-        ("root", None),
-        ("owner-in-group", Some((1000, 1000))),
-        ("owner-not-in-group", Some((1000, 1000))),
-        ("other-writer", Some((1001, 1001))),
-    ];
-    for (actor, ids) in actors {
-        for line in modes_py(dir, &["act", root, actor], ids).lines() {
+    for actor in modes_py(dir, &["actors"], None).lines() {
+        let v: Vec<&str> = actor.split(' ').collect();
+        let (uid, gid): (u32, u32) = (v[1].parse().unwrap(), v[2].parse().unwrap());
+        let ids = (uid != 0).then_some((uid, gid));
+        for line in modes_py(dir, &["act", root, v[0]], ids).lines() {
             let (case, result) = line.split_once(' ').expect("case result");
             out.insert(case.to_string(), result.to_string());
         }

@@ -54,3 +54,18 @@ pub(super) fn reply_xattr(op: &str, r: crate::error::Result<Vec<u8>>, size: u32,
         Err(e) => reply.error(refuse(op, e)),
     }
 }
+
+/// A FUSE lock request's fields, as fuser passes them, in one value.
+#[allow(clippy::too_many_arguments)] // the fields of a FUSE lock request, gathered once
+pub(super) fn lock_call(
+    req: &Request,
+    ino: INodeNo,
+    fh: FileHandle,
+    owner: LockOwner,
+    start: u64,
+    end: u64,
+    typ: i32,
+    pid: u32,
+) -> LockCall {
+    LockCall { unique: req.unique().0, tid: req.pid(), ino: ino.0, fh, owner, start, end, typ, pid }
+}

@@ -120,19 +120,29 @@ pub(super) struct Settle {
     decide: Box<dyn FnOnce() + Send>,
 }
 
+/// The fields of a FUSE lock request (`GETLK`, `SETLK`, `SETLKW`), as fuser
+/// hands them to the adapter.
+#[derive(Clone, Copy)]
+pub(super) struct LockCall {
+    /// The request's id.
+    pub unique: u64,
+    /// The thread that asked (request header).
+    pub tid: u32,
+    pub ino: u64,
+    pub fh: FileHandle,
+    pub owner: LockOwner,
+    pub start: u64,
+    pub end: u64,
+    pub typ: i32,
+    /// The lock's pid (`l_pid` of the request).
+    pub pid: u32,
+}
+
 impl LeaseFs {
-    #[allow(clippy::too_many_arguments)] // the fields of a FUSE lock request, passed on
-    pub(super) fn lock_request(
-        &self,
-        w: &mut Waits,
-        unique: u64,
-        fh: FileHandle,
-        owner: LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-    ) -> Result<LockRequest, Error> {
+    /// The lease request a lock call asks for (its raw `lk_flags` taken
+    /// from what the request hook recorded).
+    pub(super) fn lock_request(&self, w: &mut Waits, c: &LockCall) -> Result<LockRequest, Error> {
+        let LockCall { unique, fh, owner, start, end, typ, pid, .. } = *c;
         let flags = w.lk_flags.remove(&unique).unwrap_or(0);
         let mode = match typ {
             libc::F_RDLCK => Some(Mode::Shared),
@@ -211,58 +221,30 @@ impl LeaseFs {
         }
     }
 
-    #[allow(clippy::too_many_arguments)] // the fields of a FUSE lock request, passed on
-    pub(super) fn serve_getlk(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        lock_owner: LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-        reply: ReplyLock,
-    ) {
+    /// `GETLK`.
+    pub(super) fn serve_getlk(&self, c: LockCall, reply: ReplyLock) {
+        let LockCall { ino, start, end, .. } = c;
         guarded("getlk", || {
-            let lreq = {
-                let mut w = self.waits.lock();
-                self.lock_request(&mut w, req.unique().0, fh, lock_owner, start, end, typ, pid)
-            };
-            let result = lreq.and_then(|r| self.fs.getlk(Ino(ino.0), &r));
+            let lreq = self.lock_request(&mut self.waits.lock(), &c);
+            let result = lreq.and_then(|r| self.fs.getlk(Ino(ino), &r));
             match (result, lreq) {
                 // A conflict may be a release still on another CPU's queue.
                 (Ok(Some(_)), Ok(r)) if self.transport.is_uring() => {
                     let fs = self.fs.clone();
-                    self.defer_conflict(
-                        ino.0,
-                        Box::new(move || answer_getlk(fs.getlk(Ino(ino.0), &r), start, end, reply)),
-                    );
+                    self.defer_conflict(ino, Box::new(move || answer_getlk(fs.getlk(Ino(ino), &r), start, end, reply)));
                 }
                 (result, _) => answer_getlk(result, start, end, reply),
             }
         });
     }
 
-    #[allow(clippy::too_many_arguments)] // the fields of a FUSE lock request, passed on
-    pub(super) fn serve_setlk(
-        &self,
-        req: &Request,
-        ino: INodeNo,
-        fh: FileHandle,
-        lock_owner: LockOwner,
-        start: u64,
-        end: u64,
-        typ: i32,
-        pid: u32,
-        sleep: bool,
-        reply: ReplyEmpty,
-    ) {
+    /// `SETLK` (`sleep`: `SETLKW`).
+    pub(super) fn serve_setlk(&self, c: LockCall, sleep: bool, reply: ReplyEmpty) {
+        let LockCall { unique, tid, ino, pid, .. } = c;
         guarded("setlk", || {
-            let unique = req.unique().0;
             let lreq = {
                 let mut w = self.waits.lock();
-                let lreq = match self.lock_request(&mut w, unique, fh, lock_owner, start, end, typ, pid) {
+                let lreq = match self.lock_request(&mut w, &c) {
                     Ok(r) => r,
                     Err(e) => return reply.error(refuse("setlk", e)),
                 };
@@ -274,7 +256,7 @@ impl LeaseFs {
             let wait = (sleep && lreq.mode.is_some()).then_some(WaitId(unique));
             // Without the `Waits` lock: the lease core may ask etcd, and
             // interrupts and other lock requests must not wait for that.
-            let answer = self.fs.setlk(Ino(ino.0), lreq, wait);
+            let answer = self.fs.setlk(Ino(ino), lreq, wait);
             // A conflict may be a release still on another CPU's queue
             // (io_uring): decided again once the other queues served what
             // they hold.
@@ -283,13 +265,13 @@ impl LeaseFs {
                     if let Ok((_, effects)) = answer {
                         self.waits.lock().deliver(effects, &self.fs);
                     }
-                    let (fs, waits, tid) = (self.fs.clone(), self.waits.clone(), req.pid());
+                    let (fs, waits) = (self.fs.clone(), self.waits.clone());
                     let transport = self.transport.clone();
                     return self.defer_conflict(
-                        ino.0,
+                        ino,
                         Box::new(move || {
-                            let answer = fs.setlk(Ino(ino.0), lreq, wait);
-                            if answer_setlk(&fs, &waits, ino.0, lreq, pid, unique, answer, reply)
+                            let answer = fs.setlk(Ino(ino), lreq, wait);
+                            if answer_setlk(&fs, &waits, ino, lreq, pid, unique, answer, reply)
                                 && signalled_unseen(&transport, tid)
                             {
                                 interrupt_parked(&fs, &waits, unique);
@@ -298,8 +280,8 @@ impl LeaseFs {
                     );
                 }
             }
-            if answer_setlk(&self.fs, &self.waits, ino.0, lreq, pid, unique, answer, reply)
-                && signalled_unseen(&self.transport, req.pid())
+            if answer_setlk(&self.fs, &self.waits, ino, lreq, pid, unique, answer, reply)
+                && signalled_unseen(&self.transport, tid)
             {
                 interrupt_parked(&self.fs, &self.waits, unique);
             }

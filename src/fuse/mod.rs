@@ -643,7 +643,7 @@ impl fuser::Filesystem for LeaseFs {
         pid: u32,
         reply: ReplyLock,
     ) {
-        self.serve_getlk(req, ino, fh, lock_owner, start, end, typ, pid, reply);
+        self.serve_getlk(lock_call(req, ino, fh, lock_owner, start, end, typ, pid), reply);
     }
 
     fn setlk(
@@ -659,7 +659,7 @@ impl fuser::Filesystem for LeaseFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        self.serve_setlk(req, ino, fh, lock_owner, start, end, typ, pid, sleep, reply);
+        self.serve_setlk(lock_call(req, ino, fh, lock_owner, start, end, typ, pid), sleep, reply);
     }
 
     fn poll(

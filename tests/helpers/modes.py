@@ -4,6 +4,7 @@
 DIR/m, owned and moded as the case says. `modes.py act DIR ACTOR` (run by
 the test as that actor's uid and gid, a process of its own) applies each of
 that actor's operations to its case and prints `case errno`.
+`modes.py actors` prints each actor's name, uid and gid.
 `modes.py show DIR` prints `case mode uid gid` for every case. The test runs
 the three on tmpfs and on leasefs and compares the lines.
 
@@ -109,8 +110,12 @@ def show(root):
 
 
 if __name__ == "__main__":
-    what, root = sys.argv[1], sys.argv[2]
-    if what == "setup":
+    what, root = sys.argv[1], sys.argv[2:3]
+    root = root[0] if root else None
+    if what == "actors":
+        for actor, (uid, gid, _) in ACTORS.items():
+            print(actor, uid, gid)
+    elif what == "setup":
         setup(root)
     elif what == "act":
         act(root, sys.argv[3])
