@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::util::{epoch, py_ok, sh, sh_code, sh_ok, Bg, Mount};
+use crate::util::{epoch, py_ok, sh, sh_code, sh_ok, Bg, Mount, STEP};
 
 fn errno_of(o: &std::process::Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
@@ -105,10 +105,11 @@ print("xattr", code(lambda: os.setxattr("L", "user.note", b"x")))
 print("rename", code(lambda: os.rename("L", "L2")))
 print("unlink", code(lambda: os.unlink("L")))
 print("unlock", code(lambda: fcntl.flock(fd, fcntl.LOCK_UN)))
-print("epoch", int(os.getxattr("L", "user.leasefs.epoch")) - e1)
+print("epoch", code(lambda: os.getxattr("L", "user.leasefs.epoch")))
 taker.wait()
 fcntl.flock(fd, fcntl.LOCK_EX)                     # contends again like anyone
 print("again", code(lambda: os.write(fd, b"back\n")))
+print("epoch", int(os.getxattr(fd, "user.leasefs.epoch")) - e1)
 "#,
     );
     let lines: Vec<&str> = out.lines().collect();
@@ -121,11 +122,90 @@ print("again", code(lambda: os.write(fd, b"back\n")))
             "rename ESTALE",
             "unlink ESTALE",
             "unlock ok",
-            "epoch 1",
-            "again ok"
+            "epoch ESTALE",
+            "again ok",
+            "epoch 2"
         ],
     );
     assert_eq!(sh_ok(&m.path, "cat L"), "mine\nback\n", "no fenced write landed");
+}
+
+/// The epoch is a fact, the token a right (SPEC 5): after a break and a
+/// new grant, the lost holder reads `ESTALE` for the epoch and the holders,
+/// by descriptor and by path, and so does a command it runs (it acts for
+/// the holder); every other process reads the new holder's epoch, and the
+/// new holder reads its own from its descriptor. Once the lost holder
+/// acquires the lease again it reads its new token. Red (the old holder
+/// reads epoch + 1, its successor's token) without the check in
+/// `getxattr`.
+#[test]
+fn a_lost_holder_reads_estale_for_the_token_and_everyone_else_the_current_epoch() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch L && setfattr -n user.note -v n L");
+    let script = m.dir.path().join("holder.py");
+    std::fs::write(
+        &script,
+        r#"
+import errno, fcntl, os, subprocess, time
+fd = os.open("L", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("ready", flush=True)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.02)
+def code(f):
+    try:
+        f(); return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+for name in ("epoch", "holder"):
+    print("fd", name, code(lambda: os.getxattr(fd, "user.leasefs." + name)), flush=True)
+    print("path", name, code(lambda: os.getxattr("L", "user.leasefs." + name)), flush=True)
+child = subprocess.run(["getfattr", "-n", "user.leasefs.epoch", "L"], capture_output=True, text=True)
+print("child", child.returncode, "Stale file handle" in child.stderr, flush=True)
+print("other xattr", code(lambda: os.getxattr("L", "user.note")), flush=True)
+fcntl.flock(fd, fcntl.LOCK_EX)                     # acquires again: a token of its own
+print("again", int(os.getxattr(fd, "user.leasefs.epoch")), int(os.getxattr("L", "user.leasefs.epoch")), flush=True)
+"#,
+    )
+    .unwrap();
+    let mut holder = Bg::ready(&m.path, &format!("exec python3 -u {}", script.display()));
+    let e1: u64 = holder.first_line(STEP, "the holder's epoch").parse().unwrap();
+    let broke = std::process::Command::new(crate::util::leasefs_bin())
+        .args(["break", m.path.to_str().unwrap(), "L"])
+        .output()
+        .unwrap();
+    assert!(broke.status.success(), "{broke:?}");
+    let next = Bg::ready(
+        &m.path,
+        "exec 8<>L; flock -w 10 8; echo ready; getfattr --absolute-names --only-values -n user.leasefs.epoch /proc/self/fd/8; echo; \
+         while [ ! -e done ]; do sleep 0.02; done",
+    );
+    assert_eq!(next.first_line(STEP, "the new holder's epoch"), (e1 + 1).to_string(), "the new holder's token");
+    assert_eq!(epoch(&m.path, "L"), e1 + 1, "anyone else reads the current epoch");
+    sh_ok(&m.path, "touch go");
+    let deadline = Instant::now() + STEP;
+    while holder.output().len() < 7 {
+        assert!(Instant::now() < deadline, "the lost holder: {:?}", holder.output());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        &holder.output()[1..7],
+        [
+            "fd epoch ESTALE",
+            "path epoch ESTALE",
+            "fd holder ESTALE",
+            "path holder ESTALE",
+            "child 1 True",
+            "other xattr ok"
+        ],
+        "what the lost holder reads"
+    );
+    sh_ok(&m.path, "touch done");
+    assert!(holder.wait(STEP).success());
+    let again = format!("again {} {}", e1 + 2, e1 + 2);
+    assert_eq!(holder.output_to_end().last().unwrap(), &again, "the holder's own token once it acquired again");
+    drop(next);
 }
 
 /// A broken holder's writes through a shared mapping of the lease are

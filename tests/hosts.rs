@@ -321,7 +321,7 @@ fn a_host_frozen_past_its_ttl_loses_its_leases_and_its_holders_are_fenced() {
     let b = host(&cluster, &p, &[]);
     sh_ok(&a.path, "touch x g && setfattr -n user.leasefs.guard -v x g");
     sh_ok(&b.path, "touch x");
-    let go = a.dir.path().join("go");
+    let (go, end) = (a.dir.path().join("go"), a.dir.path().join("end"));
     let holder = format!(
         r#"
 import errno, fcntl, os, time
@@ -338,8 +338,16 @@ for f, what in ((fd, "lease"), (g, "guarded")):
         os.write(f, b"late\n"); print(what, "ok", flush=True)
     except OSError as e:
         print(what, errno.errorcode[e.errno], flush=True)
+for f, what in ((fd, "epoch by descriptor"), ("x", "epoch by path")):
+    try:
+        print(what, int(os.getxattr(f, "user.leasefs.epoch")), flush=True)
+    except OSError as e:
+        print(what, errno.errorcode[e.errno], flush=True)
+while not os.path.exists("{end}"):              # keeps its descriptor meanwhile
+    time.sleep(0.02)
 "#,
-        go = go.display()
+        go = go.display(),
+        end = end.display()
     );
     let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "x", 1);
@@ -357,12 +365,25 @@ for f, what in ((fd, "lease"), (g, "guarded")):
     assert!(waiter.wait(STEP).success(), "the waiter on the other host was never granted");
     drop(frozen);
     std::fs::write(&go, "").unwrap();
-    assert!(h.wait(STEP).success());
+    await_lines(&h, 5, "the resumed holder");
     let lines = h.output();
     let e1: u64 = lines[0].trim().parse().unwrap();
-    assert_eq!(&lines[1..], ["lease ESTALE", "guarded ESTALE"], "the resumed host's holder was not fenced");
+    assert_eq!(
+        &lines[1..],
+        ["lease ESTALE", "guarded ESTALE", "epoch by descriptor ESTALE", "epoch by path ESTALE"],
+        "the resumed host's holder was not fenced, or learnt a token"
+    );
     let e2: u64 = std::fs::read_to_string(&out).unwrap().trim().parse().unwrap();
     assert_eq!(e2, e1 + 1);
+    // Everyone else, on the resumed host too, reads the current epoch:
+    // never the lost holder's token, which a resource would take for valid.
+    let by_fd = "import os\nprint(int(os.getxattr(os.open('x', os.O_RDONLY), 'user.leasefs.epoch')))";
+    for m in [&a, &b] {
+        assert_eq!(epoch(&m.path, "x"), e2, "by path on {}", m.path.display());
+        assert_eq!(py_ok(&m.path, by_fd).trim(), e2.to_string(), "by descriptor on {}", m.path.display());
+    }
+    std::fs::write(&end, "").unwrap();
+    assert!(h.wait(STEP).success());
     assert_eq!(sh_ok(&a.path, "cat x g"), "a\na\n", "no write of the fenced holder landed");
     assert_eq!(locked.wait(STEP).code(), Some(75), "leasefs lock did not stop its command when the host was cut off");
     // The resumed host registered a new session and grants again.
@@ -1316,6 +1337,11 @@ try:
     print("written", flush=True)
 except OSError as e:
     print(errno.errorcode[e.errno], flush=True)
+for what in (fd, "x"):
+    try:
+        print(int(os.getxattr(what, "user.leasefs.epoch")), flush=True)
+    except OSError as e:
+        print(errno.errorcode[e.errno], flush=True)
 time.sleep(60)
 "#,
         stop = stop.display(),
@@ -1353,8 +1379,16 @@ time.sleep(60)
         std::thread::sleep(Duration::from_millis(20));
     }
     std::fs::write(&probe, "").unwrap();
-    await_lines(&h, 2, "the late write never returned");
-    assert_eq!(h.output()[1], "ESTALE");
+    await_lines(&h, 4, "the late write never returned");
+    // The token is a right (SPEC 5): the lost holder reads ESTALE for its
+    // epoch, by descriptor and by path; every other process on either
+    // host reads the new holder's epoch.
+    assert_eq!(h.output()[1..4], ["ESTALE", "ESTALE", "ESTALE"], "the broken holder's write and epoch reads");
+    let by_fd = "import os\nprint(int(os.getxattr(os.open('x', os.O_RDONLY), 'user.leasefs.epoch')))";
+    for m in [&a, &b] {
+        assert_eq!(epoch(&m.path, "x"), e1 + 1, "by path on {}", m.path.display());
+        assert_eq!(py_ok(&m.path, by_fd).trim(), format!("{}", e1 + 1), "by descriptor on {}", m.path.display());
+    }
     assert_eq!(status(&b)["etcd"]["ttl_breaks"]["of_other_hosts"], 1);
     h.kill_all();
 }

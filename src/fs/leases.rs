@@ -112,6 +112,25 @@ impl State {
         Ok(())
     }
 
+    /// The token is a right (SPEC 5): a process whose hold on `ino` was
+    /// lost (broken, expired, fenced, its host cut off) reads `ESTALE` for
+    /// the lease's epoch and holders until it acquires the lease again. It
+    /// never learns a token that is not its own: neither its old one, which
+    /// a resource would still take for current, nor its successor's.
+    pub(super) fn check_token(&mut self, tid: u32, ino: Ino) -> Result<()> {
+        if !self.lease.has_fenced(ino) {
+            return Ok(());
+        }
+        let pids = self.lineage(tid);
+        match self.lease.fenced_pid(ino, &pids) {
+            Some(f) => {
+                debug!(path = %self.path_for_log(ino), pid = f.pid, held = f.epoch.0, "a lost holder asked for the epoch");
+                Err(Error::Stale(Stale::Fenced { held: f.epoch.0, current: self.lease.epoch(ino).0 }))
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Remember the epoch a path carried.
     pub(super) fn remember_epoch(&mut self, path: Option<PathBuf>, ino: Ino) {
         let e = self.lease.epoch(ino);

@@ -96,13 +96,15 @@ impl Fs {
         match name.to_str() {
             Some(XATTR_EPOCH) => {
                 st.name_lease(ino);
-                let st = self.refreshed(st, &[ino])?;
+                let mut st = self.refreshed(st, &[ino])?;
+                st.check_token(caller.pid, ino)?;
                 return Ok(st.lease.epoch(ino).0.to_string().into_bytes());
             }
             Some(XATTR_VERSION) => return Ok(i.version.to_string().into_bytes()),
             Some(XATTR_HOLDER) => {
                 st.name_lease(ino);
-                let st = self.refreshed(st, &[ino])?;
+                let mut st = self.refreshed(st, &[ino])?;
+                st.check_token(caller.pid, ino)?;
                 return Ok(holder_json(&st.lease, ino, now).into_bytes());
             }
             Some(XATTR_TTL) => {

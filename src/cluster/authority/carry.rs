@@ -438,11 +438,14 @@ impl EtcdArbitration {
         effects.extend(gone.into_iter().filter_map(|d| d.wait.map(|id| Effect::Refuse(id, Error::Unreachable))));
     }
 
-    /// A lease held (or fenced) here keeps the epoch of its grant here: a
-    /// holder reads the token it was granted (SPEC 5), never that of a host
-    /// that took the lease over while this one was cut off.
+    /// A lease held here by holders the arbitration still backs needs no
+    /// read: no grant can have completed elsewhere while they hold it, so
+    /// its epoch here is the current one (and a name re-created on another
+    /// host meanwhile does not lend this inode its counter). A lease whose
+    /// holders here were lost or fenced is read like any other: everyone
+    /// reads its current epoch, and the lost holders `ESTALE` (SPEC 5).
     pub(super) fn keeps_its_epoch(&self, local: &LocalAuthority, ino: Ino) -> bool {
-        local.lease(ino).is_some_and(|l| !l.locks().is_empty()) || local.has_fenced(ino)
+        local.lease(ino).is_some_and(|l| !l.locks().is_empty()) && self.lost_hold(local, ino, &|_| true).is_none()
     }
 
     /// Take the next epoch of `ino` from etcd's counter for an
