@@ -23,7 +23,13 @@ checker reads the whole history afterwards:
   lost), and every host reads N at the end (nothing lost or doubled, no
   stale read); such a write that landed obeys the fencing rule too;
 - refusals: a holder's write is refused (ESTALE/ENOLCK) only once a higher
-  epoch was granted or its host was frozen or cut off meanwhile.
+  epoch was granted or its host was frozen or cut off meanwhile;
+- epochs on every host: an observer reads the epoch by path on every host
+  in turn; no read is below a grant that completed before it began;
+- tokens: a holder whose write was refused with ESTALE reads the epoch by
+  descriptor and by path, and must get ESTALE (SPEC 5);
+- no epoch without a holder: consecutive grants differ by one, unless a
+  fault or a holder that could not read its epoch explains the gap.
 
 It prints a tally and the first violation of each kind, and exits 1 when
 there is one. Needs root, etcd (etcd-server), iproute2 and util-linux.
@@ -117,11 +123,37 @@ def worker(mount, name, log_path, until, ops):
             except OSError as e:
                 note(op="refused", epoch=epoch, inv=winv, ok=now(), err=errno.errorcode.get(e.errno, str(e.errno)),
                      value=value)
+                if e.errno == errno.ESTALE:
+                    # Its hold was lost: the token is a right, it must
+                    # learn no epoch (SPEC 5), by descriptor or by path.
+                    for how, target in (("descriptor", fd), ("path", lease)):
+                        rinv = now()
+                        try:
+                            got = str(int(os.getxattr(target, "user.leasefs.epoch")))
+                        except OSError as e2:
+                            got = errno.errorcode.get(e2.errno, str(e2.errno))
+                        note(op="lost_read", epoch=epoch, how=how, inv=rinv, ok=now(), got=got)
                 break
         if g is not None:
             os.close(g)
         note(op="release", epoch=epoch, inv=now())
         os.close(fd)
+
+
+def observer(mounts, log_path, until):
+    """Read the lease's epoch by path on every host, round after round: no
+    read may show an epoch below one whose grant completed, anywhere,
+    before the read began (fencing facts are linearizable, SPEC 10)."""
+    log = open(log_path, "a", buffering=1)
+    while now() < until:
+        for host, d in mounts.items():
+            inv = now()
+            try:
+                epoch = int(os.getxattr(os.path.join(d, "x"), "user.leasefs.epoch"))
+                log.write(json.dumps({"op": "read", "host": host, "epoch": epoch, "inv": inv, "ok": now()}) + "\n")
+            except OSError:
+                pass            # EIO while etcd cannot be reached: nothing shown
+        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------- the harness
@@ -311,6 +343,9 @@ def check(history, registers):
     incs = [h for h in history if h["op"] == "inc"]
     refusals = [h for h in history if h["op"] == "refused"]
     nemesis = [h for h in history if h["op"] == "nemesis"]
+    reads = [h for h in history if h["op"] == "read"]
+    lost_reads = [h for h in history if h["op"] == "lost_read"]
+    failed = [h for h in history if h["op"] == "epoch_failed"]
     violations = {}
 
     def violate(kind, text):
@@ -337,6 +372,33 @@ def check(history, registers):
                 best = max(best, e)
         return best
 
+    # Every host shows the current epoch: never one below a grant that
+    # completed anywhere before the read began.
+    for r in reads:
+        newer = highest_granted_before(r["inv"])
+        if r["epoch"] < newer:
+            violate("stale epoch read", f"host {r['host']} read {r['epoch']} after epoch {newer} was granted: {r}")
+    # A lost holder learns no token: ESTALE, by descriptor and by path.
+    for r in lost_reads:
+        if r["got"] != "ESTALE":
+            violate("lost holder read a token", f"{r}")
+    # No epoch without a holder: consecutive grants differ by one. An epoch
+    # may go unseen only when its grant's holder could not read it (its
+    # hold lost at once) or a fault cut a host off meanwhile (a waiter on a
+    # frozen or cut-off host may be handed the lease before its session
+    # expires).
+    gaps = {"seen": 0, "explained": 0}
+    by_epoch = sorted(grants, key=lambda g: g["epoch"])
+    for g, nxt in zip(by_epoch, by_epoch[1:]):
+        if nxt["epoch"] - g["epoch"] <= 1:
+            continue
+        gaps["seen"] += 1
+        lo, hi = min(g["inv"], nxt["inv"]) - 4, max(g["ok"], nxt["ok"])
+        if any(lo <= f["ok"] <= hi for f in failed) or any(lo <= n["at"] <= hi for n in nemesis):
+            gaps["explained"] += 1
+        else:
+            violate("gap between grants", f"{g} then {nxt}: no grant of the epochs between, and no fault")
+    seen_facts = {"gaps": gaps, "reads": len(reads), "lost_reads": len(lost_reads)}
     # A write that failed with EIO may have landed (its answer lost); the
     # register's history says whether it did: its value is in 1..N without
     # an acknowledged write of it.
@@ -352,7 +414,7 @@ def check(history, registers):
         if newer > i["epoch"]:
             violate("write after takeover",
                     f"{i} was invoked after epoch {newer} was granted, and it was accepted")
-    explained = {"taken over": 0, "fault": 0}
+    explained = {"taken over": 0, "fault": 0, **seen_facts}
     for r in refusals:
         newer = highest_granted_before(r["ok"])
         grant = max((g for g in grants if g["w"] == r["w"] and g["epoch"] == r["epoch"]), key=lambda g: g["ok"])
@@ -385,7 +447,11 @@ def main():
     ap.add_argument("--workers", type=int, default=2, help="per host")
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--worker", nargs=5, metavar=("MOUNT", "NAME", "LOG", "UNTIL", "OPS"), help=argparse.SUPPRESS)
+    ap.add_argument("--observer", nargs=3, metavar=("MOUNTS", "LOG", "UNTIL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.observer:
+        observer(json.loads(a.observer[0]), a.observer[1], float(a.observer[2]))
+        return 0
     if a.worker:
         m, n, lp, until, ops = a.worker
         worker(m, n, lp, float(until), int(ops))
@@ -410,6 +476,8 @@ def main():
                 procs.append(subprocess.Popen(
                     [sys.executable, os.path.abspath(__file__), "--worker", h.mounts[host], f"{host}{k}", log,
                      str(until), "3"]))
+        procs.append(subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--observer", json.dumps(h.mounts), log, str(until)]))
         h.nemesis(until, rng)
         try:
             for p in procs:
@@ -477,6 +545,9 @@ def main():
     print(f"grants {count('grant')}, increments acknowledged {count('inc')}, registers {registers}")
     print(f"refusals {refused or 'none'}; refused writes after a takeover {explained['taken over']}, "
           f"during a fault {explained['fault']}")
+    print(f"epoch reads on every host {explained['reads']}, lost holders' reads {explained['lost_reads']} "
+          f"(all ESTALE unless reported), gaps between consecutive grants {explained['gaps']['seen']} "
+          f"(explained by a fault or an unread grant: {explained['gaps']['explained']})")
     print(f"nemesis {faults}")
     if violations:
         for kind, text in violations.items():

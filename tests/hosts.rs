@@ -310,6 +310,23 @@ fn a_signal_ends_a_cross_host_wait_and_takes_its_entry_out_of_the_queue() {
     assert_eq!(s["etcd"]["prefix"], p.as_str());
 }
 
+/// No epoch without a holder (SPEC 5): 200 waiters on host b give up
+/// (a signal with the descriptor kept, flock -w's timeout, SIGKILL, and a
+/// signal racing the holder's release) while host a's holder releases at
+/// once; every grant is one above the one before. Red before the wait
+/// left etcd's queue ahead of its `EINTR`: a's release handed the lease to
+/// the entry of a waiter that was gone, and the next grant skipped one.
+#[test]
+fn a_wait_that_ends_without_a_grant_never_takes_an_epoch_across_hosts() {
+    let cluster = Cluster::start();
+    let p = prefix("ghost");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch lk4");
+    let raced = no_epoch_without_a_holder(&a.path, &b.path, "lk4", 200);
+    eprintln!("{raced} of 50 racing waiters were granted before their signal");
+    assert_eq!(status(&b)["etcd"]["entries"]["waiting"], 0);
+}
+
 /// A daemon frozen past its host TTL: the other host's waiter gets the
 /// next epoch once etcd expires the frozen host's session; resumed, the
 /// frozen host's holder can write neither the lease nor the file it guards.

@@ -379,6 +379,17 @@ fn epochs_rise_by_one_per_new_exclusive_holder() {
     assert_eq!(epoch(&m.path, "L"), 4);
 }
 
+/// No epoch without a holder (SPEC 5), on one host: 200 waiters give up
+/// (a signal with the descriptor kept, flock -w's timeout, SIGKILL, and a
+/// signal racing the holder's release) while the holder releases at once;
+/// every grant is one above the one before.
+#[test]
+fn a_wait_that_ends_without_a_grant_never_takes_an_epoch() {
+    let m = Mount::new();
+    sh_ok(&m.path, "touch lk4");
+    crate::util::no_epoch_without_a_holder(&m.path, &m.path, "lk4", 200);
+}
+
 #[test]
 fn holder_reads_its_epoch_from_its_descriptor() {
     let m = Mount::new();

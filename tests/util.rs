@@ -623,3 +623,36 @@ impl Drop for Stopped {
         unsafe { libc::kill(self.0, libc::SIGCONT) };
     }
 }
+
+/// Run tests/helpers/ghost.py (`rounds` waiters that give up, the holder
+/// taking the lease through `holder`, the waiters through `waiter`) and
+/// check SPEC 5's "no epoch without a holder": every grant, the holders'
+/// and the waiters' that won a race, is exactly one above the one before.
+/// Returns how many waiters were granted in a race.
+pub fn no_epoch_without_a_holder(holder: &Path, waiter: &Path, name: &str, rounds: usize) -> usize {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/ghost.py");
+    let o = run_timeout(
+        Command::new("python3").arg(&script).arg(holder).arg(waiter).arg(name).arg(rounds.to_string()),
+        Duration::from_secs(600),
+    );
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "ghost.py: {o:?}\n{out}");
+    let mut grants = Vec::new();
+    let mut raced = 0;
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for line in out.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(f.len(), 3, "{line}");
+        *kinds.entry(f[0].to_string()).or_default() += 1;
+        grants.push((format!("{} holder", f[0]), f[1].parse::<u64>().unwrap()));
+        if f[2] != "-" {
+            raced += 1;
+            grants.push((format!("{} waiter", f[0]), f[2].parse::<u64>().unwrap()));
+        }
+    }
+    assert_eq!(kinds.values().sum::<usize>(), rounds + 1, "{out}");
+    for w in grants.windows(2) {
+        assert_eq!(w[1].1, w[0].1 + 1, "{} granted {} after {} was granted {}:\n{out}", w[1].0, w[1].1, w[0].0, w[0].1);
+    }
+    raced
+}

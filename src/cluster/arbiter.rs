@@ -103,6 +103,16 @@ impl Ticket {
     }
 }
 
+/// What [`Arbiter::withdraw`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Withdrawn {
+    /// The wait left the queue (or was gone already): no epoch was taken.
+    Left,
+    /// A hand-off granted the entry before it could leave: the wait ended
+    /// with this grant, at `epoch`, written at revision `rev`.
+    Handed { epoch: u64, rev: i64 },
+}
+
 /// What one decision found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
@@ -637,6 +647,37 @@ impl Arbiter {
     /// The client every call goes through.
     pub fn client(&self) -> &Arc<Client> {
         &self.client
+    }
+
+    /// A waiter gives up (a signal, a `-w` timeout, its process killed):
+    /// its entry leaves the queue in one transaction that compares it is
+    /// still the wait it was queued as, so a hand-off can no longer grant
+    /// it (SPEC 5: a wait that ends without a grant never takes an epoch).
+    /// When the compare fails because another host's release handed it
+    /// the lease meanwhile, the wait ended with that grant: the caller
+    /// holds it ([`Withdrawn::Handed`]) rather than leave an epoch without
+    /// a holder.
+    pub fn withdraw(&self, t: &Ticket) -> Result<Withdrawn> {
+        let mut known = t.create_revision;
+        for _ in 0..4 {
+            let waiting = Compare::unchanged(t.key.clone(), known);
+            let r = self.client.txn(&[waiting], &[Op::delete(t.key.clone())], &[Op::get(t.key.clone())])?;
+            if r.succeeded {
+                return Ok(Withdrawn::Left);
+            }
+            let found = match r.responses.first() {
+                Some(super::client::OpResult::Range(kvs)) => kvs.first().cloned(),
+                _ => None,
+            };
+            let Some(kv) = found else { return Ok(Withdrawn::Left) };
+            match entry(&kv) {
+                Some(e) if e.held => return Ok(Withdrawn::Handed { epoch: e.epoch, rev: kv.mod_revision }),
+                // Rewritten while still waiting: leave as it is now.
+                _ => known = kv.mod_revision,
+            }
+        }
+        self.client.delete(&t.key, &[])?;
+        Ok(Withdrawn::Left)
     }
 
     /// Leave the queue (release a grant or cancel a wait), in one

@@ -95,6 +95,9 @@ impl Fs {
         let i = st.ns.get(ino)?;
         match name.to_str() {
             Some(XATTR_EPOCH) => {
+                // A lost holder known here learns nothing, not even
+                // whether etcd can be reached.
+                st.check_token(caller.pid, ino)?;
                 st.name_lease(ino);
                 let mut st = self.refreshed(st, &[ino])?;
                 st.check_token(caller.pid, ino)?;
@@ -102,6 +105,7 @@ impl Fs {
             }
             Some(XATTR_VERSION) => return Ok(i.version.to_string().into_bytes()),
             Some(XATTR_HOLDER) => {
+                st.check_token(caller.pid, ino)?;
                 st.name_lease(ino);
                 let mut st = self.refreshed(st, &[ino])?;
                 st.check_token(caller.pid, ino)?;

@@ -130,6 +130,9 @@ impl LocalAuthority {
     pub fn raise_epoch(&mut self, ino: Ino, floor: Epoch) {
         self.locks.raise_epoch(ino, floor);
     }
+    pub fn align_epoch(&mut self, ino: Ino, before: Epoch) {
+        self.locks.align_epoch(ino, before);
+    }
     pub fn raise_all(&mut self, floor: Epoch) {
         self.locks.raise_all(floor);
     }

@@ -706,6 +706,22 @@ impl Locks {
         self.settle(ino);
     }
 
+    /// The arbiter granted a new exclusive holder of `ino` with epoch
+    /// `before + 1`: set the epoch to `before` so the local grant that
+    /// follows lands on exactly that. A read of the arbiter's counter made
+    /// meanwhile may have raised it to the grant's epoch already (the grant
+    /// was committed before it was answered here); raising alone would then
+    /// give the holder one more than the arbiter handed out. Lowered only
+    /// while nobody here holds the lease exclusively: then nothing here
+    /// carries an epoch the arbiter has not seen.
+    pub fn align_epoch(&mut self, ino: Ino, before: Epoch) {
+        let l = slot(&mut self.leases, &mut self.idle, self.base, ino);
+        if l.epoch < before || l.epoch > before && l.epoch_owner.is_none() {
+            l.epoch = before;
+        }
+        self.settle(ino);
+    }
+
     /// A new holder took the lease by creating the file (`O_CREAT|O_EXCL`):
     /// the epoch advances.
     pub fn acquire_by_create(&mut self, ino: Ino) -> Vec<Effect> {

@@ -402,3 +402,24 @@ fn lock_limits_refuse_with_enolck_change_nothing_and_free_up_again() {
     assert_eq!(t.set(J, flock(8, Some(Mode::Exclusive)), Some(WaitId(3))).0, Outcome::Parked);
     assert_eq!(t.usage(), (2, 3));
 }
+
+/// A grant the arbiter numbered lands on exactly its number, also when a
+/// read of the arbiter's counter raised the epoch here to it first; an
+/// exclusive holder's epoch here is never lowered.
+#[test]
+fn an_arbitrated_grant_lands_on_the_arbiters_epoch() {
+    let mut t = Locks::new();
+    t.set(I, flock(1, Some(Mode::Exclusive)), None);
+    t.set(I, flock(1, None), None);
+    // The counter read 5 (the grant of 5 committed) before the grant was answered.
+    t.raise_epoch(I, Epoch(5));
+    t.align_epoch(I, Epoch(4));
+    assert_eq!(t.set(I, flock(2, Some(Mode::Exclusive)), None).1, vec![Effect::Epoch(I, Epoch(5))]);
+    // Held exclusively here: nothing lowers it.
+    t.align_epoch(I, Epoch(3));
+    assert_eq!(t.epoch(I), Epoch(5));
+    // Below the counter: raised.
+    t.set(I, flock(2, None), None);
+    t.align_epoch(I, Epoch(8));
+    assert_eq!(t.set(I, flock(3, Some(Mode::Exclusive)), None).1, vec![Effect::Epoch(I, Epoch(9))]);
+}

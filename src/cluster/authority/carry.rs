@@ -127,8 +127,11 @@ impl EtcdArbitration {
         epoch: u64,
         wait: Option<WaitId>,
     ) -> (Outcome, Vec<Effect>) {
-        let floor = if ticket.mode == QMode::Exclusive { epoch.saturating_sub(1) } else { epoch };
-        local.raise_epoch(ino, Epoch(floor));
+        if ticket.mode == QMode::Exclusive && ticket.ranges.is_none() {
+            local.align_epoch(ino, Epoch(epoch.saturating_sub(1)));
+        } else {
+            local.raise_epoch(ino, Epoch(epoch));
+        }
         match local.request(ino, req, wait) {
             Ok((Outcome::Refused(e), effects)) => {
                 self.release_ticket(ticket);
@@ -319,6 +322,34 @@ impl EtcdArbitration {
         }
     }
 
+    /// A wait a signal ended left the queue ([`Arbiter::withdraw`]): its
+    /// `EINTR`, or the grant a hand-off gave it first.
+    pub(super) fn withdrawn(
+        &mut self,
+        local: &mut LocalAuthority,
+        id: WaitId,
+        p: Parked,
+        w: std::result::Result<Withdrawn, EtcdError>,
+        effects: &mut Vec<Effect>,
+    ) {
+        match w {
+            Ok(Withdrawn::Handed { epoch, rev }) if self.session.alive() == Some(p.ticket.session) => {
+                self.handoffs += 1;
+                self.arbiter.granted(&p.ticket, epoch, rev);
+                self.answer_grant(local, p.ino, p.req, p.ticket, epoch, false, Some(id), true, effects);
+            }
+            Ok(_) => effects.push(Effect::Refuse(id, Error::Interrupted)),
+            Err(e) => {
+                // etcd did not answer: deleted later; until then (or until
+                // this host's session expires) a hand-off may still grant
+                // it, and the grant is released.
+                tracing::warn!(lease = %p.ticket.name, "a cancelled wait could not leave the queue now: {e}");
+                self.leftover.push(p.ticket);
+                effects.push(Effect::Refuse(id, Error::Interrupted));
+            }
+        }
+    }
+
     /// A parked request's wait ended: stop watching for it.
     pub(super) fn unpark(&self, p: &Parked) {
         if let Some(w) = &self.watcher {
@@ -337,10 +368,25 @@ impl EtcdArbitration {
         decided: std::result::Result<Decision, EtcdError>,
         effects: &mut Vec<Effect>,
     ) {
-        if self.deciding.remove(&id) == Some(true) {
-            // A signal came while etcd was asked: whatever it decided goes.
-            self.release_ticket(p.ticket);
-            effects.push(Effect::Refuse(id, Error::Interrupted));
+        if self.deciding.remove(&id) == Some(true) && self.session.alive() == Some(p.ticket.session) {
+            // A signal came while etcd was asked. A grant etcd made stands
+            // (the wait ended with it; answering EINTR would leave its
+            // epoch without a holder, SPEC 5); a wait still queued leaves
+            // the queue before its EINTR is answered.
+            match decided {
+                Ok(Decision::Granted { epoch, lost_holder }) => {
+                    self.answer_grant(local, p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
+                }
+                Ok(Decision::Behind { .. }) => {
+                    self.withdrawing.push((id, p));
+                    self.wake.wake();
+                }
+                Ok(Decision::Gone) => effects.push(Effect::Refuse(id, Error::Interrupted)),
+                Err(_) => {
+                    self.leftover.push(p.ticket);
+                    effects.push(Effect::Refuse(id, Error::Interrupted));
+                }
+            }
             return;
         }
         if self.session.alive() != Some(p.ticket.session) {

@@ -58,7 +58,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use super::arbiter::{Arbiter, Asker, Decision, Mode as QMode, Ticket};
+use super::arbiter::{Arbiter, Asker, Decision, Mode as QMode, Ticket, Withdrawn};
 use super::client::{Client, EtcdError};
 use super::session::HostSession;
 use super::watcher::QueueWatcher;
@@ -194,6 +194,9 @@ pub struct EtcdArbitration {
     /// Waiters taken from `parked` while their tick decides them again
     /// without the state lock; true once a signal interrupted one.
     deciding: HashMap<WaitId, bool>,
+    /// Waits a signal ended, leaving the queue before their `EINTR` is
+    /// answered (SPEC 5: a hand-off must never grant a waiter that is gone).
+    withdrawing: Vec<(WaitId, Parked)>,
     /// Epochs taken by acquisitions by create or link, for the transaction
     /// that stores the change to write.
     claims: Vec<crate::namespace::replica::Condition>,
@@ -237,7 +240,10 @@ struct Asked {
 }
 
 /// A tick's question: waiters decided again, without the state lock.
-struct Redecided(Vec<(WaitId, Parked, std::result::Result<Decision, EtcdError>, bool)>);
+struct Redecided {
+    decided: Vec<(WaitId, Parked, std::result::Result<Decision, EtcdError>, bool)>,
+    withdrawn: Vec<(WaitId, Parked, std::result::Result<Withdrawn, EtcdError>)>,
+}
 
 impl std::fmt::Debug for EtcdArbitration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -325,6 +331,7 @@ impl EtcdArbitration {
             busy: Default::default(),
             errands: Vec::new(),
             deciding: HashMap::new(),
+            withdrawing: Vec::new(),
             claims: Vec::new(),
         })
     }
@@ -520,10 +527,13 @@ impl Arbitration for EtcdArbitration {
     fn interrupt(&mut self, id: WaitId) -> Option<Vec<Effect>> {
         if let Some(p) = self.parked.remove(&id) {
             self.unpark(&p);
-            // Off the request path: an interrupt is handled on the thread
-            // that reads the kernel's requests.
-            self.leftover.push(p.ticket);
-            return Some(vec![Effect::Refuse(id, Error::Interrupted)]);
+            // Answered once the entry left the queue (the next tick, off
+            // the thread that reads the kernel's requests): until then a
+            // release elsewhere may still hand it the lease, and then the
+            // wait ends with that grant instead.
+            self.withdrawing.push((id, p));
+            self.wake.wake();
+            return Some(Vec::new());
         }
         if let Some(interrupted) = self.deciding.get_mut(&id) {
             // Answered when etcd's decision comes back.
@@ -597,9 +607,10 @@ impl Arbitration for EtcdArbitration {
                 _ => None,
             })
             .collect();
-        if due.is_empty() {
+        if due.is_empty() && self.withdrawing.is_empty() {
             return None;
         }
+        let leaving = std::mem::take(&mut self.withdrawing);
         let mut asks = Vec::new();
         for (id, lapsed) in due {
             let Some(p) = self.parked.remove(&id) else { continue };
@@ -619,7 +630,12 @@ impl Arbitration for EtcdArbitration {
                 let decided = arbiter.decide_after(&p.ticket, released);
                 out.push((id, p, decided, broke));
             }
-            Answer(Box::new(Redecided(out)))
+            let withdrawn = leaving
+                .into_iter()
+                .map(|(id, p)| (id, arbiter.withdraw(&p.ticket), p))
+                .map(|(id, w, p)| (id, p, w))
+                .collect();
+            Answer(Box::new(Redecided { decided: out, withdrawn }))
         }))
     }
 
@@ -629,11 +645,15 @@ impl Arbitration for EtcdArbitration {
         };
         let mut effects = Vec::new();
         self.on_session_loss(local, &mut effects);
-        for (id, p, decided, broke) in r.0 {
+        let Redecided { decided, withdrawn } = *r;
+        for (id, p, decided, broke) in decided {
             if broke {
                 self.ttl_breaks.0 += 1;
             }
             self.redecided(local, id, p, decided, &mut effects);
+        }
+        for (id, p, w) in withdrawn {
+            self.withdrawn(local, id, p, w, &mut effects);
         }
         effects
     }
