@@ -326,7 +326,7 @@ impl Metrics {
 }
 
 /// A Prometheus label value: backslash, double quote and newline escaped.
-fn label_value(v: &str) -> String {
+pub(crate) fn label_value(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

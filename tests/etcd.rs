@@ -133,6 +133,11 @@ impl Cluster {
         }
     }
 
+    /// The pids of the members running.
+    pub fn pids(&self) -> Vec<i32> {
+        self.members.iter().filter_map(|m| m.child.as_ref().map(|c| c.id() as i32)).collect()
+    }
+
     /// Stop member `i` at once (SIGKILL), as a crash would.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

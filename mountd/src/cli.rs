@@ -332,6 +332,13 @@ pub(crate) struct MountArgs {
     /// fail with EIO after at most twice this.
     #[arg(long, value_name = "DUR", default_value = "2s", value_parser = parse_ttl_arg, requires = "etcd")]
     pub(crate) etcd_timeout: TtlArg,
+    /// Close-to-open: stat, readdir, read and lookups answer from this
+    /// host's watched copy of the namespace while it is known to be at most
+    /// this far behind etcd; past that they ask etcd first and fail with
+    /// EIO when it cannot be reached. open and every change always see
+    /// every change that completed anywhere before them.
+    #[arg(long, value_name = "DUR", default_value = "1s", value_parser = parse_ttl_arg, requires = "etcd")]
+    pub(crate) etcd_copy_lag: TtlArg,
 }
 
 #[derive(Args, Debug)]

@@ -213,6 +213,7 @@ fn setup(
             host_ttl: args.host_ttl as i64,
             lock_delay: Duration::from_millis(args.lock_delay.and_then(|t| t.0).unwrap_or(0)),
             request_timeout: Duration::from_millis(args.etcd_timeout.0.unwrap_or(2000)),
+            copy_lag: Duration::from_millis(args.etcd_copy_lag.0.unwrap_or(0)),
             host: host_name(&args.mountpoint),
         };
         let a = EtcdArbitration::connect(config)?;
@@ -371,6 +372,7 @@ fn foreground_command(exe: std::path::PathBuf, args: &MountArgs) -> Command {
         cmd.arg("--etcd").arg(args.etcd.join(",")).arg("--etcd-prefix").arg(&args.etcd_prefix);
         cmd.arg("--host-ttl").arg(format!("{}s", args.host_ttl));
         cmd.arg("--etcd-timeout").arg(format!("{}ms", args.etcd_timeout.0.unwrap_or(2000)));
+        cmd.arg("--etcd-copy-lag").arg(format!("{}ms", args.etcd_copy_lag.0.unwrap_or(0)));
         if let Some(TtlArg(Some(ms))) = args.lock_delay {
             cmd.arg("--lock-delay").arg(format!("{ms}ms"));
         }

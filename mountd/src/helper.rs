@@ -16,7 +16,7 @@ const IGNORED: [&str; 16] = [
 ];
 
 /// Options taking a value, and the `leasefs mount` flag each becomes.
-const VALUED: [(&str, &str); 17] = [
+const VALUED: [(&str, &str); 18] = [
     ("size", "--size"),
     ("max_locks", "--max-locks"),
     ("max_waiters", "--max-waiters"),
@@ -33,6 +33,7 @@ const VALUED: [(&str, &str); 17] = [
     ("host_ttl", "--host-ttl"),
     ("lock_delay", "--lock-delay"),
     ("etcd_timeout", "--etcd-timeout"),
+    ("etcd_copy_lag", "--etcd-copy-lag"),
     ("transport", "--transport"),
 ];
 
@@ -119,7 +120,7 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
         } else if !sloppy {
             return Err(format!(
                 "unknown mount option {o:?} (known: state_dir=, lease_ttl=, size=, nr_inodes=, kernel_inodes=, max_locks=, max_waiters=, transport=, \
-                 log_file=, ready_timeout=, metrics_addr=, etcd=, etcd_prefix=, host_ttl=, lock_delay=, etcd_timeout=, \
+                 log_file=, ready_timeout=, metrics_addr=, etcd=, etcd_prefix=, host_ttl=, lock_delay=, etcd_timeout=, etcd_copy_lag=, \
                  volatile, private_access, allow_other, nonempty)"
             ));
         }

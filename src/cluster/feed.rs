@@ -123,6 +123,12 @@ impl Feed {
         tracing::trace!(revision, us = started.elapsed().as_micros() as u64, "waited for the watch");
     }
 
+    /// Whether every change up to `revision` is queued and none was lost.
+    pub fn through(&self, revision: i64) -> bool {
+        let s = self.state.lock();
+        !s.broken && s.seen >= revision
+    }
+
     /// Take what is queued now, without waiting. `None`: the feed is broken.
     pub fn take_ready(&self) -> Option<Vec<(i64, Vec<Event>)>> {
         let mut s = self.state.lock();

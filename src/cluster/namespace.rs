@@ -39,7 +39,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::json;
 
@@ -126,6 +126,11 @@ struct EtcdBarrier {
     /// heard from etcd since (its [`Client::answered`] count at the failure
     /// moved): a lock granted meanwhile is followed by fresh reads.
     retry_at: parking_lot::Mutex<Option<(Instant, u64)>>,
+    /// When the latest barrier read that the watch then delivered was
+    /// sent: the copy holds every change committed before it.
+    confirmed: parking_lot::Mutex<Option<Instant>>,
+    /// How far behind the copy may answer reads.
+    max_lag: Duration,
 }
 
 impl std::fmt::Debug for EtcdBarrier {
@@ -183,6 +188,18 @@ impl EtcdBarrier {
 }
 
 impl Barrier for EtcdBarrier {
+    fn max_lag(&self) -> Duration {
+        self.max_lag
+    }
+
+    fn lag(&self) -> Option<Duration> {
+        let feed = self.feed.lock().clone()?;
+        if feed.broken() {
+            return None;
+        }
+        self.confirmed.lock().map(|t| t.elapsed())
+    }
+
     fn target(&self) -> Result<i64> {
         let backing_off = *self.retry_at.lock();
         if backing_off.is_some_and(|(t, answered)| Instant::now() < t && self.client.answered() == answered) {
@@ -192,12 +209,20 @@ impl Barrier for EtcdBarrier {
     }
 
     fn target_now(&self) -> Result<i64> {
+        // The read that answers is sent after this instant.
+        let asked = Instant::now();
         match self.revision() {
             Ok(rev) => {
                 *self.retry_at.lock() = None;
                 let feed = self.feed.lock().clone();
                 if let Some(f) = feed {
                     f.wait_through(rev, Instant::now() + self.client.timeout());
+                    if f.through(rev) {
+                        let mut c = self.confirmed.lock();
+                        if c.is_none_or(|t| t < asked) {
+                            *c = Some(asked);
+                        }
+                    }
                 }
                 Ok(rev)
             }
@@ -268,9 +293,13 @@ struct Batch {
 
 impl EtcdNamespace {
     /// Join the namespace under `prefix` (read at the first catch-up).
-    pub fn open(client: Arc<Client>, session: Arc<HostSession>, prefix: &str) -> EtcdNamespace {
+    pub fn open(client: Arc<Client>, session: Arc<HostSession>, prefix: &str, copy_lag: Duration) -> EtcdNamespace {
         let tag = format!("{:x}", session.lease().0);
-        EtcdNamespace::with(client, Some(session), prefix, tag)
+        let mut n = EtcdNamespace::with(client, Some(session), prefix, tag);
+        if let Some(b) = Arc::get_mut(&mut n.barrier) {
+            b.max_lag = copy_lag;
+        }
+        n
     }
 
     fn with(client: Arc<Client>, session: Option<Arc<HostSession>>, prefix: &str, tag: String) -> EtcdNamespace {
@@ -300,6 +329,8 @@ impl EtcdNamespace {
                 round_done: parking_lot::Condvar::new(),
                 feed: parking_lot::Mutex::new(None),
                 retry_at: parking_lot::Mutex::new(None),
+                confirmed: parking_lot::Mutex::new(None),
+                max_lag: Duration::from_secs(1),
             }),
         };
         n.map(ROOT.to_string(), Ino::ROOT);
@@ -723,6 +754,12 @@ impl Replica for EtcdNamespace {
 
     fn catch_up_to(&mut self, ns: &mut Namespace, target: Result<i64>) -> Result<Caught> {
         let out = target.and_then(|to| self.follow(ns, to)).map(|c| self.with_undone(c));
+        self.stale = out.is_err();
+        out
+    }
+
+    fn catch_up_quick(&mut self, ns: &mut Namespace) -> Result<Caught> {
+        let out = self.quick(ns).map(|c| self.with_undone(c));
         self.stale = out.is_err();
         out
     }

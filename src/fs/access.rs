@@ -264,7 +264,7 @@ impl Fs {
         if control::is_control(ino) {
             return Ok(());
         }
-        let st = self.fresh(&[ino]);
+        let st = if ino == Ino::ROOT { self.fresh_root()? } else { self.fresh(&[ino])? };
         st.ns.get(ino)?;
         let want = (mask & (libc::R_OK | libc::W_OK | libc::X_OK)) as u8;
         if want == 0 {

@@ -253,6 +253,7 @@ impl Fs {
                     if let Some(r) = &st.sharing.replica {
                         remote["namespace"] = r.status();
                     }
+                    remote["namespace"]["copy"] = self.copy_status(&st);
                     status["etcd"] = remote;
                 }
                 format!(
@@ -279,6 +280,9 @@ impl Fs {
                 if let Some(serving) = self.serving.get() {
                     out.push_str(&serving.metrics(&mount));
                 }
+                if self.reads_a_copy() {
+                    out.push_str(&self.copy_metrics(&st, &mount));
+                }
                 out
             }
             // Read through state of their own handles (`Listing`, events).
@@ -288,6 +292,50 @@ impl Fs {
 }
 
 impl Fs {
+    /// What `status` shows of the copy of a shared namespace (SPEC 10):
+    /// how far behind etcd it may be now, up to which lag reads answer
+    /// from it, and how many did.
+    fn copy_status(&self, st: &State) -> serde_json::Value {
+        let lag = self.barrier.get().and_then(|b| b.lag());
+        serde_json::json!({
+            "lag_ms": lag.map(|l| l.as_millis() as u64),
+            "max_lag_ms": self.barrier.get().map(|b| b.max_lag().as_millis() as u64),
+            "reads": st.sharing.copy_reads,
+            "refused": st.sharing.copy_refusals,
+            "stale_lookups": st.sharing.stale_lookups,
+        })
+    }
+
+    /// The copy's lag and reads as Prometheus metrics.
+    fn copy_metrics(&self, st: &State, mount: &str) -> String {
+        let m = format!("mount=\"{}\"", crate::control::label_value(mount));
+        let lag = self.barrier.get().and_then(|b| b.lag()).map_or(-1.0, |l| l.as_secs_f64());
+        let mut out = format!(
+            "# HELP leasefs_etcd_copy_lag_seconds How far behind etcd this host's copy of the namespace may be (-1: not known).\n\
+             # TYPE leasefs_etcd_copy_lag_seconds gauge\nleasefs_etcd_copy_lag_seconds{{{m}}} {lag}\n"
+        );
+        for (name, help, v) in [
+            (
+                "leasefs_etcd_copy_reads_total",
+                "Reads answered from the copy without asking etcd.",
+                st.sharing.copy_reads,
+            ),
+            (
+                "leasefs_etcd_copy_refusals_total",
+                "Reads refused with EIO: the copy was too far behind and etcd could not be read.",
+                st.sharing.copy_refusals,
+            ),
+            (
+                "leasefs_etcd_stale_lookups_total",
+                "Opens answered ESTALE (looked up again) because their lookup from the copy had gone stale.",
+                st.sharing.stale_lookups,
+            ),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}\n"));
+        }
+        out
+    }
+
     /// The epochs of the leases `l` lists, brought up to what the whole
     /// namespace knows (one quorum read across hosts, without the state
     /// lock; see [`crate::lease::LeaseAuthority::refresh_epochs`]), and

@@ -10,7 +10,7 @@ impl Fs {
         if control::is_control(ino) {
             return Ok(self.control_attr(ino));
         }
-        let mut st = self.fresh(&[ino]);
+        let mut st = if ino == Ino::ROOT { self.fresh_root()? } else { self.fresh(&[ino])? };
         let a = st.ns.get(ino)?.attr();
         st.observe(tid, ino);
         Ok(a)
@@ -175,7 +175,18 @@ impl Fs {
         if control::is_control(ino) {
             return self.control_open(ino, flags);
         }
-        let mut st = self.fresh(&[ino]);
+        // A directory's open is the first step of a listing: a read
+        // (close-to-open applies to files' contents).
+        let dir = self.reads_a_copy() && self.state.lock().ns.get(ino).is_ok_and(|i| i.attr().kind == Kind::Dir);
+        let mut st = if dir { self.fresh(&[ino])? } else { self.fresh_open(&[ino])? };
+        if self.reads_a_copy() && !dir && st.opened_by_a_stale_lookup(tid, ino) {
+            // The caller's lookup was answered from this host's copy, and
+            // another host removed or replaced the file before this open
+            // began: the kernel looks the name up again (LOOKUP_REVAL, a
+            // fresh LOOKUP) and opens what it names now.
+            st.sharing.stale_lookups += 1;
+            return Err(Error::Stale(Stale::Lookup));
+        }
         st.permit(caller, ino, access::wanted_by_open(flags))?;
         let h = Self::open_locked(&mut st, ino, flags, tid)?;
         st.observe(tid, ino);
@@ -260,7 +271,8 @@ impl Fs {
     /// [`Fs::read`] into `out`: a caller that keeps its buffer from read
     /// to read touches no fresh memory for the bytes.
     pub fn read_into(&self, ino: Ino, h: Handle, offset: u64, size: u32, tid: u32, out: &mut Vec<u8>) -> Result<()> {
-        let mut st = self.fresh(&[ino]);
+        // Control files answer whatever the copy's lag (status says it).
+        let mut st = if control::is_control(ino) { self.fresh_root()? } else { self.fresh(&[ino])? };
         if ControlFile::by_ino(ino) == Some(ControlFile::Leases) {
             *out = Fs::listing_read(&mut st, h, offset, size)?;
             return Ok(());
@@ -388,7 +400,7 @@ impl Fs {
     /// other whences itself) over the sparse pages.
     pub fn lseek(&self, ino: Ino, offset: i64, whence: i32) -> Result<u64> {
         let from = u64::try_from(offset).map_err(|_| Error::NoSuchOffset)?;
-        let st = self.fresh(&[ino]);
+        let st = self.fresh(&[ino])?;
         let d = st.ns.get(ino)?.data()?;
         match whence {
             libc::SEEK_DATA => d.seek_data(from).ok_or(Error::NoSuchOffset),
@@ -410,7 +422,7 @@ impl Fs {
             out.retain(|e| e.cookie > offset);
             return Ok(out);
         }
-        let st = self.fresh_listing(ino);
+        let st = self.fresh_listing(ino)?;
         let i = st.ns.get(ino)?;
         let d = i.dir()?;
         let mut out = Vec::new();

@@ -13,9 +13,23 @@ impl Fs {
         if let Some(a) = self.control_lookup(parent, name)? {
             return Ok((a, true));
         }
-        let mut st = self.fresh_name(parent, name);
+        let mut st = self.fresh_name(parent, name, false)?;
         st.permit(caller, parent, access::X)?;
-        let ino = st.ns.child(parent, name)?;
+        let ino = match st.ns.child(parent, name) {
+            // A name the copy lacks is confirmed with the store before
+            // ENOENT (SPEC 10): another host may have just made it.
+            Err(Error::NotFound) if self.reads_a_copy() => {
+                drop(st);
+                st = self.fresh_name(parent, name, true)?;
+                st.permit(caller, parent, access::X)?;
+                st.ns.child(parent, name)?
+            }
+            Ok(ino) if self.reads_a_copy() => {
+                st.remember_copy_lookup(caller.pid, parent, name, ino);
+                ino
+            }
+            r => r?,
+        };
         st.referenced(ino);
         let mut keep = !st.cache.pending_renames.looked_up(parent, name, caller.pid);
         let a = st.ns.get(ino)?.attr();
@@ -41,7 +55,7 @@ impl Fs {
 
     /// Target of a symlink.
     pub fn readlink(&self, ino: Ino) -> Result<OsString> {
-        match &self.fresh(&[ino]).ns.get(ino)?.body {
+        match &self.fresh(&[ino])?.ns.get(ino)?.body {
             Body::Symlink(t) => Ok(t.clone()),
             _ => Err(Error::Invalid),
         }

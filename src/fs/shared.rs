@@ -31,6 +31,30 @@ pub(super) struct Sharing {
     /// Names (directory, name) that change with it: lookups of them wait
     /// too (lookups of other names in those directories do not).
     pub(super) in_flight_names: HashSet<(Ino, OsString)>,
+    /// The latest positive lookup each thread had answered from the copy
+    /// (directory, name, inode): its `open`, which asks the store, checks
+    /// the name still leads there ([`Fs::open`]).
+    pub(super) copy_lookups: std::collections::HashMap<u32, (Ino, OsString, Ino)>,
+    /// Opens refused `ESTALE` because their lookup, answered from the
+    /// copy, had gone stale by the open's read of the store.
+    pub(super) stale_lookups: u64,
+    /// Reads answered from the copy without asking the store (SPEC 10).
+    pub(super) copy_reads: u64,
+    /// Reads refused (`EIO`): the copy was too far behind and the store
+    /// could not be read.
+    pub(super) copy_refusals: u64,
+}
+
+/// How a read of a shared namespace is answered (SPEC 10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Read {
+    /// Close-to-open: from the copy while it is within its lag of the
+    /// store, else after a read of the store (`EIO` without one).
+    Copy,
+    /// From the copy, however far behind (the root's attributes).
+    CopyAlways,
+    /// After a read of the store (`open`, a name the copy lacks).
+    Store,
 }
 
 impl std::fmt::Debug for Sharing {
@@ -44,6 +68,35 @@ impl State {
     /// change other hosts committed before the barrier was asked; when its
     /// store cannot be reached, reads answer from the table as it is
     /// (SPEC 10).
+    /// Thread `tid` looked `name` up in `dir` and the copy said `ino`.
+    pub(super) fn remember_copy_lookup(&mut self, tid: u32, dir: Ino, name: &OsStr, ino: Ino) {
+        let l = &mut self.sharing.copy_lookups;
+        if l.len() >= 4096 {
+            l.clear();
+        }
+        l.insert(tid, (dir, name.to_owned(), ino));
+    }
+
+    /// Whether the lookup thread `tid` had answered from the copy just
+    /// before opening `ino` led to a name that, in the state caught up
+    /// since, no longer leads there (another host removed or replaced it
+    /// in between).
+    pub(super) fn opened_by_a_stale_lookup(&mut self, tid: u32, ino: Ino) -> bool {
+        match self.sharing.copy_lookups.remove(&tid) {
+            Some((dir, name, looked)) if looked == ino => self.ns.child(dir, &name).ok() != Some(ino),
+            _ => false,
+        }
+    }
+
+    /// Apply what the watch delivered so far (close-to-open reads).
+    pub(super) fn catch_up_quick(&mut self) {
+        let Some(r) = self.sharing.replica.as_mut() else { return };
+        match r.catch_up_quick(&mut self.ns) {
+            Ok(c) => self.caught(c),
+            Err(e) => tracing::debug!("answering from the local copy of the namespace: {e:?}"),
+        }
+    }
+
     pub(super) fn catch_up_to(&mut self, target: Result<i64>) {
         let Some(r) = self.sharing.replica.as_mut() else { return };
         match r.catch_up_to(&mut self.ns, target) {
@@ -128,45 +181,94 @@ impl State {
 }
 
 impl Fs {
-    /// The state, after catching up with the other hosts of a shared
-    /// namespace: for every operation that reads names, attributes or
-    /// contents of `inos`. The store is asked without the state lock, and
-    /// a reader of an inode whose change is on its way to the store waits
-    /// until that change is stored or undone (it never sees a change that
-    /// may not land).
-    pub(super) fn fresh(&self, inos: &[Ino]) -> parking_lot::MutexGuard<'_, State> {
-        self.fresh_unless(|st| inos.iter().any(|i| st.sharing.in_flight.contains(i)))
+    /// The state for a read of `inos` (`stat`, `read`, xattrs, `access`):
+    /// close-to-open (SPEC 10). It answers from this host's copy, as the
+    /// watch brought it, while the copy is known to be at most
+    /// `--etcd-copy-lag` (1 s) behind the store; past that it asks the store first
+    /// (one read, shared by the readers that come together) and fails
+    /// with `EIO` when it cannot. A change of this host on its way to the
+    /// store that touches one of `inos` is waited for.
+    pub(super) fn fresh(&self, inos: &[Ino]) -> Result<parking_lot::MutexGuard<'_, State>> {
+        self.fresh_unless(Read::Copy, |st| inos.iter().any(|i| st.sharing.in_flight.contains(i)))
+    }
+
+    /// As [`Fs::fresh`] for the attributes of the mount's root, which
+    /// always exists, and for control files: answered from the copy
+    /// however far behind it is, so a process can still `cd` into the
+    /// mount, walk it and read `.leasefs/status` while etcd cannot be
+    /// reached (what it then opens fails with `EIO`).
+    pub(super) fn fresh_root(&self) -> Result<parking_lot::MutexGuard<'_, State>> {
+        self.fresh_unless(Read::CopyAlways, |st| st.sharing.in_flight.contains(&Ino::ROOT))
+    }
+
+    /// As [`Fs::fresh`] for an `open`: it sees every change that completed
+    /// anywhere before it began (one read of the store, shared).
+    pub(super) fn fresh_open(&self, inos: &[Ino]) -> Result<parking_lot::MutexGuard<'_, State>> {
+        self.fresh_unless(Read::Store, |st| inos.iter().any(|i| st.sharing.in_flight.contains(i)))
     }
 
     /// As [`Fs::fresh`], for a listing of directory `dir`: it waits for
     /// changes of the directory's names.
-    pub(super) fn fresh_listing(&self, dir: Ino) -> parking_lot::MutexGuard<'_, State> {
-        self.fresh_unless(|st| st.sharing.in_flight_names.iter().any(|(d, _)| *d == dir))
+    pub(super) fn fresh_listing(&self, dir: Ino) -> Result<parking_lot::MutexGuard<'_, State>> {
+        self.fresh_unless(Read::Copy, |st| st.sharing.in_flight_names.iter().any(|(d, _)| *d == dir))
     }
 
     /// As [`Fs::fresh`], for a lookup of `name` in `dir`: it waits for a
     /// change of that name or of the inode it leads to, not of other names
-    /// of the directory.
-    pub(super) fn fresh_name(&self, dir: Ino, name: &OsStr) -> parking_lot::MutexGuard<'_, State> {
-        self.fresh_unless(|st| {
+    /// of the directory. `confirm`: ask the store first (a name the copy
+    /// lacks is confirmed before `ENOENT` is answered).
+    pub(super) fn fresh_name(
+        &self,
+        dir: Ino,
+        name: &OsStr,
+        confirm: bool,
+    ) -> Result<parking_lot::MutexGuard<'_, State>> {
+        self.fresh_unless(if confirm { Read::Store } else { Read::Copy }, |st| {
             (!st.sharing.in_flight.is_empty() || !st.sharing.in_flight_names.is_empty())
                 && (st.sharing.in_flight_names.contains(&(dir, name.to_owned()))
                     || st.ns.child(dir, name).is_ok_and(|c| st.sharing.in_flight.contains(&c)))
         })
     }
 
+    /// Whether reads on this mount may answer from a copy that can lag
+    /// (a shared namespace): a name the copy lacks must then be confirmed.
+    pub(super) fn reads_a_copy(&self) -> bool {
+        self.barrier.get().is_some()
+    }
+
     /// The state caught up, once `waits` says nothing the caller reads is
-    /// on its way to the store. After a wait it catches up again: a change
-    /// that did not land leaves the table to be brought up to the target
+    /// on its way to the store, as `read` says. After a wait it catches up again: a change that
+    /// did not land leaves the table to be brought up to the target
     /// (another host's change that won may have been held back meanwhile).
-    pub(super) fn fresh_unless(&self, waits: impl Fn(&State) -> bool) -> parking_lot::MutexGuard<'_, State> {
-        let target = self.barrier.get().map(|b| b.target());
+    pub(super) fn fresh_unless(
+        &self,
+        read: Read,
+        waits: impl Fn(&State) -> bool,
+    ) -> Result<parking_lot::MutexGuard<'_, State>> {
+        let Some(barrier) = self.barrier.get() else { return Ok(self.state.lock()) };
+        let recent = match read {
+            Read::CopyAlways => true,
+            Read::Copy => barrier.lag().is_some_and(|l| l < barrier.max_lag()),
+            Read::Store => false,
+        };
+        let target = if recent { None } else { Some(barrier.target()) };
         let mut st = self.state.lock();
-        let Some(target) = target else { return st };
+        if recent {
+            st.sharing.copy_reads += 1;
+        }
         loop {
-            st.catch_up_to(target);
+            match target {
+                None => st.catch_up_quick(),
+                Some(Ok(t)) => st.catch_up_to(Ok(t)),
+                // Too far behind to answer from the copy, and the store
+                // cannot be read: nothing is shown that could not be checked.
+                Some(Err(e)) => {
+                    st.sharing.copy_refusals += 1;
+                    return Err(e);
+                }
+            }
             if !waits(&st) {
-                return st;
+                return Ok(st);
             }
             while waits(&st) {
                 self.settled.wait(&mut st);

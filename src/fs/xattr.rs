@@ -89,7 +89,7 @@ impl Fs {
         if control::is_control(ino) {
             return Err(Error::NoAttr);
         }
-        let mut st = self.fresh(&[ino]);
+        let mut st = self.fresh(&[ino])?;
         st.permit_xattr(caller, ino, name, false)?;
         let now = st.lease.now();
         let i = st.ns.get(ino)?;
@@ -131,7 +131,7 @@ impl Fs {
         if control::is_control(ino) {
             return Ok(Vec::new());
         }
-        let st = self.fresh(&[ino]);
+        let st = self.fresh(&[ino])?;
         let mut out = Vec::new();
         for name in st.ns.get(ino)?.xattrs.keys() {
             out.extend_from_slice(name.as_bytes());

@@ -95,6 +95,14 @@ pub trait Barrier: Send + Sync + std::fmt::Debug {
     /// As [`Barrier::target`], asking the store even right after a failure
     /// (a change always tries).
     fn target_now(&self) -> Result<i64>;
+    /// How far this host's copy may be behind the store (SPEC 10): the
+    /// time since a barrier read was sent whose revision the watch then
+    /// delivered, while the watch lost nothing since. Every change
+    /// committed before that read is in the copy once the watch's queue is
+    /// applied. `None`: not known (no barrier yet, or the watch broke).
+    fn lag(&self) -> Option<std::time::Duration>;
+    /// The lag up to which reads answer from the copy.
+    fn max_lag(&self) -> std::time::Duration;
 }
 
 /// A change on its way to the shared store: [`Publication::send`] talks to
@@ -113,6 +121,8 @@ pub trait Replica: Send + std::fmt::Debug {
     /// [`Barrier::target`] (answering from the table as it is when that
     /// failed, and saying so).
     fn catch_up_to(&mut self, ns: &mut Namespace, target: Result<i64>) -> Result<Caught>;
+    /// Apply what the watch delivered so far, without asking the store.
+    fn catch_up_quick(&mut self, ns: &mut Namespace) -> Result<Caught>;
     /// Apply every change committed before this call.
     fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught> {
         let target = self.barrier().target();

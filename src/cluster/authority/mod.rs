@@ -83,6 +83,9 @@ pub struct EtcdConfig {
     pub lock_delay: Duration,
     /// Deadline of one etcd call across all endpoints.
     pub request_timeout: Duration,
+    /// How far behind etcd this host's copy of the namespace may answer
+    /// reads (close-to-open, SPEC 10).
+    pub copy_lag: Duration,
     /// This host as other hosts see it.
     pub host: String,
 }
@@ -339,7 +342,12 @@ impl EtcdArbitration {
     /// The namespace shared through the same cluster, prefix and host
     /// session.
     pub fn namespace(&self) -> super::namespace::EtcdNamespace {
-        super::namespace::EtcdNamespace::open(self.arbiter.client().clone(), self.session.clone(), &self.config.prefix)
+        super::namespace::EtcdNamespace::open(
+            self.arbiter.client().clone(),
+            self.session.clone(),
+            &self.config.prefix,
+            self.config.copy_lag,
+        )
     }
 
     /// The host session (tests pause its renewals to cut the host off).
