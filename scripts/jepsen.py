@@ -86,7 +86,13 @@ def worker(mount, name, log_path, until, ops):
     lease = os.path.join(mount, "x")
     reg = os.path.join(mount, "reg")
     while now() < until:
-        fd = os.open(lease, os.O_RDWR)
+        try:
+            fd = os.open(lease, os.O_RDWR)
+        except OSError as e:
+            # An open asks etcd (close-to-open): EIO while it is unreachable.
+            note(op="open_failed", inv=now(), ok=now(), err=errno.errorcode.get(e.errno, str(e.errno)))
+            time.sleep(0.05)
+            continue
         inv = now()
         signal.alarm(5)
         try:
@@ -536,7 +542,7 @@ def main():
     count = lambda op: sum(1 for x in history if x["op"] == op)
     refused = {}
     for x in history:
-        if x["op"] in ("refused", "lock_failed"):
+        if x["op"] in ("refused", "lock_failed", "open_failed"):
             refused[f"{x['op']} {x['err']}"] = refused.get(f"{x['op']} {x['err']}", 0) + 1
     faults = {}
     for x in h.events:

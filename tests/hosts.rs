@@ -2001,6 +2001,42 @@ fn readers_that_come_while_a_revision_read_is_on_its_way_share_the_next_one() {
     assert!(shared - shared0 >= 2, "the three readers shared reads of the revision: {after}");
 }
 
+/// Epoch reads of one host that come while one is on its way share the
+/// next one, never the one on its way (SPEC 10: fencing facts are
+/// linearizable, one quorum read shared by the readers that come
+/// together). Host a holds each epoch read's answer back 500 ms; the first
+/// reader's read (a listing of three leases) is answered, then held; host
+/// b is granted each lease meanwhile; three readers, one per lease, that
+/// come after those grants read the new epochs, and they shared reads. Red (a reader shows the epoch before b's grant)
+/// when a reader may take the answer of the read on its way.
+#[test]
+fn epoch_readers_that_come_while_a_read_is_on_its_way_share_the_next_one() {
+    let cluster = Cluster::start();
+    let p = prefix("epochshare");
+    let (marks, mark) = mark_dir();
+    let gate = marks.path().join("go");
+    let b = host(&cluster, &p, &[]);
+    // One lease per reader (requests for one file are handled one at a
+    // time), each with a TTL so that a's listing reads their epochs.
+    sh_ok(&b.path, "for k in 1 2 3; do touch x$k && setfattr -n user.leasefs.ttl -v 60s x$k && flock x$k true; done");
+    let a = pausing_host_at(&cluster, &p, "epochs", 500, &mark);
+    let mut readers: Vec<Bg> = (1..=3)
+        .map(|k| after_gate(&a.path, &gate, &format!("exec getfattr --only-values -n user.leasefs.epoch x{k}; echo")))
+        .collect();
+    let shared0 = status(&a)["etcd"]["epoch_reads"]["shared"].as_u64().unwrap();
+    let _ = std::fs::remove_file(&mark);
+    // The first read: a's listing, which reads the three epochs in one round.
+    let mut first = Bg::capture(&a.path, "cat", &[".leasefs/leases"]);
+    await_mark(&mark);
+    // b's grants complete while a's first read is held back; then the readers come.
+    sh_ok(&b.path, "flock x1 true && flock x2 true && flock x3 true");
+    std::fs::write(&gate, "").unwrap();
+    each_prints(&mut readers, "2", "a reader that came after b's grant read an older epoch");
+    assert!(first.wait(STEP).success());
+    let shared = status(&a)["etcd"]["epoch_reads"]["shared"].as_u64().unwrap();
+    assert!(shared - shared0 >= 2, "the three readers shared epoch reads: {}", status(&a)["etcd"]);
+}
+
 /// Lookups of different names in one directory are served at once (not
 /// one after another as requests for one directory are): three processes
 /// look up three missing names in the root while host a holds each revision

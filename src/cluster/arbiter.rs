@@ -155,6 +155,29 @@ pub struct Arbiter {
     mirror: parking_lot::Mutex<Option<Mirror>>,
     /// Releases that handed the lease to the next waiter.
     handoffs: AtomicU64,
+    /// Epoch reads, shared by the readers that come together.
+    epoch_rounds: parking_lot::Mutex<EpochRounds>,
+    epoch_done: parking_lot::Condvar,
+}
+
+/// Epoch reads in rounds: a reader that comes while a read is on its way
+/// adds its names to the next one and takes its answer (SPEC 10: one
+/// quorum read, shared by the readers that come together). A read sent
+/// after a reader came shows every grant that completed before it came.
+#[derive(Debug, Default)]
+struct EpochRounds {
+    /// Rounds sent so far (the last one may be on its way).
+    sent: u64,
+    on_its_way: bool,
+    /// Names the next round reads.
+    wanted: std::collections::BTreeSet<String>,
+    /// Each name's epoch from the latest round that read it (or that
+    /// round's failure), with the round's number.
+    read: std::collections::HashMap<String, (u64, std::result::Result<u64, EtcdError>)>,
+    /// Readers waiting now.
+    waiting: usize,
+    /// Readers served by a round another reader sent.
+    shared: u64,
 }
 
 /// Attempts at a direct hand-off before a release only leaves the queue
@@ -186,7 +209,14 @@ impl Arbiter {
             counters: Default::default(),
             mirror: Default::default(),
             handoffs: AtomicU64::new(0),
+            epoch_rounds: Default::default(),
+            epoch_done: Default::default(),
         }
+    }
+
+    /// Readers of epochs served by a read another reader sent.
+    pub fn shared_epoch_reads(&self) -> u64 {
+        self.epoch_rounds.lock().shared
     }
 
     /// Releases of this host that handed the lease to the next waiter.
@@ -308,6 +338,55 @@ impl Arbiter {
     /// transaction per 64 names): no lower than any grant that completed
     /// anywhere before the call.
     pub fn epochs(&self, names: &[&str]) -> Result<Vec<u64>> {
+        let mut r = self.epoch_rounds.lock();
+        // The round on its way may have been sent before this call: the
+        // next one is this caller's.
+        let mine = r.sent + 1;
+        r.wanted.extend(names.iter().map(|n| n.to_string()));
+        r.waiting += 1;
+        let mut sent_one = false;
+        loop {
+            let answered = names.iter().all(|n| r.read.get(*n).is_some_and(|(round, _)| *round >= mine));
+            if answered {
+                r.waiting -= 1;
+                if !sent_one {
+                    r.shared += 1;
+                }
+                let out: Result<Vec<u64>> =
+                    names.iter().map(|n| r.read.get(*n).map_or(Ok(0), |(_, v)| v.clone())).collect();
+                if r.waiting == 0 && r.read.len() > 4096 {
+                    r.read.clear();
+                }
+                return out;
+            }
+            if !r.on_its_way {
+                r.sent += 1;
+                r.on_its_way = true;
+                let round = r.sent;
+                let ask: Vec<String> = std::mem::take(&mut r.wanted).into_iter().collect();
+                drop(r);
+                sent_one = true;
+                let refs: Vec<&str> = ask.iter().map(String::as_str).collect();
+                let got = self.read_epochs(&refs);
+                // Tests hold a round's answer back here (readers that come
+                // meanwhile must not take it).
+                crate::failpoints::pausepoint("epochs");
+                r = self.epoch_rounds.lock();
+                r.on_its_way = false;
+                for (i, n) in ask.into_iter().enumerate() {
+                    let v = got.as_ref().map(|es| es[i]).map_err(Clone::clone);
+                    r.read.insert(n, (round, v));
+                }
+                self.epoch_done.notify_all();
+                continue;
+            }
+            self.epoch_done.wait(&mut r);
+        }
+    }
+
+    /// One round of [`Arbiter::epochs`]: linearizable reads, one
+    /// transaction per 64 names.
+    fn read_epochs(&self, names: &[&str]) -> Result<Vec<u64>> {
         let mut out = Vec::with_capacity(names.len());
         for chunk in names.chunks(64) {
             if let [one] = chunk {
