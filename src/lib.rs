@@ -7,6 +7,7 @@
 //! snapshots on a state directory). Errors map to errno in exactly one
 //! place, [`error::Error::errno`].
 
+pub mod bench;
 pub mod cluster;
 pub mod control;
 pub mod error;
