@@ -1226,15 +1226,26 @@ fn reads_answer_from_the_copy_within_its_lag_and_fail_with_eio_past_it() {
     let p = prefix("copylag");
     let a = host(&cluster, &p, &["--etcd-timeout", "1s", "--etcd-copy-lag", "10s"]);
     sh_ok(&a.path, "echo v > z && setfattr -n user.k -v 1 z");
-    assert_eq!(sh_ok(&a.path, "cat z"), "v\n", "an open confirms the copy");
-    let confirmed = Instant::now();
-    let frozen: Vec<Frozen> = cluster.pids().into_iter().map(Frozen::stop).collect();
-    let reads = status(&a)["etcd"]["namespace"]["copy"]["reads"].as_u64().unwrap();
-    assert_eq!(sh_ok(&a.path, "stat -c %s z; ls; getfattr --only-values -n user.k z; echo"), "2\nz\n1\n");
-    let answered = confirmed.elapsed();
-    let copy = status(&a)["etcd"]["namespace"]["copy"].clone();
-    assert!(copy["reads"].as_u64().unwrap() > reads, "{copy}");
-    assert!(answered < Duration::from_secs(10), "the machine took {answered:?}: the lag ran out before the reads");
+    // Within the lag: the reads answer from the copy. (Tried again, etcd
+    // running meanwhile, on a machine so loaded that the reads did not
+    // even start within the lag.)
+    let mut tries = 0;
+    let (confirmed, frozen) = loop {
+        tries += 1;
+        assert_eq!(sh_ok(&a.path, "cat z"), "v\n", "an open confirms the copy");
+        let confirmed = Instant::now();
+        let frozen: Vec<Frozen> = cluster.pids().into_iter().map(Frozen::stop).collect();
+        let reads = status(&a)["etcd"]["namespace"]["copy"]["reads"].as_u64().unwrap();
+        let o = sh(&a.path, "stat -c %s z; ls; getfattr --only-values -n user.k z; echo");
+        if confirmed.elapsed() >= Duration::from_secs(5) && tries < 3 {
+            drop(frozen);
+            continue;
+        }
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "2\nz\n1\n", "reads within the lag: {o:?}");
+        let copy = status(&a)["etcd"]["namespace"]["copy"].clone();
+        assert!(copy["reads"].as_u64().unwrap() > reads, "{copy}");
+        break (confirmed, frozen);
+    };
     let o = sh(&a.path, "cat z");
     assert!(String::from_utf8_lossy(&o.stderr).contains("Input/output error"), "an open on a frozen etcd: {o:?}");
     // Past the lag the copy stops answering.
