@@ -81,6 +81,16 @@ fn py_ready(m: &Mount, program: &str) -> Bg {
     Bg::ready(&m.path, &format!("exec python3 -u {}", file.display()))
 }
 
+/// Wait until `script` succeeds on `m` (a host coming back after a
+/// fault); `what` names the failure, with the host's status.
+fn await_success(m: &Mount, script: &str, what: &str) {
+    let deadline = Instant::now() + STEP;
+    while sh_code(&m.path, script) != 0 {
+        assert!(Instant::now() < deadline, "{what}: {}", status(m));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Wait until `bg` printed `n` lines after `ready`.
 fn await_lines(bg: &Bg, n: usize, what: &str) {
     let deadline = Instant::now() + STEP;
@@ -511,11 +521,7 @@ fn without_etcd_lock_requests_fail_with_eio_in_bounded_time_and_work_again_when_
     eprintln!("epoch read refused with EIO after {took:?} (--etcd-timeout 1s, quorum lost)");
     cluster.restart(others[0]);
     cluster.restart(others[1]);
-    let deadline = Instant::now() + STEP;
-    while sh_code(&a.path, "flock -n y true") != 0 {
-        assert!(Instant::now() < deadline, "locks never worked again: {}", status(&a));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_success(&a, "flock -n y true", "locks never worked again");
 }
 
 /// Workers on two hosts loop flock, read the epoch, log start and end
@@ -724,11 +730,7 @@ while True:
     assert_eq!(broken["epoch"], e1);
     events.kill_all();
     net.link(true);
-    let deadline = Instant::now() + STEP;
-    while sh_code(&a.path, "flock -n x true") != 0 {
-        assert!(Instant::now() < deadline, "the partitioned host never took part again: {}", status(&a));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_success(&a, "flock -n x true", "the partitioned host never took part again");
     assert!(status(&a)["etcd"]["session"]["lost"].as_u64().unwrap() >= 1);
     assert_eq!(epoch(&a.path, "x"), e2 + 1);
 }
@@ -1192,13 +1194,10 @@ fn without_etcd_changes_and_opens_fail_with_eio_and_recover() {
     eprintln!("a change failed with EIO after {took:?} (--etcd-timeout 1s, quorum lost)");
     let o = sh(&a.path, "cat z");
     assert!(String::from_utf8_lossy(&o.stderr).contains("Input/output error"), "an open without etcd: {o:?}");
+    assert_eq!(status(&a)["etcd"]["namespace"]["stale"], true);
     cluster.restart(others[0]);
     cluster.restart(others[1]);
-    let deadline = Instant::now() + STEP;
-    while sh_code(&a.path, "echo again > z2 2>/dev/null") != 0 {
-        assert!(Instant::now() < deadline, "changes never worked again: {}", status(&a));
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    await_success(&a, "echo again > z2 2>/dev/null", "changes never worked again");
     let b = host(&cluster, &p, &[]);
     assert_eq!(sh_ok(&b.path, "cat z z2"), "cached\nagain\n");
     let deadline = Instant::now() + STEP;
@@ -1262,11 +1261,33 @@ fn reads_answer_from_the_copy_within_its_lag_and_fail_with_eio_past_it() {
     assert!(confirmed.elapsed() >= Duration::from_secs(10), "refused before the lag ran out");
     assert!(status(&a)["etcd"]["namespace"]["copy"]["refused"].as_u64().unwrap() >= 1);
     drop(frozen);
-    let deadline = Instant::now() + STEP;
-    while sh_code(&a.path, "stat z >/dev/null 2>&1 && cat z >/dev/null 2>&1") != 0 {
-        assert!(Instant::now() < deadline, "reads never worked again: {}", status(&a));
-        std::thread::sleep(Duration::from_millis(100));
+    await_success(&a, "stat z >/dev/null 2>&1 && cat z >/dev/null 2>&1", "reads never worked again");
+}
+
+/// `--etcd-copy-lag off`: every read asks etcd (linearizable reads): no
+/// read is answered from the copy, and a `stat` right after another
+/// host's write returned shows it. Red when the option is not passed on
+/// (the default lag answers from the copy).
+#[test]
+fn with_the_copy_lag_off_every_read_asks_etcd() {
+    let cluster = Cluster::start();
+    let p = prefix("lagoff");
+    let a = host(&cluster, &p, &[]);
+    let b = host(&cluster, &p, &["--etcd-copy-lag", "off"]);
+    sh_ok(&a.path, "echo 1 > f");
+    let sent = |m: &Mount| status(m)["etcd"]["namespace"]["barriers"]["sent"].as_u64().unwrap();
+    let before = sent(&b);
+    for i in 0..20 {
+        sh_ok(&a.path, &format!("echo {i}-long > f"));
+        assert_eq!(
+            sh_ok(&b.path, "stat -c %s f"),
+            format!("{}\n", i.to_string().len() + 6),
+            "b's stat after a's write"
+        );
     }
+    let copy = status(&b)["etcd"]["namespace"]["copy"].clone();
+    assert_eq!((copy["reads"].as_u64(), copy["max_lag_ms"].as_u64()), (Some(0), Some(0)), "{copy}");
+    assert!(sent(&b) - before >= 20, "every stat asked etcd: {}", status(&b)["etcd"]["namespace"]);
 }
 
 /// Close-to-open (SPEC 10), across hosts: what one host wrote and closed,

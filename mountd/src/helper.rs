@@ -219,7 +219,8 @@ mod tests {
 
     #[test]
     fn etcd_members_are_one_option_each() {
-        let got = run("l /d -o etcd=http://a:2379,etcd=http://b:2379,etcd_prefix=p,host_ttl=5s").unwrap();
+        let got =
+            run("l /d -o etcd=http://a:2379,etcd=http://b:2379,etcd_prefix=p,host_ttl=5s,etcd_copy_lag=off").unwrap();
         assert_eq!(
             got,
             [
@@ -231,6 +232,8 @@ mod tests {
                 "p",
                 "--host-ttl",
                 "5s",
+                "--etcd-copy-lag",
+                "off",
                 "--etcd",
                 "http://a:2379,http://b:2379"
             ]

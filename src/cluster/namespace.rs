@@ -295,14 +295,16 @@ impl EtcdNamespace {
     /// Join the namespace under `prefix` (read at the first catch-up).
     pub fn open(client: Arc<Client>, session: Arc<HostSession>, prefix: &str, copy_lag: Duration) -> EtcdNamespace {
         let tag = format!("{:x}", session.lease().0);
-        let mut n = EtcdNamespace::with(client, Some(session), prefix, tag);
-        if let Some(b) = Arc::get_mut(&mut n.barrier) {
-            b.max_lag = copy_lag;
-        }
-        n
+        EtcdNamespace::with(client, Some(session), prefix, tag, copy_lag)
     }
 
-    fn with(client: Arc<Client>, session: Option<Arc<HostSession>>, prefix: &str, tag: String) -> EtcdNamespace {
+    fn with(
+        client: Arc<Client>,
+        session: Option<Arc<HostSession>>,
+        prefix: &str,
+        tag: String,
+        copy_lag: Duration,
+    ) -> EtcdNamespace {
         let mut n = EtcdNamespace {
             client: client.clone(),
             session,
@@ -330,7 +332,7 @@ impl EtcdNamespace {
                 feed: parking_lot::Mutex::new(None),
                 retry_at: parking_lot::Mutex::new(None),
                 confirmed: parking_lot::Mutex::new(None),
-                max_lag: Duration::from_secs(1),
+                max_lag: copy_lag,
             }),
         };
         n.map(ROOT.to_string(), Ino::ROOT);
@@ -932,7 +934,10 @@ mod tests {
 
     fn table() -> (EtcdNamespace, Namespace) {
         let client = Arc::new(Client::new(&["http://127.0.0.1:9".to_string()], std::time::Duration::from_millis(10)));
-        (EtcdNamespace::with(client, None, "p", "h".into()), Namespace::new(0o755, 0, 0, UNIX_EPOCH))
+        (
+            EtcdNamespace::with(client, None, "p", "h".into(), Duration::from_secs(1)),
+            Namespace::new(0o755, 0, 0, UNIX_EPOCH),
+        )
     }
 
     /// The stored value of a file holding `text` (or of a directory).

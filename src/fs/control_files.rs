@@ -296,10 +296,10 @@ impl Fs {
     /// how far behind etcd it may be now, up to which lag reads answer
     /// from it, and how many did.
     fn copy_status(&self, st: &State) -> serde_json::Value {
-        let lag = self.barrier.get().and_then(|b| b.lag());
+        let b = self.barrier.get();
         serde_json::json!({
-            "lag_ms": lag.map(|l| l.as_millis() as u64),
-            "max_lag_ms": self.barrier.get().map(|b| b.max_lag().as_millis() as u64),
+            "lag_ms": b.and_then(|b| b.lag()).map(|l| l.as_millis() as u64),
+            "max_lag_ms": b.map(|b| b.max_lag().as_millis() as u64),
             "reads": st.sharing.copy_reads,
             "refused": st.sharing.copy_refusals,
             "stale_lookups": st.sharing.stale_lookups,

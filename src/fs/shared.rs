@@ -38,7 +38,9 @@ pub(super) struct Sharing {
     /// Opens refused `ESTALE` because their lookup, answered from the
     /// copy, had gone stale by the open's read of the store.
     pub(super) stale_lookups: u64,
-    /// Reads answered from the copy without asking the store (SPEC 10).
+    /// Reads answered from the copy without asking the store (SPEC 10;
+    /// not counting the root's attributes and control files, which always
+    /// are).
     pub(super) copy_reads: u64,
     /// Reads refused (`EIO`): the copy was too far behind and the store
     /// could not be read.
@@ -51,7 +53,8 @@ pub(super) enum Read {
     /// Close-to-open: from the copy while it is within its lag of the
     /// store, else after a read of the store (`EIO` without one).
     Copy,
-    /// From the copy, however far behind (the root's attributes).
+    /// From the copy, however far behind (the root's attributes, control
+    /// files).
     CopyAlways,
     /// After a read of the store (`open`, a name the copy lacks).
     Store,
@@ -64,10 +67,6 @@ impl std::fmt::Debug for Sharing {
 }
 
 impl State {
-    /// Bring a shared namespace up to `target` (from its barrier): every
-    /// change other hosts committed before the barrier was asked; when its
-    /// store cannot be reached, reads answer from the table as it is
-    /// (SPEC 10).
     /// Thread `tid` looked `name` up in `dir` and the copy said `ino`.
     pub(super) fn remember_copy_lookup(&mut self, tid: u32, dir: Ino, name: &OsStr, ino: Ino) {
         let l = &mut self.sharing.copy_lookups;
@@ -97,6 +96,9 @@ impl State {
         }
     }
 
+    /// Bring a shared namespace up to `target` (from its barrier): every
+    /// change other hosts committed before the barrier was asked. A failed
+    /// barrier marks the copy stale (`status`: `"stale": true`).
     pub(super) fn catch_up_to(&mut self, target: Result<i64>) {
         let Some(r) = self.sharing.replica.as_mut() else { return };
         match r.catch_up_to(&mut self.ns, target) {
@@ -184,9 +186,9 @@ impl Fs {
     /// The state for a read of `inos` (`stat`, `read`, xattrs, `access`):
     /// close-to-open (SPEC 10). It answers from this host's copy, as the
     /// watch brought it, while the copy is known to be at most
-    /// `--etcd-copy-lag` (1 s) behind the store; past that it asks the store first
-    /// (one read, shared by the readers that come together) and fails
-    /// with `EIO` when it cannot. A change of this host on its way to the
+    /// `--etcd-copy-lag` (1 s) behind the store; past that it asks the
+    /// store first (one read, shared by the readers that come together)
+    /// and fails with `EIO` when it cannot. A change of this host on its way to the
     /// store that touches one of `inos` is waited for.
     pub(super) fn fresh(&self, inos: &[Ino]) -> Result<parking_lot::MutexGuard<'_, State>> {
         self.fresh_unless(Read::Copy, |st| inos.iter().any(|i| st.sharing.in_flight.contains(i)))
@@ -237,9 +239,10 @@ impl Fs {
     }
 
     /// The state caught up, once `waits` says nothing the caller reads is
-    /// on its way to the store, as `read` says. After a wait it catches up again: a change that
-    /// did not land leaves the table to be brought up to the target
-    /// (another host's change that won may have been held back meanwhile).
+    /// on its way to the store, as `read` says. After a wait it catches up
+    /// again: a change that did not land leaves the table to be brought up
+    /// to the target (another host's change that won may have been held
+    /// back meanwhile).
     pub(super) fn fresh_unless(
         &self,
         read: Read,
@@ -253,19 +256,19 @@ impl Fs {
         };
         let target = if recent { None } else { Some(barrier.target()) };
         let mut st = self.state.lock();
-        if recent {
+        if recent && read == Read::Copy {
             st.sharing.copy_reads += 1;
         }
         loop {
             match target {
                 None => st.catch_up_quick(),
-                Some(Ok(t)) => st.catch_up_to(Ok(t)),
-                // Too far behind to answer from the copy, and the store
-                // cannot be read: nothing is shown that could not be checked.
-                Some(Err(e)) => {
-                    st.sharing.copy_refusals += 1;
-                    return Err(e);
-                }
+                Some(t) => st.catch_up_to(t),
+            }
+            // Too far behind to answer from the copy, and the store cannot
+            // be read: nothing is shown that could not be checked.
+            if let Some(Err(e)) = target {
+                st.sharing.copy_refusals += 1;
+                return Err(e);
             }
             if !waits(&st) {
                 return Ok(st);

@@ -340,14 +340,19 @@ impl EtcdArbitration {
             }
             Ok(_) => effects.push(Effect::Refuse(id, Error::Interrupted)),
             Err(e) => {
-                // etcd did not answer: deleted later; until then (or until
-                // this host's session expires) a hand-off may still grant
-                // it, and the grant is released.
                 tracing::warn!(lease = %p.ticket.name, "a cancelled wait could not leave the queue now: {e}");
-                self.leftover.push(p.ticket);
-                effects.push(Effect::Refuse(id, Error::Interrupted));
+                self.interrupted_unreached(id, p.ticket, effects);
             }
         }
+    }
+
+    /// A signal ended a wait whose entry etcd could not be asked to drop:
+    /// `EINTR` now, the entry deleted later by the retrier. Until then (or
+    /// until this host's session expires) a hand-off may still grant it,
+    /// and that grant is released.
+    fn interrupted_unreached(&mut self, id: WaitId, ticket: Ticket, effects: &mut Vec<Effect>) {
+        self.leftover.push(ticket);
+        effects.push(Effect::Refuse(id, Error::Interrupted));
     }
 
     /// A parked request's wait ended: stop watching for it.
@@ -382,10 +387,7 @@ impl EtcdArbitration {
                     self.wake.wake();
                 }
                 Ok(Decision::Gone) => effects.push(Effect::Refuse(id, Error::Interrupted)),
-                Err(_) => {
-                    self.leftover.push(p.ticket);
-                    effects.push(Effect::Refuse(id, Error::Interrupted));
-                }
+                Err(_) => self.interrupted_unreached(id, p.ticket, effects),
             }
             return;
         }

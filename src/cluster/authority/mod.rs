@@ -640,8 +640,10 @@ impl Arbitration for EtcdArbitration {
             }
             let withdrawn = leaving
                 .into_iter()
-                .map(|(id, p)| (id, arbiter.withdraw(&p.ticket), p))
-                .map(|(id, w, p)| (id, p, w))
+                .map(|(id, p)| {
+                    let w = arbiter.withdraw(&p.ticket);
+                    (id, p, w)
+                })
                 .collect();
             Answer(Box::new(Redecided { decided: out, withdrawn }))
         }))
