@@ -337,7 +337,7 @@ impl Arbiter {
     /// The epochs of `names` as etcd has them now (linearizable reads, one
     /// transaction per 64 names): no lower than any grant that completed
     /// anywhere before the call. Readers that come while a read is on its
-    /// way share the next one ([`EpochRounds`]).
+    /// way share the next one (in rounds: `EpochRounds`).
     pub fn epochs(&self, names: &[&str]) -> Result<Vec<u64>> {
         let mut r = self.epoch_rounds.lock();
         // The round on its way may have been sent before this call: the
