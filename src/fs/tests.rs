@@ -452,7 +452,13 @@ fn content_written_without_fsync_is_written_back_in_bounded_batches() {
         assert!(st.durable.unflushed < WRITEBACK_BYTES, "{} bytes unflushed at {at}", st.durable.unflushed);
         assert!(st.durable.batch.capacity() <= 2 * WRITEBACK_BYTES as usize + (1 << 20));
     }
-    // What the journal holds now, without any fsync.
+    // What the journal holds now, without any fsync, once the group-commit
+    // thread appended the batches handed to it (it answers nobody for them).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while fs.group.busy() {
+        assert!(std::time::Instant::now() < deadline, "the writeback batches were never appended");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     let (_, rec) = Store::open(Box::new(DirStorage::new(dir.path()))).unwrap();
     let ns = Namespace::restore(rec.inodes, &rec.dirs, rec.next_ino, Namespace::new(0o755, 0, 0, now()));
     let size = ns.get(f.ino).unwrap().data().unwrap().size();
