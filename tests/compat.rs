@@ -468,7 +468,19 @@ fn churn_of_unique_leases_gives_memory_and_state_back() {
     let state = m.dir.path().join("state");
     let (rss0, state0) = (rss_kib(m.pid()), dir_bytes(&state));
     run(n, "c");
-    sync();
+    // A compaction the churn started may still be writing its image (old
+    // journal and new snapshot both on disk): measure once it is done.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        sync();
+        let status: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(m.path.join(".leasefs/status")).unwrap()).unwrap();
+        if status["snapshot"]["compaction"].is_null() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "a compaction never ended: {status}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let (rss1, state1) = (rss_kib(m.pid()), dir_bytes(&state));
     eprintln!("churn of {n}: RSS {rss0} -> {rss1} KiB, state dir {state0} -> {state1} bytes");
     assert!(rss1 < rss0 + 20 * 1024, "RSS grew from {rss0} KiB to {rss1} KiB");
