@@ -3,7 +3,8 @@
 //! Reachable by name, left out of `readdir` (like ZFS's `.zfs`). Read-only
 //! `status` (JSON), `leases` (JSON lines), `metrics` (Prometheus text), and
 //! `break` (root only: write a mount-relative path to break that lease),
-//! `events` (the event stream, see [`crate::events`]).
+//! `events` (the event stream, see [`crate::events`]), `faults` (the test
+//! bench's rules, see [`crate::bench`]).
 //! Contents are rendered when the file is opened, so every read of one
 //! descriptor sees one consistent snapshot.
 
@@ -22,12 +23,19 @@ pub enum ControlFile {
     Metrics,
     Break,
     Events,
+    Faults,
 }
 
 impl ControlFile {
     /// All control files.
-    pub const ALL: [ControlFile; 5] =
-        [ControlFile::Status, ControlFile::Leases, ControlFile::Metrics, ControlFile::Break, ControlFile::Events];
+    pub const ALL: [ControlFile; 6] = [
+        ControlFile::Status,
+        ControlFile::Leases,
+        ControlFile::Metrics,
+        ControlFile::Break,
+        ControlFile::Events,
+        ControlFile::Faults,
+    ];
 
     /// Its name in `.leasefs/`.
     pub fn name(self) -> &'static str {
@@ -37,6 +45,7 @@ impl ControlFile {
             ControlFile::Metrics => "metrics",
             ControlFile::Break => "break",
             ControlFile::Events => "events",
+            ControlFile::Faults => "faults",
         }
     }
 
@@ -61,6 +70,8 @@ impl ControlFile {
             ControlFile::Break => 0o200,
             // Read them; write a path prefix to filter them.
             ControlFile::Events | ControlFile::Leases => 0o666,
+            // Read the rules; write one to add it (the daemon checks who).
+            ControlFile::Faults => 0o666,
             _ => 0o444,
         }
     }

@@ -43,6 +43,8 @@ pub enum Kind {
     /// A lease's TTL ran out with nobody waiting (the holder keeps it until
     /// a contender comes, which breaks it).
     Expire,
+    /// A fault rule fired on a request (SPEC 13).
+    Fault,
 }
 
 impl Kind {
@@ -56,6 +58,7 @@ impl Kind {
             Kind::Fence => "fence",
             Kind::CasReject => "cas_reject",
             Kind::Expire => "expire",
+            Kind::Fault => "fault",
         }
     }
 }
@@ -76,11 +79,23 @@ pub struct Event {
     pub reason: Option<String>,
     /// The host of a holder on another host of a shared namespace.
     pub host: Option<String>,
+    /// What a fault rule did.
+    pub fault: Option<Box<Fault>>,
+}
+
+/// A fault that fired: the rule, the operation and what was done.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub rule: u64,
+    /// Which of the rule's matches fired.
+    pub matched: u64,
+    pub op: &'static str,
+    pub action: crate::bench::Action,
 }
 
 impl Event {
     pub fn new(kind: Kind, path: String, epoch: u64) -> Event {
-        Event { kind, path, epoch, pid: None, owner: None, mode: None, reason: None, host: None }
+        Event { kind, path, epoch, pid: None, owner: None, mode: None, reason: None, host: None, fault: None }
     }
 
     /// The JSON line (stable field names; absent fields are left out).
@@ -103,6 +118,31 @@ impl Event {
         }
         if let Some(h) = &self.host {
             v["host"] = json!(h);
+        }
+        if let Some(f) = &self.fault {
+            use crate::bench::Action;
+            v["rule"] = json!(f.rule);
+            v["match"] = json!(f.matched);
+            v["op"] = json!(f.op);
+            match f.action {
+                Action::Errno { errno, delay_ms } => {
+                    v["action"] = json!("errno");
+                    v["errno"] = json!(crate::bench::errnos::name_of(errno).unwrap_or("?"));
+                    if delay_ms > 0 {
+                        v["delay_ms"] = json!(delay_ms);
+                    }
+                }
+                Action::Delay { ms } => {
+                    v["action"] = json!("delay");
+                    v["delay_ms"] = json!(ms);
+                }
+                Action::Hang => v["action"] = json!("hang"),
+                Action::Short { bytes } => {
+                    v["action"] = json!("short");
+                    v["bytes"] = json!(bytes);
+                }
+                Action::LoseLease => v["action"] = json!("lose_lease"),
+            }
         }
         let mut s = v.to_string();
         s.push('\n');

@@ -126,6 +126,11 @@ pub fn own_cgroup() -> std::io::Result<String> {
     std::fs::read_to_string("/proc/self/cgroup")
 }
 
+/// A process's cgroup v2 path (`/user.slice/...`), from `/proc/PID/cgroup`.
+pub fn cgroup(pid: u32) -> Option<String> {
+    read(&format!("/proc/{pid}/cgroup"))?.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

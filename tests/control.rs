@@ -20,7 +20,7 @@ fn control_directory_is_hidden_and_reports_status_leases_and_metrics() {
     sh_ok(&m.path, "touch L && setfattr -n user.leasefs.ttl -v 30s L");
     let listing = sh_ok(&m.path, "ls -A");
     assert_eq!(listing, "L\n", ".leasefs is not listed by readdir");
-    assert_eq!(sh_ok(&m.path, "ls .leasefs"), "break\nevents\nleases\nmetrics\nstatus\n");
+    assert_eq!(sh_ok(&m.path, "ls .leasefs"), "break\nevents\nfaults\nleases\nmetrics\nstatus\n");
     let h = Bg::ready(&m.path, "exec flock L sh -c 'echo ready; exec sleep 60'");
     let _w = Bg::spawn(&m.path, "exec flock L true");
     std::thread::sleep(std::time::Duration::from_millis(200));

@@ -19,6 +19,7 @@ mod durability;
 mod etcd;
 mod events;
 mod examples;
+mod faults;
 mod fencing;
 mod hosts;
 mod limits;

@@ -93,6 +93,20 @@ pub(crate) enum Cmd {
     /// When stdout is not a terminal it prints each refresh as plain text (a header
     /// line, the column names, the rows, a blank line), like top -b.
     Top(TopArgs),
+    /// Fault rules on a live mount, for tests (the test bench).
+    ///
+    /// A rule matches requests by operation (--op, as the system calls are known:
+    /// open, create, read, write, fsync, fdatasync, close, stat, lookup, readdir,
+    /// readlink, access, truncate, chmod, chown, utimes, fallocate, lseek, rename,
+    /// unlink, mkdir, rmdir, link, symlink, flock, fcntl, getxattr, setxattr,
+    /// listxattr, removexattr, statfs), path glob (*, ?, [..], ** across
+    /// directories) and caller; fires by a seeded probability, after N matches, at
+    /// most N times; and acts: fail with an errno, delay, hang until released or
+    /// signalled (EINTR), shorten a read or write, or break the path's lease.
+    /// Every firing is an event (`leasefs watch`). Root only, or the user who
+    /// mounted a private mount.
+    #[command(subcommand)]
+    Fault(FaultCmd),
     /// Print a lease's epoch, its fencing token (what `getfattr -n user.leasefs.epoch` shows).
     ///
     /// The epoch rises by one with every new exclusive holder and never goes back.
@@ -107,6 +121,91 @@ pub(crate) enum Cmd {
         /// Output directory (man/ and completions/ are created in it).
         dir: PathBuf,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum FaultCmd {
+    /// Add a rule; prints its id. It is in force for the next request.
+    Add(Box<FaultAddArgs>),
+    /// List the rules with their counts of matches and firings.
+    List {
+        /// Mount point of a leasefs mount.
+        mountpoint: PathBuf,
+        /// Print the rules as JSON lines (the `.leasefs/faults` format).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a rule (requests it holds go on).
+    Del {
+        /// Mount point of a leasefs mount.
+        mountpoint: PathBuf,
+        /// The rule's id.
+        id: u64,
+    },
+    /// Remove every rule (requests held go on).
+    Clear {
+        /// Mount point of a leasefs mount.
+        mountpoint: PathBuf,
+    },
+    /// Let requests hung by a rule (by every rule without ID) go on; prints how many.
+    Release {
+        /// Mount point of a leasefs mount.
+        mountpoint: PathBuf,
+        /// The rule's id.
+        id: Option<u64>,
+    },
+}
+
+#[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("action").required(true).multiple(true)))]
+pub(crate) struct FaultAddArgs {
+    /// Mount point of a leasefs mount.
+    pub(crate) mountpoint: PathBuf,
+    /// Operations to match (repeat or comma-separate; default: every one).
+    #[arg(long, value_name = "OP")]
+    pub(crate) op: Vec<String>,
+    /// Mount-relative path glob (`wal/*`, `**/*.db`); rename and link match either name.
+    #[arg(long, value_name = "GLOB")]
+    pub(crate) path: Option<String>,
+    /// Only requests of this process.
+    #[arg(long)]
+    pub(crate) pid: Option<u32>,
+    /// Only requests of this user.
+    #[arg(long)]
+    pub(crate) uid: Option<u32>,
+    /// Only requests of processes with this command name (as in /proc/PID/comm).
+    #[arg(long)]
+    pub(crate) comm: Option<String>,
+    /// Only requests of processes in this cgroup (v2 path) or below it.
+    #[arg(long)]
+    pub(crate) cgroup: Option<String>,
+    /// Fire on a match with this probability (0 to 1), drawn from the rule's own seeded sequence.
+    #[arg(long, value_name = "P")]
+    pub(crate) probability: Option<f64>,
+    /// Seed of the rule's sequence: the same seed and requests give the same firings.
+    #[arg(long)]
+    pub(crate) seed: Option<u64>,
+    /// The first N matches pass.
+    #[arg(long, value_name = "N")]
+    pub(crate) after: Option<u64>,
+    /// Fire at most N times.
+    #[arg(long, value_name = "N")]
+    pub(crate) count: Option<u64>,
+    /// Fail with this errno (ENOSPC, EIO, ESTALE, ... any Linux name).
+    #[arg(long, value_name = "NAME", group = "action")]
+    pub(crate) errno: Option<String>,
+    /// Delay the request (`500ms`, `2s`); with --errno, fail after the delay.
+    #[arg(long, value_name = "DUR", group = "action")]
+    pub(crate) delay: Option<String>,
+    /// Hold the request until `fault release`, the rule's removal, or a signal to the caller (EINTR).
+    #[arg(long, group = "action")]
+    pub(crate) hang: bool,
+    /// A read returns, a write accepts, at most N bytes (--op read, write).
+    #[arg(long, value_name = "N", group = "action")]
+    pub(crate) short: Option<u64>,
+    /// Break the lease of the path at the request, before it is carried out.
+    #[arg(long, group = "action")]
+    pub(crate) lose_lease: bool,
 }
 
 #[derive(Args, Debug)]
@@ -247,6 +346,12 @@ pub(crate) struct MountArgs {
     /// stay durable). Discards a namespace kept in the state directory.
     #[arg(long)]
     pub(crate) volatile: bool,
+    /// Serve as a test bench: every fsync and fdatasync reaches the daemon
+    /// even when it has nothing to sync (a --volatile mount otherwise lets
+    /// the kernel answer them, and fault rules could not name them). Costs
+    /// one round trip per fsync (a few µs).
+    #[arg(long)]
+    pub(crate) bench: bool,
     /// Stay in the foreground instead of detaching the daemon.
     #[arg(long)]
     pub(crate) foreground: bool,

@@ -239,6 +239,7 @@ fn setup(
         source: args.source.clone(),
         allow_other,
         metrics_addr,
+        bench: args.bench,
     })
 }
 
@@ -334,6 +335,9 @@ fn foreground_command(exe: std::path::PathBuf, args: &MountArgs) -> Command {
     }
     if args.volatile {
         cmd.arg("--volatile");
+    }
+    if args.bench {
+        cmd.arg("--bench");
     }
     if args.allow_other {
         cmd.arg("--allow-other");

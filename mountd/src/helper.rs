@@ -40,8 +40,9 @@ const VALUED: [(&str, &str); 18] = [
 /// Flags, and the `leasefs mount` flag each becomes. mount(8) takes
 /// `private` for itself (mount propagation) and never passes it on, so
 /// fstab lines say `private_access`.
-const FLAGS: [(&str, &str); 5] = [
+const FLAGS: [(&str, &str); 6] = [
     ("volatile", "--volatile"),
+    ("bench", "--bench"),
     ("private_access", "--private"),
     ("private", "--private"),
     ("allow_other", "--allow-other"),
@@ -121,7 +122,7 @@ pub fn parse(argv: &[OsString]) -> Result<Helper, String> {
             return Err(format!(
                 "unknown mount option {o:?} (known: state_dir=, lease_ttl=, size=, nr_inodes=, kernel_inodes=, max_locks=, max_waiters=, transport=, \
                  log_file=, ready_timeout=, metrics_addr=, etcd=, etcd_prefix=, host_ttl=, lock_delay=, etcd_timeout=, etcd_copy_lag=, \
-                 volatile, private_access, allow_other, nonempty)"
+                 volatile, bench, private_access, allow_other, nonempty)"
             ));
         }
     }

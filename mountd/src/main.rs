@@ -5,6 +5,7 @@
 mod cli;
 mod daemon;
 mod docs;
+mod fault;
 mod helper;
 mod lock;
 mod metrics_http;
@@ -55,6 +56,7 @@ fn main() -> ExitCode {
             command: args.command,
         }),
         Cmd::Epoch { path } => lock::epoch(&path),
+        Cmd::Fault(cmd) => fault::fault(&cmd),
         Cmd::Top(args) => match control_file(&args.mountpoint, "leases") {
             Ok(leases) => {
                 let mount = leases.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf();

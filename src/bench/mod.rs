@@ -6,8 +6,10 @@
 //! out: a fired errno goes through the same errno map as a real error, a
 //! delay or a hang through the same parked replies as a lock wait.
 
+pub mod door;
 pub mod errnos;
 pub mod glob;
 pub mod rules;
 
+pub use door::{Bench, Resume, Then, Wants, ACTIONS};
 pub use rules::{Action, Call, Fired, RuleSpec, Rules, OPS};

@@ -27,12 +27,12 @@ pub const OPS: &[(&str, &str)] = &[
     ("write", "write, pwrite, writev"),
     ("fsync", "fsync"),
     ("fdatasync", "fdatasync"),
-    ("close", "close (the flush of each close, and the last one's release)"),
+    ("close", "close (the flush each close sends; close(2) returns its error)"),
     ("stat", "stat, fstat, lstat, statx"),
     ("lookup", "each name of a path looked up"),
     ("readdir", "getdents (readdir)"),
     ("readlink", "readlink"),
-    ("access", "access, faccessat"),
+    ("access", "access, faccessat, chdir (asked of the daemon on shared mounts only)"),
     ("truncate", "truncate, ftruncate, O_TRUNC"),
     ("chmod", "chmod, fchmod"),
     ("chown", "chown, fchown, lchown"),
@@ -127,8 +127,11 @@ pub struct RuleSpec {
 pub struct Call<'a> {
     /// A name of [`OPS`].
     pub op: &'a str,
-    /// Mount-relative, `/`-separated; `None` when the file has no name.
+    /// Mount-relative, `/`-separated, no leading `/`; `None` when the file
+    /// has no name.
     pub path: Option<&'a str>,
+    /// The other path of a rename (the new name) or a link (the new link).
+    pub to: Option<&'a str>,
     pub pid: u32,
     pub uid: u32,
     pub comm: &'a str,
@@ -140,6 +143,9 @@ pub struct Call<'a> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fired {
     pub rule: u64,
+    /// Which of the rule's matches fired (1 for its first match): with the
+    /// seed, what makes a run's record comparable with another's.
+    pub matched: u64,
     pub action: Action,
 }
 
@@ -193,7 +199,8 @@ impl Rules {
                 )
             })?);
         }
-        let path = spec.path.as_deref().map(Glob::new).transpose()?;
+        // Paths are mount-relative; a leading `/` says the same.
+        let path = spec.path.as_deref().map(|p| Glob::new(p.trim_start_matches('/'))).transpose()?;
         let p = spec.probability.unwrap_or(1.0);
         if !(0.0..=1.0).contains(&p) {
             return Err(format!("probability {p} is outside [0, 1]"));
@@ -205,6 +212,31 @@ impl Rules {
             }
             None => None,
         };
+        // The kernel takes ENOSYS from these as "not implemented" and stops
+        // sending them for the rest of the mount: one firing would silently
+        // turn the operation off instead of failing one call.
+        const ENOSYS_IS_FOREVER: [&str; 12] = [
+            "open",
+            "create",
+            "fsync",
+            "fdatasync",
+            "close",
+            "getxattr",
+            "setxattr",
+            "listxattr",
+            "removexattr",
+            "access",
+            "lseek",
+            "fallocate",
+        ];
+        if errno == Some(libc::ENOSYS) {
+            if let Some(o) = ENOSYS_IS_FOREVER.iter().find(|o| ops.is_empty() || ops.contains(o)) {
+                return Err(format!(
+                    "ENOSYS would make the kernel stop sending {o} to this mount for good; use another errno \
+                     (EOPNOTSUPP, EIO)"
+                ));
+            }
+        }
         let actions = usize::from(errno.is_some() || spec.delay_ms.is_some())
             + usize::from(spec.hang)
             + usize::from(spec.short.is_some())
@@ -266,6 +298,26 @@ impl Rules {
         self.rules.iter().any(|r| r.spec.cgroup.is_some())
     }
 
+    /// Whether any rule asks about the path.
+    pub fn wants_path(&self) -> bool {
+        self.rules.iter().any(|r| r.path.is_some())
+    }
+
+    /// Whether any rule asks about the caller's process id.
+    pub fn wants_pid(&self) -> bool {
+        self.rules.iter().any(|r| r.spec.pid.is_some())
+    }
+
+    /// Whether any rule asks about the caller's command name.
+    pub fn wants_comm(&self) -> bool {
+        self.rules.iter().any(|r| r.spec.comm.is_some())
+    }
+
+    /// Whether any rule may match reads or writes of file contents.
+    pub fn names_data(&self) -> bool {
+        self.rules.iter().any(|r| r.ops.is_empty() || r.ops.iter().any(|o| *o == "read" || *o == "write"))
+    }
+
     /// The first rule, in the order they were added, that matches `call`
     /// and fires. Every rule that matches counts the match and draws its
     /// next number, fired or not, so each rule's decisions depend on its
@@ -282,7 +334,7 @@ impl Rules {
             let spent = r.spec.count.is_some_and(|c| r.fired >= c);
             if out.is_none() && !passed && !spent && (r.threshold == u64::MAX || draw < r.threshold) {
                 r.fired += 1;
-                out = Some(Fired { rule: r.id, action: r.action });
+                out = Some(Fired { rule: r.id, matched: r.matches, action: r.action });
             }
         }
         out
@@ -292,8 +344,12 @@ impl Rules {
 impl Rule {
     fn matches(&self, call: &Call) -> bool {
         let s = &self.spec;
-        (self.ops.is_empty() || self.ops.contains(&call.op))
-            && self.path.as_ref().is_none_or(|g| call.path.is_some_and(|p| g.matches(p)))
+        // A create is also an open (open with O_CREAT), as users see it.
+        (self.ops.is_empty() || self.ops.contains(&call.op) || call.op == "create" && self.ops.contains(&"open"))
+            && self
+                .path
+                .as_ref()
+                .is_none_or(|g| call.path.is_some_and(|p| g.matches(p)) || call.to.is_some_and(|p| g.matches(p)))
             && s.pid.is_none_or(|p| p == call.pid)
             && s.uid.is_none_or(|u| u == call.uid)
             && s.comm.as_deref().is_none_or(|c| c == call.comm)
@@ -311,7 +367,7 @@ mod tests {
     use super::*;
 
     fn call<'a>(op: &'a str, path: &'a str) -> Call<'a> {
-        Call { op, path: Some(path), pid: 10, uid: 1000, comm: "app", cgroup: Some("/user.slice/test.scope") }
+        Call { op, path: Some(path), to: None, pid: 10, uid: 1000, comm: "app", cgroup: Some("/user.slice/test.scope") }
     }
 
     fn spec(json: &str) -> RuleSpec {
@@ -322,13 +378,14 @@ mod tests {
     fn a_rule_fires_on_what_it_matches_after_its_first_matches_and_at_most_count_times() {
         let mut r = Rules::default();
         let id = r.add(spec(r#"{"op":["write"],"path":"wal/*","errno":"ENOSPC","after":2,"count":2}"#)).unwrap();
-        let fired = Some(Fired { rule: id, action: Action::Errno { errno: libc::ENOSPC, delay_ms: 0 } });
+        let fired =
+            |matched| Some(Fired { rule: id, matched, action: Action::Errno { errno: libc::ENOSPC, delay_ms: 0 } });
         assert_eq!(r.decide(&call("read", "wal/1")), None, "another operation");
         assert_eq!(r.decide(&call("write", "data/1")), None, "another path");
         assert_eq!(r.decide(&call("write", "wal/1")), None, "the first match passes");
         assert_eq!(r.decide(&call("write", "wal/1")), None, "the second too");
-        assert_eq!(r.decide(&call("write", "wal/1")), fired, "the third fires");
-        assert_eq!(r.decide(&call("write", "wal/2")), fired);
+        assert_eq!(r.decide(&call("write", "wal/1")), fired(3), "the third fires");
+        assert_eq!(r.decide(&call("write", "wal/2")), fired(4));
         assert_eq!(r.decide(&call("write", "wal/3")), None, "count spent");
         let l = r.list();
         assert_eq!((l[0].matches, l[0].fired), (Some(5), Some(2)));

@@ -43,6 +43,8 @@ pub struct Setup {
     pub allow_other: bool,
     /// Where `/metrics` is served over HTTP, if it is.
     pub metrics_addr: Option<String>,
+    /// Serve as a test bench (`--bench`): every `fsync` reaches the daemon.
+    pub bench: bool,
 }
 
 /// What the daemon serving a mount reports of itself: the transport from
@@ -72,8 +74,10 @@ impl Fs {
             source,
             allow_other,
             metrics_addr,
+            bench,
         } = setup;
-        let fs = Fs::new(uid, gid);
+        let mut fs = Fs::new(uid, gid);
+        fs.bench = crate::bench::Bench::new(bench);
         let table = LocalAuthority::new(lease_ttl);
         // The namespace's own part of `keep`, once the leases have theirs.
         #[allow(clippy::large_enum_variant)]

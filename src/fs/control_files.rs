@@ -50,6 +50,8 @@ impl Fs {
                 }
                 Some(Vec::new())
             }
+            // Read: the rules. Written: the answers to what was written.
+            Some(ControlFile::Faults) => Some(self.render_faults().into_bytes()),
             // Rows are rendered as they are read; a path prefix written to
             // the descriptor narrows them.
             Some(ControlFile::Leases) => None,
@@ -283,10 +285,12 @@ impl Fs {
                 if self.reads_a_copy() {
                     out.push_str(&self.copy_metrics(&st, &mount));
                 }
+                drop(st);
+                out.push_str(&self.bench_metrics(&mount));
                 out
             }
             // Read through state of their own handles (`Listing`, events).
-            ControlFile::Leases | ControlFile::Break | ControlFile::Events => String::new(),
+            ControlFile::Leases | ControlFile::Break | ControlFile::Events | ControlFile::Faults => String::new(),
         }
     }
 }

@@ -34,6 +34,15 @@ impl Default for Reporting {
 }
 
 impl State {
+    /// Publish `ev` with the path it carries.
+    pub(super) fn emit_as_is(&mut self, ev: crate::events::Event) {
+        let ts = SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let comm = ev.pid.and_then(|p| self.comm(p));
+        if self.report.events.publish(crate::events::Item::new(ev, ts, comm)) {
+            self.wake.wake();
+        }
+    }
+
     /// Publish `ev` about the lease at `ino` to the readers of
     /// `.leasefs/events` (nothing is computed when nobody reads).
     pub(super) fn emit(&mut self, mut ev: crate::events::Event, ino: Ino) {

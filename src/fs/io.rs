@@ -146,6 +146,12 @@ impl Fs {
     /// before the change is answered (a rename over a live lease, a write
     /// through a direct descriptor).
     pub fn page_cache(&self, ino: Ino, h: Handle) -> bool {
+        // Nor while a fault rule may name reads or writes: those served
+        // from the page cache would never reach the rule, and a short read
+        // would be zero-filled by the kernel.
+        if self.bench.wants_direct_io() {
+            return false;
+        }
         let mut st = self.state.lock();
         // Nor a set-id file: a write through the page cache leaves clearing
         // the set-id bits to the kernel, which keeps a set-group-id bit

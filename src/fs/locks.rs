@@ -115,13 +115,18 @@ impl Fs {
 
     /// Break a lease at once (administrator).
     pub fn break_lease(&self, ino: Ino) -> Vec<Effect> {
+        self.break_for(ino, "admin")
+    }
+
+    /// Break a lease at once; the break event's reason is `why`.
+    pub(super) fn break_for(&self, ino: Ino, why: &'static str) -> Vec<Effect> {
         let mut st = self.state.lock();
         st.clock();
         if st.reserve(ino).is_err() {
             return Vec::new();
         }
         let effects = st.lease.break_now(ino);
-        st.report.breaking = "admin";
+        st.report.breaking = why;
         st.account(&effects);
         st.report.breaking = "ttl";
         effects

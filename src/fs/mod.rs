@@ -31,7 +31,9 @@ mod cache;
 mod control_files;
 mod durability;
 mod emit;
+mod faults;
 use emit::Reporting;
+pub use faults::FaultSeen;
 mod leases;
 pub use control_files::BREAK_ALL;
 mod io;
@@ -216,6 +218,10 @@ pub struct Fs {
     /// What the daemon serving the mount reports of itself (`status`,
     /// `/metrics`), once it serves.
     serving: std::sync::OnceLock<Arc<dyn config::Serving>>,
+    /// The test bench: fault rules and the requests they hold (SPEC 13).
+    bench: Arc<crate::bench::Bench>,
+    /// The user the daemon runs as (who may set rules on a private mount).
+    bench_owner: u32,
 }
 
 fn now() -> SystemTime {
@@ -250,6 +256,9 @@ impl Fs {
             changing: Mutex::new(()),
             settled: parking_lot::Condvar::new(),
             serving: std::sync::OnceLock::new(),
+            bench: crate::bench::Bench::new(false),
+            // SAFETY: geteuid cannot fail.
+            bench_owner: unsafe { libc::geteuid() },
         };
         let wake = fs.state.lock().wake.clone();
         fs.state.lock().lease.set_wake(wake);

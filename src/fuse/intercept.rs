@@ -24,6 +24,9 @@ impl Intercept for Interceptor {
                     r.error(refuse("events read", Error::Interrupted));
                 }
             }
+            None if self.fs.bench().interrupt(unique) => {
+                debug!(unique, "request held by a fault rule interrupted by a signal");
+            }
             None => {
                 // Either not a lock wait (ignored: it completes on its own) or
                 // not parked yet: remember it for when it arrives.
@@ -52,6 +55,10 @@ impl Intercept for Interceptor {
                 Err(libc::EIO)
             }
         }
+    }
+
+    fn door(&self, msg: &[u8], answer: &fuser::RawReply<'_>) -> bool {
+        self.door_here(msg, answer)
     }
 
     fn attach(&self, notices: Notices) {

@@ -8,6 +8,7 @@
 //! up.
 
 mod convert;
+mod faults;
 pub mod fusermount;
 mod intercept;
 mod locks;
@@ -107,7 +108,9 @@ impl LeaseFs {
     /// thread: other requests are served meanwhile.
     fn sync(&self, op: &'static str, reply: ReplyEmpty) {
         guarded(op, || {
-            if self.fs.nothing_to_sync() {
+            // Not once a fault rule may name fsync: the kernel would never
+            // send another (see `Bench::may_skip_sync`).
+            if self.fs.nothing_to_sync() && self.fs.bench().may_skip_sync() {
                 // The kernel takes ENOSYS as "fsync needs no request" and
                 // answers every later `fsync` (`fsyncdir`) of the mount
                 // with success itself, after writing back dirty pages as
@@ -454,6 +457,12 @@ impl fuser::Filesystem for LeaseFs {
             return guarded("control filter", || match filter(Handle(fh.0), data) {
                 Ok(n) => reply.written(n),
                 Err(e) => reply.error(refuse("control filter", e)),
+            });
+        }
+        if crate::control::ControlFile::by_ino(Ino(ino.0)) == Some(crate::control::ControlFile::Faults) {
+            return guarded("faults write", || match self.fs.faults_write(Handle(fh.0), data, caller(req)) {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(refuse("faults write", e)),
             });
         }
         if crate::control::is_control(Ino(ino.0)) {

@@ -81,6 +81,9 @@ pub trait Intercept: Send + Sync {
     /// `open(O_TMPFILE)` in a directory: a new open file without a name,
     /// or the errno to answer.
     fn tmpfile(&self, req: TmpfileRequest) -> Result<TmpfileReply, i32>;
+    /// The test bench's door: whether a fault rule consumed the request
+    /// (answered it, or holds it to answer or serve later).
+    fn door(&self, msg: &[u8], answer: &fuser::RawReply<'_>) -> bool;
 }
 
 /// A decoded FUSE_TMPFILE request.
@@ -154,7 +157,7 @@ fn encode_create_reply(unique: u64, r: &TmpfileReply) -> Vec<u8> {
     m
 }
 
-fn encode_error_reply(unique: u64, errno: i32) -> Vec<u8> {
+pub(super) fn encode_error_reply(unique: u64, errno: i32) -> Vec<u8> {
     let mut m = Vec::with_capacity(16);
     m.extend_from_slice(&16u32.to_ne_bytes());
     m.extend_from_slice(&(-errno).to_ne_bytes());
@@ -483,6 +486,9 @@ fn request_hook(hook: Arc<dyn Intercept>) -> fuser::RequestHook {
         }
         let opcode = u32::from_ne_bytes(msg[4..8].try_into().expect("4 bytes"));
         crate::control::count_request(opcode);
+        if hook.door(msg, answer) {
+            return true;
+        }
         tracing::trace!(
             op = crate::control::opcode_name(opcode as usize).unwrap_or("?"),
             ino = u64::from_ne_bytes(msg[16..24].try_into().expect("8 bytes")),

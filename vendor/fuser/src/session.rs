@@ -126,17 +126,61 @@ impl Drop for UmountOnDrop {
 /// Returning `true` consumes the request: fuser neither dispatches nor
 /// answers it. Used to see FUSE_INTERRUPT (which fuser would answer with
 /// ENOSYS) and the raw `lk_flags` of lock requests.
-pub type RequestHook = Arc<dyn Fn(&[u8], &RawReply) -> bool + Send + Sync>;
+pub type RequestHook = Arc<dyn Fn(&[u8], &RawReply<'_>) -> bool + Send + Sync>;
+
+/// Serves a request again through the hook, the dispatcher and the
+/// filesystem (leasefs patch).
+type Again = Arc<dyn Fn(&[u8], ChannelSender) + Send + Sync>;
 
 /// How a request hook answers a request it consumed (leasefs patch): on the
 /// transport the request came through.
-#[derive(Debug)]
-pub struct RawReply(ChannelSender);
+pub struct RawReply<'a>(ChannelSender, Option<&'a Again>);
 
-impl RawReply {
+impl std::fmt::Debug for RawReply<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RawReply")
+    }
+}
+
+impl RawReply<'_> {
     /// Send a complete reply (`fuse_out_header` and arguments).
     pub fn send(&self, bytes: &[u8]) -> io::Result<()> {
         self.0.send(&[io::IoSlice::new(bytes)])
+    }
+
+    /// Keep the means to answer a consumed request later, or to serve it
+    /// (or a changed copy of it) later as if it had just arrived (leasefs
+    /// patch). `None` only while the session is not running.
+    pub fn later(&self) -> Option<LaterReply> {
+        self.1.map(|again| LaterReply { sender: self.0.clone(), again: again.clone() })
+    }
+}
+
+/// A consumed request's reply path, kept (leasefs patch): see
+/// [`RawReply::later`]. Holds no reference to the filesystem: once the
+/// session has ended, serving does nothing.
+pub struct LaterReply {
+    sender: ChannelSender,
+    again: Again,
+}
+
+impl std::fmt::Debug for LaterReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LaterReply")
+    }
+}
+
+impl LaterReply {
+    /// Send a complete reply (`fuse_out_header` and arguments).
+    pub fn send(&self, bytes: &[u8]) -> io::Result<()> {
+        self.sender.send(&[io::IoSlice::new(bytes)])
+    }
+
+    /// Serve `data` (a request, `fuse_in_header` first) as if it had just
+    /// arrived on the transport the consumed one came through: the hook
+    /// sees it again, then the dispatcher and the filesystem.
+    pub fn serve(self, data: &[u8]) {
+        (self.again)(data, self.sender)
     }
 }
 
@@ -415,7 +459,15 @@ impl<FS: Filesystem> Session<FS> {
                 session_owner,
                 hook: hook.clone(),
                 dispatcher: dispatcher.clone(),
+                again: std::sync::OnceLock::new(),
             });
+            let weak = Arc::downgrade(&event_loop);
+            let again: Again = Arc::new(move |data: &[u8], sender: ChannelSender| {
+                if let Some(se) = weak.upgrade() {
+                    se.serve_raw(data, sender);
+                }
+            });
+            let _ = event_loop.again.set(again);
             loops.push(event_loop.clone());
             threads.push(
                 thread::Builder::new()
@@ -652,6 +704,8 @@ pub(crate) struct SessionEventLoop<FS: Filesystem> {
     pub(crate) session_owner: Uid,
     pub(crate) hook: HookSlot,
     pub(crate) dispatcher: DispatchSlot,
+    /// Serves a request again (leasefs patch, [`RawReply::later`]).
+    pub(crate) again: std::sync::OnceLock<Again>,
 }
 
 /// The key a request is dispatched under (requests with one key run one at
@@ -723,7 +777,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
     /// patch); its replies go through `sender`. DESTROY is answered here:
     /// the session ends when `/dev/fuse` reports the connection gone.
     fn serve_raw(self: &Arc<Self>, data: &[u8], sender: ChannelSender) {
-        if self.hook.0.as_ref().is_some_and(|h| h(data, &RawReply(sender.clone()))) {
+        if self.hook.0.as_ref().is_some_and(|h| h(data, &RawReply(sender.clone(), self.again.get()))) {
             return;
         }
         if self.dispatched(data, &sender) {
@@ -747,7 +801,7 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
             // Read the next request from the given channel to kernel driver
             // The kernel driver makes sure that we get exactly one request per read
             match self.ch.receive_retrying(buf) {
-                Ok(size) if self.hook.0.as_ref().is_some_and(|h| h(&buf[..size], &RawReply(self.ch.sender()))) => {
+                Ok(size) if self.hook.0.as_ref().is_some_and(|h| h(&buf[..size], &RawReply(self.ch.sender(), self.again.get()))) => {
                     continue
                 }
                 Ok(size) if self.dispatched(&buf[..size], &self.ch.sender()) => continue,

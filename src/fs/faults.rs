@@ -1,0 +1,231 @@
+//! The test bench's part of the filesystem (SPEC 13): the paths and callers
+//! rules are matched against, the events of faults fired, breaking a lease
+//! at a request, and `.leasefs/faults`, where rules are added, listed and
+//! removed.
+
+use super::*;
+use crate::bench::{Action, Bench, RuleSpec};
+
+/// A fault that fired, as the event stream shows it.
+#[derive(Debug, Clone)]
+pub struct FaultSeen {
+    pub rule: u64,
+    pub matched: u64,
+    pub op: &'static str,
+    /// Mount-relative, no leading `/`.
+    pub path: Option<String>,
+    pub ino: Option<Ino>,
+    pub pid: u32,
+    pub action: Action,
+}
+
+/// One command written to `.leasefs/faults`.
+enum Command {
+    Add(Box<RuleSpec>),
+    Del(u64),
+    Clear,
+    Release(Option<u64>),
+}
+
+fn command(line: &str) -> std::result::Result<Command, String> {
+    let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("not a JSON object: {e}"))?;
+    let obj = v.as_object().ok_or("not a JSON object")?;
+    let id = |k: &str| obj[k].as_u64().ok_or(format!("\"{k}\" takes a rule id"));
+    if obj.contains_key("del") {
+        return Ok(Command::Del(id("del")?));
+    }
+    if obj.contains_key("clear") {
+        return Ok(Command::Clear);
+    }
+    if let Some(r) = obj.get("release") {
+        return match r {
+            serde_json::Value::Bool(true) => Ok(Command::Release(None)),
+            serde_json::Value::String(s) if s == "all" => Ok(Command::Release(None)),
+            _ => Ok(Command::Release(Some(id("release")?))),
+        };
+    }
+    let spec: RuleSpec = serde_json::from_value(v).map_err(|e| e.to_string())?;
+    // Checked whole before anything is applied.
+    crate::bench::Rules::default().add(spec.clone())?;
+    Ok(Command::Add(Box::new(spec)))
+}
+
+impl Fs {
+    /// The mount's test bench.
+    pub fn bench(&self) -> &Arc<Bench> {
+        &self.bench
+    }
+
+    /// The mount-relative path (no leading `/`) of `ino`, or of `name` in
+    /// the directory `ino`; `None` for the control directory and its files
+    /// (rules never reach them) and for a file with no name.
+    pub fn fault_path(&self, ino: Ino, name: Option<&OsStr>) -> Option<String> {
+        if control::is_control(ino) {
+            return None;
+        }
+        let st = self.state.lock();
+        let p = match name {
+            Some(n) => st.path_of(ino, n)?,
+            None if ino == Ino::ROOT => PathBuf::new(),
+            None => {
+                if let Some(p) = st.ns.path_hint(ino) {
+                    p.to_path_buf()
+                } else {
+                    let wanted = std::iter::once(ino).collect();
+                    Fs::paths_of(&st, &wanted).remove(&ino)?
+                }
+            }
+        };
+        Some(p.to_string_lossy().into_owned())
+    }
+
+    /// Whether `name` in `dir` is the control directory (rules never reach it).
+    pub fn is_control_name(dir: Ino, name: &OsStr) -> bool {
+        control::is_control(dir) || dir == Ino::ROOT && name == control::DIR_NAME
+    }
+
+    /// The inode named `name` in `dir` (or `dir` itself without a name).
+    pub fn fault_target(&self, dir: Ino, name: Option<&OsStr>) -> Option<Ino> {
+        match name {
+            Some(n) => self.state.lock().ns.child(dir, n).ok(),
+            None => Some(dir),
+        }
+    }
+
+    /// A process's command name, for rules that match it.
+    pub fn fault_comm(&self, pid: u32) -> Option<String> {
+        self.state.lock().comm(pid)
+    }
+
+    /// Publish the event of a fault that fired (`"event":"fault"`).
+    pub fn fault_fired(&self, seen: FaultSeen) {
+        let mut st = self.state.lock();
+        if !st.report.events.listening() {
+            return;
+        }
+        let epoch = seen.ino.map_or(0, |i| st.lease.epoch(i).0);
+        let path = seen.path.as_deref().map_or(String::new(), |p| format!("/{p}"));
+        let mut ev = crate::events::Event::new(crate::events::Kind::Fault, path, epoch);
+        ev.pid = Some(seen.pid);
+        ev.fault = Some(Box::new(crate::events::Fault {
+            rule: seen.rule,
+            matched: seen.matched,
+            op: seen.op,
+            action: seen.action,
+        }));
+        st.emit_as_is(ev);
+    }
+
+    /// Break the lease of `ino` at a request a rule fired on (as `leasefs
+    /// break` does; the break's reason is `fault`).
+    pub fn fault_break(&self, ino: Ino) -> Vec<Effect> {
+        self.break_for(ino, "fault")
+    }
+
+    /// The test bench's metric lines for the mount point `mount`.
+    pub(super) fn bench_metrics(&self, mount: &str) -> String {
+        let m = format!("mount=\"{}\"", crate::control::label_value(mount));
+        let mut out = String::from(
+            "# HELP leasefs_faults_total Faults fired by the test bench's rules, by action.\n\
+             # TYPE leasefs_faults_total counter\n",
+        );
+        for (action, n) in crate::bench::ACTIONS.iter().zip(self.bench.fired()) {
+            out.push_str(&format!("leasefs_faults_total{{action=\"{action}\",{m}}} {n}\n"));
+        }
+        out.push_str(&format!(
+            "# HELP leasefs_fault_rules Fault rules in force.\n# TYPE leasefs_fault_rules gauge\n\
+             leasefs_fault_rules{{{m}}} {}\n\
+             # HELP leasefs_fault_requests_held Requests held by delays and hangs now.\n\
+             # TYPE leasefs_fault_requests_held gauge\nleasefs_fault_requests_held{{{m}}} {}\n",
+            self.bench.list().len(),
+            self.bench.held()
+        ));
+        out
+    }
+
+    /// Who may add, remove and release rules: root, and on a private mount
+    /// the user who mounted it.
+    pub(super) fn may_set_faults(&self, caller: Caller) -> bool {
+        caller.uid == 0 || !self.state.lock().mount.allow_other && caller.uid == self.bench_owner
+    }
+
+    /// The rules as `.leasefs/faults` lists them: one JSON object per line.
+    pub(super) fn render_faults(&self) -> String {
+        let mut out = String::new();
+        for r in self.bench.list() {
+            out.push_str(&serde_json::to_string(&r).unwrap_or_default());
+            out.push('\n');
+        }
+        out
+    }
+
+    /// A write to `.leasefs/faults` on `h`: one command per line (a rule to
+    /// add; `{"del":ID}`, `{"clear":true}`, `{"release":ID|"all"}`). Every
+    /// line is checked before any is applied; the descriptor then reads
+    /// back one answer per line (`{"id":N}`...), or `{"error":"..."}` with
+    /// the write failing `EINVAL` (`ENOENT` for a rule that is not there).
+    pub fn faults_write(&self, h: Handle, data: &[u8], caller: Caller) -> Result<u32> {
+        if !self.may_set_faults(caller) {
+            return Err(Error::NotPermitted);
+        }
+        let text = std::str::from_utf8(data).map_err(|_| Error::Invalid)?;
+        let mut cmds = Vec::new();
+        let mut failed = None;
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            match command(line) {
+                Ok(c) => cmds.push(c),
+                Err(e) => {
+                    failed = Some((e, Error::Invalid));
+                    break;
+                }
+            }
+        }
+        let mut answers = String::new();
+        if failed.is_none() {
+            for c in cmds {
+                let answer = match c {
+                    Command::Add(spec) => match self.bench.add(*spec) {
+                        Ok(id) => serde_json::json!({ "id": id }),
+                        Err(e) => {
+                            failed = Some((e, Error::Invalid));
+                            break;
+                        }
+                    },
+                    Command::Del(id) => {
+                        if !self.bench.remove(id) {
+                            failed = Some((format!("no rule {id}"), Error::NotFound));
+                            break;
+                        }
+                        serde_json::json!({ "deleted": id })
+                    }
+                    Command::Clear => {
+                        let n = self.bench.list().len();
+                        self.bench.clear();
+                        serde_json::json!({ "cleared": n })
+                    }
+                    Command::Release(id) => {
+                        if id.is_some_and(|i| !self.bench.list().iter().any(|r| r.id == Some(i))) {
+                            failed = Some((format!("no rule {}", id.unwrap_or_default()), Error::NotFound));
+                            break;
+                        }
+                        serde_json::json!({ "released": self.bench.release(id) })
+                    }
+                };
+                answers.push_str(&answer.to_string());
+                answers.push('\n');
+            }
+        }
+        if let Some((why, _)) = &failed {
+            answers.push_str(&serde_json::json!({ "error": why }).to_string());
+            answers.push('\n');
+            tracing::debug!(pid = caller.pid, "fault rule refused: {why}");
+        }
+        if let Some(f) = self.state.lock().open.handles.get_mut(&h) {
+            f.control = Some(answers.into_bytes());
+        }
+        match failed {
+            Some((_, e)) => Err(e),
+            None => Ok(data.len() as u32),
+        }
+    }
+}
