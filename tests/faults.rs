@@ -390,3 +390,118 @@ fn fsync_rules_need_a_mount_that_still_forwards_fsync() {
     assert_eq!(sh_ok(&m.path, fsync), "Input/output error\n");
     assert_eq!(sh_ok(&m.path, fsync), "ok\n");
 }
+
+// The Rust guard (`leasefs::bench::TestMount`), as a test suite uses it:
+// one mount per test, rules added, the program under test run against the
+// mount, the fault events read back. These three are the examples of
+// docs/bench.md.
+
+use leasefs::bench::{RuleSpec, TestMount};
+
+/// Run a python3 program in `dir`; (exit code, stdout).
+fn python(dir: &std::path::Path, program: &str) -> (i32, String) {
+    let o = run_timeout(Command::new("python3").arg("-c").arg(program).current_dir(dir), STEP);
+    (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).trim().to_string())
+}
+
+#[test]
+fn guard_example_a_program_that_retries_enospc_keeps_every_record() {
+    let m = TestMount::new().expect("mount");
+    std::fs::create_dir(m.path().join("wal")).unwrap();
+    m.add(RuleSpec::on(&["write"]).path("wal/*").errno("ENOSPC").after(1).count(2)).unwrap();
+    // The program under test: appends records, retrying a full disk.
+    let (code, out) = python(
+        m.path(),
+        r#"
+import errno, os, time
+fd = os.open("wal/log", os.O_CREAT | os.O_WRONLY | os.O_APPEND)
+retries = 0
+for rec in [b"one\n", b"two\n", b"three\n"]:
+    while True:
+        try:
+            os.write(fd, rec)
+            break
+        except OSError as e:
+            if e.errno != errno.ENOSPC or retries == 5:
+                raise
+            retries += 1
+            time.sleep(0.01)
+print(retries)
+"#,
+    );
+    assert_eq!((code, out.as_str()), (0, "2"));
+    assert_eq!(std::fs::read_to_string(m.path().join("wal/log")).unwrap(), "one\ntwo\nthree\n");
+    let faults = m.fault_events();
+    assert_eq!(faults.iter().map(|e| e["match"].as_u64().unwrap()).collect::<Vec<_>>(), [2, 3]);
+    assert!(faults.iter().all(|e| e["errno"] == "ENOSPC" && e["path"] == "/wal/log"));
+}
+
+#[test]
+fn guard_example_a_program_that_must_notice_its_lost_lock_stops_writing() {
+    let m = TestMount::new().expect("mount");
+    std::fs::write(m.path().join("job.lease"), "").unwrap();
+    // The job's second write finds its lock gone.
+    m.add(RuleSpec::on(&["write"]).path("job.lease").after(1).count(1).lose_lease()).unwrap();
+    let (code, out) = python(
+        m.path(),
+        r#"
+import errno, fcntl, os, sys
+fd = os.open("job.lease", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+for step in range(1, 4):
+    try:
+        os.write(fd, b"step %d\n" % step)
+    except OSError as e:
+        if e.errno == errno.ESTALE:
+            print("lost the lock at step", step)
+            sys.exit(3)
+        raise
+"#,
+    );
+    assert_eq!((code, out.as_str()), (3, "lost the lock at step 2"));
+    assert_eq!(std::fs::read_to_string(m.path().join("job.lease")).unwrap(), "step 1\n");
+    assert_eq!(m.fault_events()[0]["action"], "lose_lease");
+    assert!(m.events().iter().any(|e| e["event"] == "break" && e["reason"] == "fault"));
+}
+
+#[test]
+fn guard_example_a_program_must_not_block_forever_on_a_hung_fsync() {
+    let m = TestMount::new().expect("mount");
+    m.add(RuleSpec::on(&["fsync"]).hang()).unwrap();
+    // The program under test gives its fsync 300 ms, then gives up (and
+    // exits with the fsync still held: the process must still end).
+    let (code, out) = python(
+        m.path(),
+        r#"
+import os, sys, threading
+fd = os.open("data", os.O_CREAT | os.O_WRONLY)
+os.write(fd, b"x")
+t = threading.Thread(target=os.fsync, args=(fd,), daemon=True)
+t.start()
+t.join(0.3)
+if t.is_alive():
+    print("fsync did not return in time")
+    os._exit(2)
+"#,
+    );
+    assert_eq!((code, out.as_str()), (2, "fsync did not return in time"));
+    assert_eq!(m.fault_events()[0]["action"], "hang");
+    assert_eq!(m.release(None), Ok(0), "the exit ended the held fsync");
+}
+
+#[test]
+fn the_pytest_plugin_passes_its_examples() {
+    // The plugin from the repository (python/), not an installed copy.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let o = run_timeout(
+        Command::new("python3")
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:leasefs", "-p", "leasefs_pytest"])
+            .arg(root.join("python/tests"))
+            .env("PYTHONPATH", root.join("python"))
+            .env("LEASEFS_BIN", leasefs_bin())
+            .current_dir(root),
+        STEP * 4,
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success() && out.contains("4 passed"), "pytest: {out}\n{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -9,7 +9,9 @@
 pub mod door;
 pub mod errnos;
 pub mod glob;
+pub mod guard;
 pub mod rules;
 
 pub use door::{Bench, Resume, Then, Wants, ACTIONS};
+pub use guard::TestMount;
 pub use rules::{Action, Call, Fired, RuleSpec, Rules, OPS};

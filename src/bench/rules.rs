@@ -122,6 +122,81 @@ pub struct RuleSpec {
     pub fired: Option<u64>,
 }
 
+impl RuleSpec {
+    /// A rule on these operations (none: every one); add the rest with the
+    /// methods below, e.g. `RuleSpec::on(&["fsync"]).delay_ms(2000)`.
+    pub fn on(ops: &[&str]) -> RuleSpec {
+        RuleSpec { op: ops.iter().map(|o| o.to_string()).collect(), ..RuleSpec::default() }
+    }
+
+    /// Only paths matching this mount-relative glob.
+    pub fn path(mut self, glob: &str) -> RuleSpec {
+        self.path = Some(glob.into());
+        self
+    }
+
+    /// Only requests of this process.
+    pub fn pid(mut self, pid: u32) -> RuleSpec {
+        self.pid = Some(pid);
+        self
+    }
+
+    /// Only requests of processes with this command name.
+    pub fn comm(mut self, comm: &str) -> RuleSpec {
+        self.comm = Some(comm.into());
+        self
+    }
+
+    /// Fire with probability `p`, drawn from the sequence seeded by `seed`.
+    pub fn probability(mut self, p: f64, seed: u64) -> RuleSpec {
+        self.probability = Some(p);
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The first `n` matches pass.
+    pub fn after(mut self, n: u64) -> RuleSpec {
+        self.after = Some(n);
+        self
+    }
+
+    /// Fire at most `n` times.
+    pub fn count(mut self, n: u64) -> RuleSpec {
+        self.count = Some(n);
+        self
+    }
+
+    /// Fail with this errno (`"ENOSPC"`).
+    pub fn errno(mut self, name: &str) -> RuleSpec {
+        self.errno = Some(name.into());
+        self
+    }
+
+    /// Delay the request (with [`RuleSpec::errno`]: fail after the delay).
+    pub fn delay_ms(mut self, ms: u64) -> RuleSpec {
+        self.delay_ms = Some(ms);
+        self
+    }
+
+    /// Hold the request until released, removed or signalled.
+    pub fn hang(mut self) -> RuleSpec {
+        self.hang = true;
+        self
+    }
+
+    /// A read returns, a write accepts, at most `bytes`.
+    pub fn short(mut self, bytes: u64) -> RuleSpec {
+        self.short = Some(bytes);
+        self
+    }
+
+    /// Break the path's lease at the request.
+    pub fn lose_lease(mut self) -> RuleSpec {
+        self.lose_lease = true;
+        self
+    }
+}
+
 /// The request a rule is asked about.
 #[derive(Debug, Clone, Copy)]
 pub struct Call<'a> {
