@@ -27,6 +27,17 @@ bench_mount_all() {
         "${pin[@]}" ./target/release/leasefs mount "$work/uring" --state-dir "$work/state.uring" --transport uring
         cols="$cols uring"
     fi
+    # RULES=N: leasefs with N test-bench fault rules that match nothing
+    # (each names every operation and a path no request has), as column
+    # "rules": what rules that do not fire cost every request.
+    if [ -n "${RULES:-}" ]; then
+        mkdir -p "$work/rules"
+        "${pin[@]}" ./target/release/leasefs mount "$work/rules" --state-dir "$work/state.rules"
+        for i in $(seq "$RULES"); do
+            ./target/release/leasefs fault add "$work/rules" --path "no-such-dir-$i/**" --errno EIO >/dev/null
+        done
+        cols="$cols rules"
+    fi
     if [ -n "${BASELINE:-}" ]; then
         mkdir -p "$work/baseline"
         "${pin[@]}" "$BASELINE" mount "$work/baseline" --state-dir "$work/state.baseline"
@@ -64,7 +75,7 @@ bench_each_run() {
 }
 
 bench_unmount_all() {
-    for m in leasefs volatile baseline uring; do
+    for m in leasefs volatile baseline uring rules; do
         [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done

@@ -80,6 +80,11 @@ fn action_index(a: &Action) -> usize {
 /// A mount's test bench.
 pub struct Bench {
     engaged: AtomicBool,
+    /// [`Rules::ops_mask`] of the rules in force (0 while none; every bit
+    /// while requests are held or passing).
+    ops: AtomicU64,
+    /// [`Wants`] of the rules in force, as bits.
+    wants: AtomicU8,
     inner: Mutex<Inner>,
     tick: Condvar,
     sync: AtomicU8,
@@ -99,6 +104,8 @@ impl Bench {
     pub fn new(forward_syncs: bool) -> Arc<Bench> {
         Arc::new_cyclic(|me| Bench {
             engaged: AtomicBool::new(false),
+            ops: AtomicU64::new(0),
+            wants: AtomicU8::new(0),
             inner: Mutex::new(Inner::default()),
             tick: Condvar::new(),
             sync: AtomicU8::new(if forward_syncs { SYNC_FORWARDED } else { SYNC_UNDECIDED }),
@@ -114,7 +121,22 @@ impl Bench {
     }
 
     fn settle(&self, inner: &Inner) {
+        let held = !inner.parked.is_empty() || !inner.passing.is_empty();
+        self.ops.store(if held { u64::MAX } else { inner.rules.ops_mask() }, Ordering::Release);
+        let r = &inner.rules;
+        let bits = u8::from(r.wants_path())
+            | u8::from(r.wants_pid()) << 1
+            | u8::from(r.wants_comm()) << 2
+            | u8::from(r.wants_cgroup()) << 3;
+        self.wants.store(bits, Ordering::Release);
         self.engaged.store(inner.engaged(), Ordering::Release);
+    }
+
+    /// Whether a request of operation `op` may meet a rule (or is held or
+    /// passing): no lock is taken to say no.
+    #[inline]
+    pub fn may_match(&self, op: &str) -> bool {
+        self.ops.load(Ordering::Acquire) & super::rules::op_bit(op) != 0
     }
 
     /// Whether `fsync` may be answered with "no request needed" on a mount
@@ -207,13 +229,8 @@ impl Bench {
 
     /// Which rules' questions a request's [`Call`] must answer.
     pub fn wants(&self) -> Wants {
-        let inner = self.inner.lock();
-        Wants {
-            path: inner.rules.wants_path(),
-            pid: inner.rules.wants_pid(),
-            comm: inner.rules.wants_comm(),
-            cgroup: inner.rules.wants_cgroup(),
-        }
+        let bits = self.wants.load(Ordering::Acquire);
+        Wants { path: bits & 1 != 0, pid: bits & 2 != 0, comm: bits & 4 != 0, cgroup: bits & 8 != 0 }
     }
 
     /// Whether new descriptors should bypass the page cache: a rule may

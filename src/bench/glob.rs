@@ -28,6 +28,9 @@ enum Token {
 pub struct Glob {
     source: String,
     tokens: Vec<Token>,
+    /// The literal start, before any wildcard: a path without it is
+    /// refused before any matching (most paths most rules never match).
+    prefix: String,
 }
 
 impl Glob {
@@ -97,7 +100,19 @@ impl Glob {
                 }
             }
         }
-        Ok(Glob { source: pattern.to_string(), tokens })
+        let prefix = tokens
+            .iter()
+            .map_while(|t| match t {
+                Token::Literal(c) => Some(*c),
+                _ => None,
+            })
+            .collect();
+        Ok(Glob { source: pattern.to_string(), tokens, prefix })
+    }
+
+    /// The literal start of the pattern, before any wildcard.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     /// The pattern as given.
@@ -108,7 +123,11 @@ impl Glob {
     /// Whether the mount-relative `path` (with or without a leading `/`)
     /// matches.
     pub fn matches(&self, path: &str) -> bool {
-        let s: Vec<char> = path.trim_start_matches('/').chars().collect();
+        let path = path.trim_start_matches('/');
+        if !path.starts_with(&self.prefix) {
+            return false;
+        }
+        let s: Vec<char> = path.chars().collect();
         Self::at(&self.tokens, &s)
     }
 

@@ -54,6 +54,12 @@ pub const OPS: &[(&str, &str)] = &[
     ("statfs", "statfs, statvfs"),
 ];
 
+/// The bit of operation `op` in [`Rules::ops_mask`] (none for a name that
+/// is not in [`OPS`]).
+pub fn op_bit(op: &str) -> u64 {
+    OPS.iter().position(|(n, _)| *n == op).map_or(0, |i| 1 << i)
+}
+
 /// What a rule does to a request it fires on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -227,6 +233,11 @@ pub struct Fired {
 /// A checked rule with its generator and counts.
 #[derive(Debug, Clone)]
 struct Rule {
+    /// The operations it matches, as [`op_bit`]s (every bit: all); with
+    /// `prefix`, what most requests are turned away by, first.
+    mask: u64,
+    /// Its path glob's literal start (empty: none).
+    prefix: Box<str>,
     id: u64,
     spec: RuleSpec,
     ops: Vec<&'static str>,
@@ -338,7 +349,26 @@ impl Rules {
         let state = spec.seed.unwrap_or(0);
         let mut shown = spec.clone();
         shown.id = Some(id);
-        self.rules.push(Rule { id, spec: shown, ops, path, threshold, state, action, matches: 0, fired: 0 });
+        let mask = if ops.is_empty() {
+            u64::MAX
+        } else {
+            let open = if ops.contains(&"open") { op_bit("create") } else { 0 };
+            ops.iter().fold(open, |m, o| m | op_bit(o))
+        };
+        let prefix = path.as_ref().map_or("", Glob::prefix).into();
+        self.rules.push(Rule {
+            mask,
+            prefix,
+            id,
+            spec: shown,
+            ops,
+            path,
+            threshold,
+            state,
+            action,
+            matches: 0,
+            fired: 0,
+        });
         Ok(id)
     }
 
@@ -373,6 +403,19 @@ impl Rules {
         self.rules.iter().any(|r| r.spec.cgroup.is_some())
     }
 
+    /// The operations some rule may match, as bits of their index in
+    /// [`OPS`] (every bit when a rule names none).
+    pub fn ops_mask(&self) -> u64 {
+        self.rules.iter().fold(0, |m, r| {
+            if r.ops.is_empty() {
+                return u64::MAX;
+            }
+            // A create is also an open.
+            let open = r.ops.contains(&"open").then(|| op_bit("create")).unwrap_or(0);
+            r.ops.iter().fold(m | open, |m, o| m | op_bit(o))
+        })
+    }
+
     /// Whether any rule asks about the path.
     pub fn wants_path(&self) -> bool {
         self.rules.iter().any(|r| r.path.is_some())
@@ -397,9 +440,23 @@ impl Rules {
     /// and fires. Every rule that matches counts the match and draws its
     /// next number, fired or not, so each rule's decisions depend on its
     /// own seed and the requests it matched only.
-    pub fn decide(&mut self, call: &Call) -> Option<Fired> {
+    pub fn decide<'a>(&mut self, call: &Call<'a>) -> Option<Fired> {
         let mut out = None;
+        let bit = op_bit(call.op);
+        let strip = |p: &'a str| p.trim_start_matches('/');
+        let (path, to) = (call.path.map(strip), call.to.map(strip));
+        // The first byte decides most refusals without a call.
+        let starts = |p: &str, prefix: &str| {
+            p.as_bytes().first() == prefix.as_bytes().first() && p.as_bytes().starts_with(prefix.as_bytes())
+        };
         for r in &mut self.rules {
+            if r.mask & bit == 0
+                || !r.prefix.is_empty()
+                    && !path.is_some_and(|p| starts(p, &r.prefix))
+                    && !to.is_some_and(|p| starts(p, &r.prefix))
+            {
+                continue;
+            }
             if !r.matches(call) {
                 continue;
             }

@@ -76,7 +76,7 @@ impl Fs {
                 }
             }
         };
-        Some(p.to_string_lossy().into_owned())
+        Some(p.into_os_string().into_string().unwrap_or_else(|p| p.to_string_lossy().into_owned()))
     }
 
     /// Whether `name` in `dir` is the control directory (rules never reach it).

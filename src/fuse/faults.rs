@@ -155,6 +155,9 @@ impl Interceptor {
     fn door_inner(&self, m: &[u8], answer: &fuser::RawReply<'_>) -> bool {
         let bench = self.fs.bench();
         let Some(req) = name(m) else { return false };
+        if !bench.may_match(req.op) {
+            return false;
+        }
         let (Some(unique), Some(uid), Some(tid)) = (dword(m, 8), word(m, 24), word(m, 32)) else { return false };
         let os = |b: &[u8]| <std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(b).to_os_string();
         let name = req.name.map(os);
