@@ -406,14 +406,7 @@ impl Rules {
     /// The operations some rule may match, as bits of their index in
     /// [`OPS`] (every bit when a rule names none).
     pub fn ops_mask(&self) -> u64 {
-        self.rules.iter().fold(0, |m, r| {
-            if r.ops.is_empty() {
-                return u64::MAX;
-            }
-            // A create is also an open.
-            let open = r.ops.contains(&"open").then(|| op_bit("create")).unwrap_or(0);
-            r.ops.iter().fold(m | open, |m, o| m | op_bit(o))
-        })
+        self.rules.iter().fold(0, |m, r| m | r.mask)
     }
 
     /// Whether any rule asks about the path.
