@@ -45,7 +45,7 @@ pub(crate) enum Cmd {
     /// leases of a host to another (every holder here is fenced at once).
     Break(BreakArgs),
     /// Follow lease events (grant, release, wait, cancel, break, fence,
-    /// cas_reject) as they happen, until Ctrl-C.
+    /// cas_reject, fault) as they happen, until Ctrl-C.
     ///
     /// With PATHs, only events of those files and of files under those
     /// directories. Lines show the time, event, path, epoch, holder pid/comm,

@@ -73,6 +73,19 @@ pub fn human(v: &serde_json::Value) -> String {
             line += &format!("  {x}");
         }
     }
+    // A fault rule fired: which rule and match, on what, and what it did.
+    if v["event"] == "fault" {
+        line += &format!("  rule {} match {}  {}", v["rule"], v["match"], v["op"].as_str().unwrap_or("?"));
+        line += &match v["action"].as_str().unwrap_or("?") {
+            "errno" if v["delay_ms"].is_u64() => {
+                format!("  errno {} after {}ms", v["errno"].as_str().unwrap_or("?"), v["delay_ms"])
+            }
+            "errno" => format!("  errno {}", v["errno"].as_str().unwrap_or("?")),
+            "delay" => format!("  delay {}ms", v["delay_ms"]),
+            "short" => format!("  short {}", v["bytes"]),
+            other => format!("  {other}"),
+        };
+    }
     line
 }
 
@@ -161,6 +174,12 @@ mod tests {
         let mut remote = v.clone();
         remote["host"] = serde_json::json!("b:/run/leases");
         assert_eq!(human(&remote), "01:02:03.004  grant       /a  epoch 3  7/flock@b:/run/leases  exclusive  flock");
+        let fault = serde_json::json!({"event":"fault","ts_ms":3_723_004u64,"path":"/wal/1","epoch":0,"pid":7,
+            "comm":"app","rule":2,"match":3,"op":"write","action":"errno","errno":"ENOSPC"});
+        assert_eq!(
+            human(&fault),
+            "01:02:03.004  fault       /wal/1  epoch 0  7/app  rule 2 match 3  write  errno ENOSPC"
+        );
         let lost = serde_json::json!({"event":"lost","count":5,"ts_ms":0});
         assert!(human(&lost).contains("lost        5 events"));
     }
