@@ -243,7 +243,7 @@ impl Bench {
     /// (no rule fired, or it was resumed and passes the door once more).
     pub fn decide(&self, unique: u64, call: &Call) -> Option<Fired> {
         let mut inner = self.inner.lock();
-        if inner.passing.remove(&unique) {
+        if !inner.passing.is_empty() && inner.passing.remove(&unique) {
             self.settle(&inner);
             return None;
         }
