@@ -505,3 +505,26 @@ fn the_pytest_plugin_passes_its_examples() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success() && out.contains("4 passed"), "pytest: {out}\n{}", String::from_utf8_lossy(&o.stderr));
 }
+
+/// The kernel forwards `syncfs` (`FUSE_SYNCFS`) only to servers that ask
+/// for it in their own way (virtio-fs), and `sync(2)` writes back dirty
+/// pages without an `FSYNC`: what a `sync` makes durable on leasefs is what
+/// reached the daemon before it, and nothing is synced by it (docs/bench.md).
+/// Should a kernel start forwarding either, this fails and the docs change.
+#[test]
+fn sync_and_syncfs_send_the_daemon_no_request_on_this_kernel() {
+    let m = TestMount::new().expect("mount");
+    let count = |op: &str| -> u64 {
+        let metrics = crate::util::unlabeled(&std::fs::read_to_string(m.path().join(".leasefs/metrics")).unwrap());
+        let key = format!("leasefs_fuse_requests_total{{op=\"{op}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(key.as_str())).map_or(0, |v| v.parse().unwrap())
+    };
+    std::fs::write(m.path().join("f"), b"x").unwrap();
+    let before: Vec<u64> = ["fsync", "fsyncdir", "syncfs"].iter().map(|op| count(op)).collect();
+    sh_ok(m.path(), "sync -f f && sync");
+    let after: Vec<u64> = ["fsync", "fsyncdir", "syncfs"].iter().map(|op| count(op)).collect();
+    assert_eq!(after, before, "fsync, fsyncdir, syncfs requests before and after sync -f and sync");
+    // An fsync does reach it (the mount forwards them: --bench).
+    sh_ok(m.path(), "python3 -c 'import os; os.fsync(os.open(\"f\", os.O_RDONLY))'");
+    assert_eq!(count("fsync"), before[0] + 1);
+}
