@@ -141,16 +141,18 @@ fn a_hang_is_held_without_d_state_until_released_or_its_caller_is_signalled() {
     let m = Mount::with_args(&["--allow-other", "--volatile", "--bench"]);
     sh_ok(&m.path, "echo data > f && echo other > g");
     let id = add(&m, &["--op", "fsync", "--path", "f", "--hang"]);
+    // fsync through ctypes: Python would retry a call that failed with
+    // EINTR (PEP 475); this shows the errno the system call returned.
     let prog = r#"
-import os, signal, sys
-signal.signal(signal.SIGUSR1, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+import ctypes, errno, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+signal.signal(signal.SIGUSR1, lambda *a: None)
 fd = os.open("f", os.O_WRONLY)
 print("ready", flush=True)
-try:
-    os.fsync(fd)
+if libc.fsync(fd) == 0:
     print("synced", flush=True)
-except KeyboardInterrupt:
-    print("interrupted", flush=True)
+else:
+    print(errno.errorcode[ctypes.get_errno()], flush=True)
 "#;
     let mut held = Bg::ready(&m.path, &format!("exec python3 -u -c '{prog}'"));
     await_matches(&m, id, 1);
@@ -167,14 +169,13 @@ except KeyboardInterrupt:
     assert!(held.wait(STEP).success());
     assert_eq!(held.output_to_end(), ["synced"]);
 
-    // A signal ends a hang with EINTR (the handler raises, so Python does
-    // not retry the call).
+    // A signal ends a hang with EINTR.
     let mut held = Bg::ready(&m.path, &format!("exec python3 -u -c '{prog}'"));
     await_matches(&m, id, 2);
     held.wait_for_answer();
     held.signal(libc::SIGUSR1);
     assert!(held.wait(STEP).success());
-    assert_eq!(held.output_to_end(), ["interrupted"]);
+    assert_eq!(held.output_to_end(), ["EINTR"]);
     // SIGKILL too: the process dies, never stuck in D state.
     let mut held = Bg::ready(&m.path, &format!("exec python3 -u -c '{prog}'"));
     await_matches(&m, id, 3);
@@ -202,7 +203,8 @@ fn a_delay_holds_only_the_matching_request_and_removing_its_rule_lets_it_go() {
     assert_eq!(slow.output_to_end(), ["slow"]);
     // An errno after a delay: the call fails once the delay is over.
     add(&m, &["--op", "unlink", "--errno", "EBUSY", "--delay", "50ms"]);
-    assert_eq!(sh_ok(&m.path, "rm fast 2>&1; echo $?").lines().last(), Some("1"), "unlink fails after its delay");
+    let unlink = "import os\ntry:\n os.unlink(\"fast\")\nexcept OSError as e: print(e.strerror)";
+    assert_eq!(py_ok(&m.path, unlink).trim(), "Device or resource busy", "unlink fails after its delay");
     assert!(m.p("fast").exists());
 }
 
@@ -312,6 +314,23 @@ except OSError as e:
 "#,
     );
     assert_eq!(out.trim(), r#"Invalid argument {"error":"probability 2 is outside [0, 1]"}"#);
+    // A rule that is not there: ENOENT, through the CLI and the file.
+    for cmd in ["del", "release"] {
+        let (code, _, err) = fault(&m, &[cmd, "99"]);
+        assert_eq!((code, err.as_str()), (1, "leasefs fault: no rule 99"), "{cmd}");
+    }
+    let out = py_ok(
+        &m.path,
+        r#"
+import os
+fd = os.open(".leasefs/faults", os.O_RDWR)
+try:
+    os.write(fd, b'{"del":99}\n')
+except OSError as e:
+    print(os.strerror(e.errno), os.pread(fd, 4096, 0).decode().strip())
+"#,
+    );
+    assert_eq!(out.trim(), r#"No such file or directory {"error":"no rule 99"}"#);
     // Another user on a shared (--allow-other) mount: EPERM.
     let out = run_timeout(
         Command::new("setpriv")
@@ -398,9 +417,11 @@ fn fsync_rules_need_a_mount_that_still_forwards_fsync() {
 
 use leasefs::bench::{RuleSpec, TestMount};
 
-/// Run a python3 program in `dir`; (exit code, stdout).
-fn python(dir: &std::path::Path, program: &str) -> (i32, String) {
-    let o = run_timeout(Command::new("python3").arg("-c").arg(program).current_dir(dir), STEP);
+/// Run one of the example programs under test (python/tests/programs/,
+/// shared with the pytest plugin's examples) in `dir`; (exit code, stdout).
+fn program(dir: &std::path::Path, name: &str) -> (i32, String) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests/programs").join(name);
+    let o = run_timeout(Command::new("python3").arg(path).current_dir(dir), STEP);
     (o.status.code().unwrap_or(-1), String::from_utf8_lossy(&o.stdout).trim().to_string())
 }
 
@@ -409,26 +430,7 @@ fn guard_example_a_program_that_retries_enospc_keeps_every_record() {
     let m = TestMount::new().expect("mount");
     std::fs::create_dir(m.path().join("wal")).unwrap();
     m.add(RuleSpec::on(&["write"]).path("wal/*").errno("ENOSPC").after(1).count(2)).unwrap();
-    // The program under test: appends records, retrying a full disk.
-    let (code, out) = python(
-        m.path(),
-        r#"
-import errno, os, time
-fd = os.open("wal/log", os.O_CREAT | os.O_WRONLY | os.O_APPEND)
-retries = 0
-for rec in [b"one\n", b"two\n", b"three\n"]:
-    while True:
-        try:
-            os.write(fd, rec)
-            break
-        except OSError as e:
-            if e.errno != errno.ENOSPC or retries == 5:
-                raise
-            retries += 1
-            time.sleep(0.01)
-print(retries)
-"#,
-    );
+    let (code, out) = program(m.path(), "retry_enospc.py");
     assert_eq!((code, out.as_str()), (0, "2"));
     assert_eq!(std::fs::read_to_string(m.path().join("wal/log")).unwrap(), "one\ntwo\nthree\n");
     let faults = m.fault_events();
@@ -442,22 +444,7 @@ fn guard_example_a_program_that_must_notice_its_lost_lock_stops_writing() {
     std::fs::write(m.path().join("job.lease"), "").unwrap();
     // The job's second write finds its lock gone.
     m.add(RuleSpec::on(&["write"]).path("job.lease").after(1).count(1).lose_lease()).unwrap();
-    let (code, out) = python(
-        m.path(),
-        r#"
-import errno, fcntl, os, sys
-fd = os.open("job.lease", os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-for step in range(1, 4):
-    try:
-        os.write(fd, b"step %d\n" % step)
-    except OSError as e:
-        if e.errno == errno.ESTALE:
-            print("lost the lock at step", step)
-            sys.exit(3)
-        raise
-"#,
-    );
+    let (code, out) = program(m.path(), "lost_lock.py");
     assert_eq!((code, out.as_str()), (3, "lost the lock at step 2"));
     assert_eq!(std::fs::read_to_string(m.path().join("job.lease")).unwrap(), "step 1\n");
     assert_eq!(m.fault_events()[0]["action"], "lose_lease");
@@ -468,22 +455,7 @@ for step in range(1, 4):
 fn guard_example_a_program_must_not_block_forever_on_a_hung_fsync() {
     let m = TestMount::new().expect("mount");
     m.add(RuleSpec::on(&["fsync"]).hang()).unwrap();
-    // The program under test gives its fsync 300 ms, then gives up (and
-    // exits with the fsync still held: the process must still end).
-    let (code, out) = python(
-        m.path(),
-        r#"
-import os, sys, threading
-fd = os.open("data", os.O_CREAT | os.O_WRONLY)
-os.write(fd, b"x")
-t = threading.Thread(target=os.fsync, args=(fd,), daemon=True)
-t.start()
-t.join(0.3)
-if t.is_alive():
-    print("fsync did not return in time")
-    os._exit(2)
-"#,
-    );
+    let (code, out) = program(m.path(), "hung_fsync.py");
     assert_eq!((code, out.as_str()), (2, "fsync did not return in time"));
     assert_eq!(m.fault_events()[0]["action"], "hang");
     assert_eq!(m.release(None), Ok(0), "the exit ended the held fsync");

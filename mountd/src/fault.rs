@@ -1,10 +1,9 @@
 //! `leasefs fault`: the test bench's rules on a live mount (SPEC 13),
 //! through `.leasefs/faults`.
 
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::process::ExitCode;
 
+use leasefs::bench::guard::Refused;
 use leasefs::bench::RuleSpec;
 
 use crate::cli::{FaultAddArgs, FaultCmd};
@@ -13,28 +12,13 @@ use crate::show::{control_file, table};
 /// Write `line` to `.leasefs/faults` and read back the daemon's answer.
 fn send(mountpoint: &std::path::Path, line: &str) -> Result<serde_json::Value, String> {
     let p = control_file(mountpoint, "faults")?;
-    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(&p).map_err(|e| match e.raw_os_error() {
-        Some(libc::EPERM) | Some(libc::EACCES) => {
-            format!("{}: only root (or, on a private mount, the user who mounted it) may set faults", p.display())
+    leasefs::bench::guard::send(&p, line).map_err(|e| match e {
+        Refused::Io(e) if matches!(e.raw_os_error(), Some(libc::EPERM) | Some(libc::EACCES)) => {
+            "only root (or, on a private mount, the user who mounted it) may set faults".into()
         }
-        _ => format!("{}: {e}", p.display()),
-    })?;
-    let written = f.write_all(format!("{line}\n").as_bytes());
-    let mut buf = vec![0u8; 64 * 1024];
-    let n = f.read_at(&mut buf, 0).unwrap_or(0);
-    let answer: serde_json::Value = String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
-    if let Some(why) = answer.get("error").and_then(|e| e.as_str()) {
-        return Err(why.to_string());
-    }
-    written.map_err(|e| match e.raw_os_error() {
-        Some(libc::EPERM) => "only root (or, on a private mount, the user who mounted it) may set faults".into(),
-        _ => e.to_string(),
-    })?;
-    Ok(answer)
+        Refused::Io(e) => format!("{}: {e}", p.display()),
+        Refused::Reason(why) => why,
+    })
 }
 
 fn spec(a: &FaultAddArgs) -> Result<RuleSpec, String> {
@@ -62,7 +46,7 @@ fn spec(a: &FaultAddArgs) -> Result<RuleSpec, String> {
         ..RuleSpec::default()
     };
     // The daemon checks again; this gives the reason without a round trip.
-    leasefs::bench::Rules::default().add(spec.clone())?;
+    leasefs::bench::Rules::check(&spec)?;
     Ok(spec)
 }
 

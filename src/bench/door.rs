@@ -162,7 +162,7 @@ impl Bench {
         let mut inner = self.inner.lock();
         // Checked whole first, so a refused rule changes nothing, not even
         // the fsync shortcut.
-        Rules::default().add(spec.clone())?;
+        Rules::check(&spec)?;
         if sees_sync
             && self
                 .sync

@@ -51,6 +51,44 @@ impl std::fmt::Debug for TestMount {
     }
 }
 
+/// Why a command written to `.leasefs/faults` was not carried out.
+#[derive(Debug)]
+pub enum Refused {
+    /// The daemon's one-line reason (the write failed `EINVAL` or `ENOENT`).
+    Reason(String),
+    /// The file could not be opened or written (`EPERM` for a caller who
+    /// may not set faults).
+    Io(std::io::Error),
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refused::Reason(why) => f.write_str(why),
+            Refused::Io(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Write one command (a rule, `{"del":ID}`, ...) to the control file
+/// `faults` and read the daemon's answer back from the same descriptor.
+pub fn send(faults: &Path, line: &str) -> Result<serde_json::Value, Refused> {
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(faults).map_err(Refused::Io)?;
+    let written = f.write_at(format!("{line}\n").as_bytes(), 0);
+    let mut buf = vec![0u8; 64 * 1024];
+    let n = f.read_at(&mut buf, 0).unwrap_or(0);
+    let answer: serde_json::Value = String::from_utf8_lossy(&buf[..n])
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str(l).ok())
+        .unwrap_or_default();
+    if let Some(why) = answer.get("error").and_then(|e| e.as_str()) {
+        return Err(Refused::Reason(why.to_string()));
+    }
+    written.map_err(Refused::Io)?;
+    Ok(answer)
+}
+
 /// The `leasefs` binary a test mount runs.
 pub fn binary() -> PathBuf {
     if let Some(p) = std::env::var_os("LEASEFS_BIN") {
@@ -154,22 +192,7 @@ impl TestMount {
 
     /// Write one command to `.leasefs/faults`; the daemon's answer.
     fn command(&self, line: &str) -> Result<serde_json::Value, String> {
-        let p = self.path.join(".leasefs/faults");
-        let f =
-            std::fs::OpenOptions::new().read(true).write(true).open(&p).map_err(|e| format!("{}: {e}", p.display()))?;
-        let written = f.write_at(format!("{line}\n").as_bytes(), 0);
-        let mut buf = vec![0u8; 64 * 1024];
-        let n = f.read_at(&mut buf, 0).unwrap_or(0);
-        let answer: serde_json::Value = String::from_utf8_lossy(&buf[..n])
-            .lines()
-            .last()
-            .and_then(|l| serde_json::from_str(l).ok())
-            .unwrap_or_default();
-        if let Some(why) = answer.get("error").and_then(|e| e.as_str()) {
-            return Err(why.to_string());
-        }
-        written.map_err(|e| e.to_string())?;
-        Ok(answer)
+        send(&self.path.join(".leasefs/faults"), line).map_err(|e| e.to_string())
     }
 
     /// Put a rule in force for the next request; its id, or why it was refused.

@@ -280,6 +280,12 @@ impl Rules {
         self.rules.is_empty()
     }
 
+    /// Whether `spec` would be accepted (the reason when not), changing
+    /// nothing.
+    pub fn check(spec: &RuleSpec) -> Result<(), String> {
+        Rules::default().add(spec.clone()).map(|_| ())
+    }
+
     /// Check `spec` whole and put it in force; its id. A rule that does not
     /// parse is refused with a one-line reason and changes nothing.
     pub fn add(&mut self, spec: RuleSpec) -> Result<u64, String> {

@@ -46,7 +46,7 @@ fn command(line: &str) -> std::result::Result<Command, String> {
     }
     let spec: RuleSpec = serde_json::from_value(v).map_err(|e| e.to_string())?;
     // Checked whole before anything is applied.
-    crate::bench::Rules::default().add(spec.clone())?;
+    crate::bench::Rules::check(&spec)?;
     Ok(Command::Add(Box::new(spec)))
 }
 

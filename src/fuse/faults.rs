@@ -9,12 +9,11 @@
 //! Requests on the control directory never meet a rule, so `fault clear`
 //! and `fault release` always get through.
 
-use super::session::encode_error_reply;
+use super::session::{encode_error_reply, IN_HEADER};
 use super::*;
 use crate::bench::{Action, Call, Resume};
 use crate::fs::FaultSeen;
 
-const IN_HEADER: usize = 40;
 /// `fuse_lk_in.lk_flags`: the lock is a `flock`.
 const FUSE_LK_FLOCK: u32 = 1;
 /// `fuse_setattr_in.valid` bits.

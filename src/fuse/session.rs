@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 /// Opcode of FUSE_INTERRUPT.
 const FUSE_INTERRUPT: u32 = 36;
 /// Size of `fuse_in_header`.
-const IN_HEADER: usize = 40;
+pub(super) const IN_HEADER: usize = 40;
 
 /// What a mount needs from the command line.
 #[derive(Debug, Clone, Default)]
