@@ -445,8 +445,9 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 /// Item 9: 100 000 unique leases created (O_EXCL), written (4 KiB), locked,
 /// unlocked and removed leave the daemon's RSS within 20 MB and its state
-/// directory within 2 MB of where they started (after a sync), and a name
-/// used before the churn still never gets an epoch back.
+/// directory within the bound of SPEC 9 as docs/reference.md states it
+/// (6 x the live state + 4 MiB, the live state being what it was before the
+/// churn), and a name used before the churn still never gets an epoch back.
 #[test]
 fn churn_of_unique_leases_gives_memory_and_state_back() {
     let n: u64 = std::env::var("LEASEFS_CHURN").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
@@ -472,7 +473,10 @@ fn churn_of_unique_leases_gives_memory_and_state_back() {
     // timer's next tick after the sync, and a compaction in progress has
     // the old journal and the new snapshot both on disk: the bound holds
     // once the daemon is between compactions, which it reaches on its own.
-    let bound = state0 + 2 * 1024 * 1024;
+    // Between compactions the two journals may hold up to 2 MiB (the
+    // compaction threshold) and each file ends in up to 512 KiB of zeros
+    // written ahead, which the file lengths measured here count.
+    let bound = state0 + 4 * 1024 * 1024;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let state1 = loop {
         sync();
