@@ -90,6 +90,9 @@ pub struct Bench {
     sync: AtomicU8,
     fired: [AtomicU64; 5],
     me: Weak<Bench>,
+    /// Handles below this number were opened before a power cut and
+    /// answer `EIO` (0: no cut yet).
+    cut: AtomicU64,
 }
 
 impl std::fmt::Debug for Bench {
@@ -111,6 +114,7 @@ impl Bench {
             sync: AtomicU8::new(if forward_syncs { SYNC_FORWARDED } else { SYNC_UNDECIDED }),
             fired: Default::default(),
             me: me.clone(),
+            cut: AtomicU64::new(0),
         })
     }
 
@@ -129,7 +133,18 @@ impl Bench {
             | u8::from(r.wants_comm()) << 2
             | u8::from(r.wants_cgroup()) << 3;
         self.wants.store(bits, Ordering::Release);
-        self.engaged.store(inner.engaged(), Ordering::Release);
+        self.engaged.store(inner.engaged() || self.cut.load(Ordering::Acquire) > 0, Ordering::Release);
+    }
+
+    /// A power cut happened: handles below `first_new` are dead from now on.
+    pub fn cut_handles_below(&self, first_new: u64) {
+        self.cut.store(first_new, Ordering::Release);
+        self.engaged.store(true, Ordering::Release);
+    }
+
+    /// Whether handle `fh` was opened before a power cut.
+    pub fn cut_off(&self, fh: u64) -> bool {
+        fh < self.cut.load(Ordering::Acquire)
     }
 
     /// Whether a request of operation `op` may meet a rule (or is held or

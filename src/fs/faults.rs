@@ -21,6 +21,7 @@ pub struct FaultSeen {
 
 /// One command written to `.leasefs/faults`.
 enum Command {
+    Crash { kill: bool },
     Add(Box<RuleSpec>),
     Del(u64),
     Clear,
@@ -37,6 +38,10 @@ fn command(line: &str) -> std::result::Result<Command, String> {
     if obj.contains_key("clear") {
         return Ok(Command::Clear);
     }
+    if let Some(c) = obj.get("crash") {
+        let kill = c.get("kill").and_then(serde_json::Value::as_bool).unwrap_or(false);
+        return Ok(Command::Crash { kill });
+    }
     if let Some(r) = obj.get("release") {
         return match r {
             serde_json::Value::Bool(true) => Ok(Command::Release(None)),
@@ -51,6 +56,21 @@ fn command(line: &str) -> std::result::Result<Command, String> {
 }
 
 impl Fs {
+    /// `fsync` (`data_only`: `fdatasync`) of `ino` reached the daemon:
+    /// what it makes durable is what a power cut keeps.
+    pub fn power_synced(&self, ino: Ino, data_only: bool) {
+        let mut st = self.state.lock();
+        if st.ns.power_tracked() {
+            st.ns.power_synced(ino, data_only);
+        }
+    }
+
+    /// Start tracking what a power cut would leave (tests; `--bench`
+    /// mounts track from the start).
+    pub fn power_on(&self) {
+        self.state.lock().ns.power_on();
+    }
+
     /// The mount's test bench.
     pub fn bench(&self) -> &Arc<Bench> {
         &self.bench
@@ -164,7 +184,7 @@ impl Fs {
     /// line is checked before any is applied; the descriptor then reads
     /// back one answer per line (`{"id":N}`...), or `{"error":"..."}` with
     /// the write failing `EINVAL` (`ENOENT` for a rule that is not there).
-    pub fn faults_write(&self, h: Handle, data: &[u8], caller: Caller) -> Result<u32> {
+    pub fn faults_write(&self, h: Handle, data: &[u8], caller: Caller) -> Result<(u32, Vec<Effect>)> {
         if !self.may_set_faults(caller) {
             return Err(Error::NotPermitted);
         }
@@ -181,9 +201,20 @@ impl Fs {
             }
         }
         let mut answers = String::new();
+        let mut effects = Vec::new();
         if failed.is_none() {
             for c in cmds {
                 let answer = match c {
+                    Command::Crash { kill } => match self.power_cut(kill) {
+                        Ok((report, more)) => {
+                            effects.extend(more);
+                            report
+                        }
+                        Err(e) => {
+                            failed = Some((e, Error::Invalid));
+                            break;
+                        }
+                    },
                     Command::Add(spec) => match self.bench.add(*spec) {
                         Ok(id) => serde_json::json!({ "id": id }),
                         Err(e) => {
@@ -225,7 +256,92 @@ impl Fs {
         }
         match failed {
             Some((_, e)) => Err(e),
-            None => Ok(data.len() as u32),
+            None => Ok((data.len() as u32, effects)),
         }
+    }
+
+    /// Cut the power (SPEC 13): the namespace goes back to what was synced,
+    /// descriptors opened before answer `EIO`, every lease is broken
+    /// (epochs never go back), and the kernel drops what it cached of what
+    /// changed. `kill`: SIGKILL the processes that opened those
+    /// descriptors. Returns the report (what was lost) and what the broken
+    /// leases answer.
+    pub fn power_cut(&self, kill: bool) -> std::result::Result<(serde_json::Value, Vec<Effect>), String> {
+        let mut st = self.state.lock();
+        if !st.ns.power_tracked() {
+            return Err("this mount does not track what was synced: mount it with --bench to cut its power".into());
+        }
+        if st.durable.store.is_some() {
+            return Err("a power cut of a mount with a state directory is not supported yet: use --volatile".into());
+        }
+        st.clock();
+        let mut pids = std::collections::BTreeSet::new();
+        let mut dead = 0u64;
+        for f in st.open.handles.values() {
+            if control::is_control(f.ino) || f.ino == control::DIR_INO {
+                continue;
+            }
+            dead += 1;
+            if let Some(p) = f.opener {
+                pids.insert(p.tgid);
+            }
+        }
+        let everything: std::collections::HashSet<Ino> = st.ns.inodes().map(|i| i.ino).collect();
+        let before = Fs::paths_of(&st, &everything);
+        let cut = st.ns.power_cut();
+        let after = Fs::paths_of(&st, &everything);
+        let path = |ino: Ino| before.get(&ino).or_else(|| after.get(&ino)).map(|p| p.to_string_lossy().into_owned());
+        let mark = st.open.next_handle;
+        st.open.cut_below = mark;
+        self.bench.cut_handles_below(mark);
+        for ino in &cut.gone {
+            st.collect(*ino);
+        }
+        let mut effects = Vec::new();
+        let held = st.lease.held();
+        if held.iter().all(|ino| st.reserve(*ino).is_ok()) {
+            effects = st.lease.fence_all();
+            st.report.breaking = "power_cut";
+            st.account(&effects);
+            st.report.breaking = "ttl";
+        } else {
+            tracing::error!("cannot make the next epochs durable: leases stay with their holders");
+        }
+        // What the kernel may hold of what changed.
+        let files: Vec<Ino> = cut.files.iter().map(|f| f.ino).collect();
+        st.cache.invalidate.extend(files);
+        let dirs: Vec<Ino> = cut.names.iter().map(|n| n.dir).filter(|d| st.ns.get(*d).is_ok()).collect();
+        st.cache.invalidate.extend(dirs);
+        st.cache.refs.drop.extend(cut.names.iter().map(|n| (n.dir, n.name.clone())));
+        let report = serde_json::json!({
+            "crash": {
+                "files": cut.files.iter().map(|f| serde_json::json!({
+                    "path": path(f.ino),
+                    "ino": f.ino.0,
+                    "size": {"before": f.size.0, "after": f.size.1},
+                    "lost": f.lost.iter().map(|(o, l)| [o, l]).collect::<Vec<_>>(),
+                    "attrs": f.attrs,
+                })).collect::<Vec<_>>(),
+                "names": cut.names.iter().map(|n| serde_json::json!({
+                    "dir": path(n.dir),
+                    "name": n.name.to_string_lossy(),
+                    "before": n.was.map(|i| i.0),
+                    "after": n.now.map(|i| i.0),
+                })).collect::<Vec<_>>(),
+                "gone": cut.gone.len(),
+                "descriptors": dead,
+                "killed": if kill { pids.iter().copied().collect::<Vec<_>>() } else { Vec::new() },
+            }
+        });
+        tracing::info!(files = cut.files.len(), names = cut.names.len(), gone = cut.gone.len(), "power cut");
+        drop(st);
+        if kill {
+            let me = std::process::id();
+            for pid in pids.into_iter().filter(|p| *p != me) {
+                // SAFETY: kill has no memory effects.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+        Ok((report, effects))
     }
 }

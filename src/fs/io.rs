@@ -225,8 +225,10 @@ impl Fs {
             st.emit(ev, f.ino);
         }
         st.account(&effects);
-        if let Ok(i) = st.ns.get_mut(f.ino) {
-            i.opens = i.opens.saturating_sub(1);
+        if h.0 >= st.open.cut_below {
+            if let Ok(i) = st.ns.get_mut(f.ino) {
+                i.opens = i.opens.saturating_sub(1);
+            }
         }
         st.ns.maybe_drop(f.ino);
         st.collect(f.ino);

@@ -50,6 +50,8 @@ mod types;
 pub use config::{Keep, Serving, Setup};
 pub use types::*;
 mod config;
+#[cfg(test)]
+mod power_tests;
 mod xattr;
 
 /// How often a change of a shared namespace is decided again after losing
@@ -107,6 +109,9 @@ struct State {
 struct OpenFiles {
     handles: HashMap<Handle, OpenFile>,
     next_handle: u64,
+    /// Handles below this were opened before a power cut: their release
+    /// leaves the inodes' open counts (rebuilt by the cut) alone.
+    cut_below: u64,
     /// Open `O_TMPFILE` files that were never linked: `link()` may give
     /// them their first name (the kernel allows it unless `O_EXCL`).
     tmpfiles: std::collections::HashSet<Ino>,
@@ -242,7 +247,7 @@ impl Fs {
             state: Mutex::new(State {
                 ns: Namespace::new(0o755, uid, gid, now()),
                 lease: LeaseAuthority::single_host(LocalAuthority::new(None)),
-                open: OpenFiles { handles: HashMap::new(), next_handle: 1, tmpfiles: Default::default() },
+                open: OpenFiles { handles: HashMap::new(), next_handle: 1, cut_below: 0, tmpfiles: Default::default() },
                 cache: KernelView::default(),
                 report: Reporting::default(),
                 mount: MountInfo::default(),

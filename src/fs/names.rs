@@ -433,8 +433,10 @@ impl Fs {
         if m.src_dir && st.ns.is_ancestor(src, newparent) || dst_dir && st.ns.is_ancestor(dst, parent) {
             return Err(Error::Invalid);
         }
+        let mark = st.ns.power_mark();
         st.ns.get_mut(parent)?.dir_mut()?.insert(name.to_os_string(), dst);
         st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+        st.ns.power_renamed((parent, name), (newparent, newname), mark);
         st.ns.hint(dst, parent, name);
         st.ns.hint(src, newparent, newname);
         if parent != newparent {
@@ -504,6 +506,7 @@ impl Fs {
         let ((parent, name), (newparent, newname), src) = (m.from, m.to, m.src);
         let old_path = st.path_of(parent, name);
         let new_path = st.path_of(newparent, newname);
+        let mark = st.ns.power_mark();
         if let Some(dst) = dst {
             st.remember_epoch(new_path.clone(), dst);
             // Whoever looked at the replaced file now has a stale view of
@@ -518,6 +521,7 @@ impl Fs {
         st.remember_epoch(old_path, src);
         st.ns.get_mut(parent)?.dir_mut()?.remove(name);
         st.ns.get_mut(newparent)?.dir_mut()?.insert(newname.to_os_string(), src);
+        st.ns.power_renamed((parent, name), (newparent, newname), mark);
         st.ns.hint(src, newparent, newname);
         if m.src_dir && parent != newparent {
             Self::reparent(&mut st.ns, src, parent, newparent)?;

@@ -33,6 +33,24 @@ struct Named<'a> {
     to: Option<(u64, &'a [u8])>,
 }
 
+/// The request's unique id when it names a file handle opened before a
+/// power cut (a release still goes through, and control files live on).
+fn dead_handle(m: &[u8], bench: &crate::bench::Bench) -> Option<u64> {
+    let opcode = word(m, 4)?;
+    // READ WRITE FSYNC FLUSH READDIR FSYNCDIR GETLK SETLK SETLKW IOCTL
+    // POLL FALLOCATE READDIRPLUS LSEEK COPY_FILE_RANGE: the handle first.
+    const WITH_FH: [u32; 15] = [15, 16, 20, 25, 28, 30, 31, 32, 33, 39, 40, 43, 44, 46, 47];
+    if !WITH_FH.contains(&opcode) {
+        return None;
+    }
+    let node = dword(m, 16)?;
+    if crate::control::is_control(Ino(node)) || node == crate::control::DIR_INO.0 {
+        return None;
+    }
+    let fh = dword(m, IN_HEADER)?;
+    bench.cut_off(fh).then(|| dword(m, 8)).flatten()
+}
+
 fn word(m: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_ne_bytes(m.get(at..at + 4)?.try_into().ok()?))
 }
@@ -144,6 +162,11 @@ impl Interceptor {
         let bench = self.fs.bench();
         if !bench.engaged() {
             return false;
+        }
+        if let Some(unique) = dead_handle(m, bench) {
+            // Opened before a power cut: nothing but its close goes on.
+            let _ = answer.send(&encode_error_reply(unique, libc::EIO));
+            return true;
         }
         catch_unwind(AssertUnwindSafe(|| self.door_inner(m, answer))).unwrap_or_else(|_| {
             error!(op = "fault", "the bench's door panicked; request served as is");

@@ -4,6 +4,7 @@
 
 use super::pages::{Page, PageMap};
 use super::*;
+use std::collections::BTreeMap;
 
 /// Content pages freed (truncated, punched, replaced or dropped with their
 /// file) since the memory was last handed back to the system.
@@ -21,6 +22,18 @@ pub struct Data {
     pub(super) pages: PageMap,
     /// Pages changed since the last flush, when the namespace is durable.
     pub(super) dirty: Option<DirtyPages>,
+    /// What a power cut would leave (the size and the pages changed since
+    /// the last `fsync`/`fdatasync`), while the test bench tracks it.
+    pub(super) synced: Option<Box<Synced>>,
+}
+
+/// A file's contents as of its last sync, kept as the pages changed since
+/// (cost in proportion to what changed, not to the file).
+#[derive(Debug, Default, Clone)]
+pub(super) struct Synced {
+    pub(super) size: u64,
+    /// Each page changed since, as it was then (`None`: a hole).
+    pub(super) pages: BTreeMap<u64, Option<Page>>,
 }
 
 /// Indices of pages changed since the last flush. The one page of a small
@@ -66,6 +79,13 @@ impl DirtyPages {
 }
 
 impl Data {
+    /// Keep page `idx` as it was at the last sync before it changes.
+    fn keep(&mut self, idx: u64) {
+        if let Some(s) = &mut self.synced {
+            s.pages.entry(idx).or_insert_with(|| self.pages.get(idx).cloned());
+        }
+    }
+
     /// Current size in bytes.
     pub fn size(&self) -> u64 {
         self.size
@@ -98,6 +118,7 @@ impl Data {
         let last = offset.saturating_add(len - 1) / PAGE as u64;
         for idx in first..=last {
             if !self.pages.contains(idx) {
+                self.keep(idx);
                 self.pages.insert(idx, Page::default());
                 if let Some(d) = &mut self.dirty {
                     d.insert(idx);
@@ -157,6 +178,7 @@ impl Data {
             if let Some(d) = &mut self.dirty {
                 d.insert(idx);
             }
+            self.keep(idx);
             let page = self.pages.page_mut(idx, in_page + n);
             page[in_page..in_page + n].copy_from_slice(&rest[..n]);
             pos += n as u64;
@@ -174,6 +196,12 @@ impl Data {
         }
         if size < self.size {
             let keep = size.div_ceil(PAGE as u64);
+            if self.synced.is_some() {
+                let changed: Vec<u64> = self.pages.range(size / PAGE as u64..=u64::MAX).map(|(i, _)| i).collect();
+                for idx in changed {
+                    self.keep(idx);
+                }
+            }
             let gone = self.pages.split_off(keep);
             freed(gone.len());
             if let Some(d) = &mut self.dirty {
@@ -207,6 +235,7 @@ impl Data {
             if let Some(d) = &mut self.dirty {
                 d.insert(idx);
             }
+            self.keep(idx);
             if in_page == 0 && n == PAGE {
                 if self.pages.remove(idx) {
                     freed(1);
@@ -248,6 +277,12 @@ impl Data {
 
     /// Replace the whole content with `other`'s.
     pub fn replace_with(&mut self, other: Data) {
+        if self.synced.is_some() {
+            let changed: Vec<u64> = self.pages.keys().chain(other.pages.keys()).collect();
+            for idx in changed {
+                self.keep(idx);
+            }
+        }
         let mut dirty = self.dirty.take();
         if let Some(d) = &mut dirty {
             d.extend(self.pages.keys());

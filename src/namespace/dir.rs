@@ -97,6 +97,38 @@ pub struct Dir {
     pub(super) next_cookie: u64,
     /// Names changed since the last flush, when the namespace is durable.
     pub(super) dirty: Option<DirDirty>,
+    /// Names changed since the directory's last `fsync`, with what a power
+    /// cut would leave them naming, while the test bench tracks it.
+    pub(super) synced: Option<BTreeMap<OsString, Kept>>,
+}
+
+/// What a name of a directory would name after a power cut: its value as
+/// of the last change that is durable, and the changes since, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Kept {
+    pub(super) durable: Option<Ino>,
+    pub(super) pending: Vec<Change>,
+}
+
+/// One change of a name not yet durable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Change {
+    /// What the name named after it.
+    pub(super) now: Option<Ino>,
+    /// Its place among every change (see [`next_change`]).
+    pub(super) seq: u64,
+    /// The rename it was part of.
+    pub(super) rename: Option<u64>,
+    /// The directory was synced after it.
+    pub(super) synced: bool,
+}
+
+/// Changes of names are numbered in one sequence, so a rename can tell
+/// the changes it made from earlier ones.
+pub(super) static CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+pub(super) fn next_change() -> u64 {
+    CHANGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// What changed in a directory since the last flush. Cookies are handed out
@@ -125,7 +157,14 @@ impl Dir {
     }
 
     pub(super) fn new(parent: Ino) -> Dir {
-        Dir { parent, entries: BTreeMap::new(), by_name: Names::default(), next_cookie: FIRST_COOKIE, dirty: None }
+        Dir {
+            parent,
+            entries: BTreeMap::new(),
+            by_name: Names::default(),
+            next_cookie: FIRST_COOKIE,
+            dirty: None,
+            synced: None,
+        }
     }
 
     /// Room for `n` names, for an empty directory about to get them
@@ -149,9 +188,23 @@ impl Dir {
         self.by_name.len() == 0
     }
 
+    /// Note a change of `name` (now naming `now`) for a power cut.
+    fn keep(&mut self, name: &OsStr, now: Option<Ino>) {
+        let Some(kept) = &mut self.synced else { return };
+        let before = self.by_name.get(name).map(|&(_, i)| i);
+        let k = kept.entry(name.to_os_string()).or_insert(Kept { durable: before, pending: Vec::new() });
+        k.pending.push(Change { now, seq: next_change(), rename: None, synced: false });
+        // Changes no sync saw and no rename made, back where they started:
+        // the next sync would make the name what it was.
+        if k.durable == now && k.pending.iter().all(|c| c.rename.is_none() && !c.synced) {
+            kept.remove(name);
+        }
+    }
+
     /// Add or replace a name.
     pub fn insert(&mut self, name: OsString, ino: Ino) {
         use std::collections::hash_map::Entry;
+        self.keep(&name, Some(ino));
         match self.by_name.entry(name) {
             Entry::Occupied(mut slot) => {
                 let cookie = slot.get().0;
@@ -176,6 +229,9 @@ impl Dir {
 
     /// Remove a name, returning the inode it pointed at.
     pub fn remove(&mut self, name: &OsStr) -> Option<Ino> {
+        if self.by_name.get(name).is_some() {
+            self.keep(name, None);
+        }
         let (cookie, _) = self.by_name.remove(name)?;
         if let Some(d) = &mut self.dirty {
             // Created since the last flush: removing it leaves nothing to record.

@@ -19,6 +19,7 @@ mod data;
 mod dir;
 pub mod inomap;
 mod pages;
+pub mod power;
 pub mod replica;
 
 pub use data::Data;
@@ -307,6 +308,8 @@ pub struct Namespace {
     /// kernel's memory keeps them): where [`Namespace::forgettable`]
     /// looks, so it never walks the table.
     removed: InoSet,
+    /// What a power cut would leave, while the test bench tracks it.
+    power: Option<Box<power::Power>>,
 }
 
 /// Content pages added and removed since start.
@@ -384,6 +387,7 @@ impl Namespace {
             churn: PageChurn::default(),
             held: 0,
             removed: InoSet::default(),
+            power: None,
         }
     }
 
@@ -476,6 +480,7 @@ impl Namespace {
             churn: PageChurn::default(),
             held: 0,
             removed: InoSet::default(),
+            power: None,
         }
     }
 
@@ -559,7 +564,11 @@ impl Namespace {
         if self.track && self.inodes.contains_key(&ino) {
             self.dirty.insert(ino);
         }
-        self.inodes.get_mut(&ino).map(|i| &mut **i).ok_or(Error::NotFound)
+        let i = self.inodes.get_mut(&ino).map(|i| &mut **i).ok_or(Error::NotFound)?;
+        if let Some(p) = &mut self.power {
+            p.touch(i);
+        }
+        Ok(i)
     }
 
     /// True (once) when at least `pages` content pages were freed since the
@@ -657,6 +666,10 @@ impl Namespace {
             body,
         };
         self.inodes.insert(ino, Box::new(inode));
+        if let (Some(p), Some(i)) = (&mut self.power, self.inodes.get_mut(&ino)) {
+            // Synced as created: empty, with the attributes it was made with.
+            p.touch(i);
+        }
         if self.track {
             self.dirty.insert(ino);
             self.fresh.insert(ino);
@@ -759,8 +772,13 @@ impl Namespace {
                 self.churn.removed += gone.pages;
                 self.usage.pages -= gone.pages.min(self.usage.pages);
                 self.usage.xattr_bytes -= gone.xattr_bytes.min(self.usage.xattr_bytes);
-                self.inodes.remove(&ino);
+                let gone = self.inodes.remove(&ino);
                 self.hints.remove(&ino);
+                if let (Some(p), Some(g)) = (&mut self.power, gone) {
+                    if p.bury(g) {
+                        self.power_gc();
+                    }
+                }
                 if self.track {
                     self.dirty.remove(&ino);
                     if !self.fresh.remove(&ino) {
