@@ -131,6 +131,13 @@ pub(super) fn next_change() -> u64 {
     CHANGES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+thread_local! {
+    /// A rename is being made on this thread (between
+    /// `Namespace::power_mark` and `Namespace::power_renamed`): its changes
+    /// never cancel out, the rename tags them once it is whole.
+    pub(super) static RENAMING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// What changed in a directory since the last flush. Cookies are handed out
 /// in order, so every entry from `mark` on is new and needs no record of
 /// its own: a directory that gained a million names copies none of them
@@ -196,7 +203,8 @@ impl Dir {
         k.pending.push(Change { now, seq: next_change(), rename: None, synced: false });
         // Changes no sync saw and no rename made, back where they started:
         // the next sync would make the name what it was.
-        if k.durable == now && k.pending.iter().all(|c| c.rename.is_none() && !c.synced) {
+        let renaming = RENAMING.with(std::cell::Cell::get);
+        if !renaming && k.durable == now && k.pending.iter().all(|c| c.rename.is_none() && !c.synced) {
             kept.remove(name);
         }
     }

@@ -192,6 +192,9 @@ impl Namespace {
     /// Where the changes of a rename about to be made start (for
     /// [`Namespace::power_renamed`]).
     pub fn power_mark(&self) -> u64 {
+        if self.power.is_some() {
+            dir::RENAMING.with(|r| r.set(true));
+        }
         dir::CHANGES.load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -199,6 +202,7 @@ impl Namespace {
     /// with `RENAME_EXCHANGE`, both ways): one change of each name, kept
     /// only once every directory it changed is synced after it.
     pub fn power_renamed(&mut self, from: (Ino, &OsStr), to: (Ino, &OsStr), mark: u64) {
+        dir::RENAMING.with(|r| r.set(false));
         let Some(p) = self.power.as_mut() else { return };
         let id = p.next_rename;
         p.next_rename += 1;
@@ -326,22 +330,7 @@ impl Namespace {
             let Some(i) = self.inodes.get_mut(&ino) else { continue };
             let mut lost = LostFile { ino, size: (0, 0), lost: Vec::new(), attrs: false };
             if let Body::File(d) = &mut i.body {
-                if let Some(s) = d.synced.take() {
-                    lost.size = (d.size, s.size);
-                    lost.lost = lost_ranges(d, &s);
-                    for (idx, page) in s.pages {
-                        match page {
-                            Some(pg) => d.pages.insert(idx, pg),
-                            None => {
-                                d.pages.remove(idx);
-                            }
-                        }
-                    }
-                    d.pages.split_off(s.size.div_ceil(PAGE as u64));
-                    d.size = s.size;
-                } else {
-                    lost.size = (d.size, d.size);
-                }
+                (lost.size, lost.lost) = roll_back(d);
             }
             if let Some(m) = p.meta.remove(&ino) {
                 lost.attrs = m.restore(i);
@@ -352,23 +341,14 @@ impl Namespace {
                 files.insert(ino, lost);
             }
         }
-        // Files whose contents changed with no attribute change noted.
+        // Files whose contents changed with no attribute change noted
+        // (their attributes were synced by an fsync, their data not since).
         for i in self.inodes.values_mut() {
             if let Body::File(d) = &mut i.body {
-                if let Some(s) = d.synced.take() {
-                    let lost = LostFile { ino: i.ino, size: (d.size, s.size), lost: lost_ranges(d, &s), attrs: false };
-                    for (idx, page) in s.pages {
-                        match page {
-                            Some(pg) => d.pages.insert(idx, pg),
-                            None => {
-                                d.pages.remove(idx);
-                            }
-                        }
-                    }
-                    d.pages.split_off(s.size.div_ceil(PAGE as u64));
-                    d.size = s.size;
+                if d.synced.is_some() {
+                    let (size, lost) = roll_back(d);
                     i.version += 1;
-                    files.insert(i.ino, lost);
+                    files.insert(i.ino, LostFile { ino: i.ino, size, lost, attrs: false });
                 }
             } else if let Body::Dir(d) = &mut i.body {
                 d.synced = None;
@@ -400,6 +380,25 @@ impl Namespace {
         self.power_on();
         cut
     }
+}
+
+/// Put a file's contents back to what its last sync saw; the sizes before
+/// and after, and the byte ranges that changed.
+fn roll_back(d: &mut Data) -> ((u64, u64), Vec<(u64, u64)>) {
+    let Some(s) = d.synced.take() else { return ((d.size, d.size), Vec::new()) };
+    let lost = lost_ranges(d, &s);
+    let sizes = (d.size, s.size);
+    for (idx, page) in s.pages {
+        match page {
+            Some(pg) => d.pages.insert(idx, pg),
+            None => {
+                d.pages.remove(idx);
+            }
+        }
+    }
+    d.pages.split_off(s.size.div_ceil(PAGE as u64));
+    d.size = s.size;
+    (sizes, lost)
 }
 
 /// Make the latest durable change of a name its durable value: a change
