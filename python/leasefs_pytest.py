@@ -47,20 +47,21 @@ class LeaseFS:
         self._seen = []
         self._partial = b""
 
-    def _cli(self, *args):
+    def _cli(self, *args, command="fault"):
         r = subprocess.run(
-            [self.binary, "fault", args[0], str(self.path), *args[1:]],
+            [self.binary, command, *args[:1], str(self.path), *args[1:]] if command == "fault"
+            else [self.binary, command, str(self.path), *args],
             timeout=TIMEOUT,
             capture_output=True,
             text=True,
         )
         if r.returncode != 0:
-            raise FaultRefused(r.stderr.strip().removeprefix("leasefs fault: "))
+            raise FaultRefused(r.stderr.strip().removeprefix(f"leasefs {command}: "))
         return r.stdout.strip()
 
     def fault(self, *, op=None, path=None, pid=None, uid=None, comm=None, cgroup=None,
               probability=None, seed=None, after=None, count=None,
-              errno=None, delay=None, hang=False, short=None, lose_lease=False):
+              errno=None, delay=None, hang=False, short=None, lose_lease=False, crash=False):
         """Add a rule (the options of ``leasefs fault add``); its id.
 
         ``op`` is a name or a list of names; ``delay`` a duration such as
@@ -80,7 +81,18 @@ class LeaseFS:
             args.append("--hang")
         if lose_lease:
             args.append("--lose-lease")
+        if crash:
+            args.append("--crash")
         return int(self._cli("add", *args))
+
+    def crash(self, kill=False):
+        """Cut the power: the mount keeps only what was synced; descriptors
+        opened before answer EIO (``kill``: their processes are SIGKILLed,
+        this one too if it holds any). Returns the report: ``files`` (path,
+        size before and after, lost byte ranges), ``names`` (dir, name,
+        inode before and after), ``gone``, ``descriptors``, ``killed``."""
+        out = self._cli("--report", *(["--kill"] if kill else []), command="crash")
+        return json.loads(out)
 
     def remove(self, rule):
         """Remove a rule (what it holds goes on)."""

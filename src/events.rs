@@ -142,6 +142,7 @@ impl Event {
                     v["bytes"] = json!(bytes);
                 }
                 Action::LoseLease => v["action"] = json!("lose_lease"),
+                Action::Crash => v["action"] = json!("crash"),
             }
         }
         let mut s = v.to_string();

@@ -27,5 +27,6 @@ mod lock_tree;
 mod locks;
 mod operate;
 mod posix;
+mod power;
 mod top;
 mod transport;

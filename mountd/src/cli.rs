@@ -102,11 +102,31 @@ pub(crate) enum Cmd {
     /// listxattr, removexattr, statfs), path glob (*, ?, [..], ** across
     /// directories) and caller; fires by a seeded probability, after N matches, at
     /// most N times; and acts: fail with an errno, delay, hang until released or
-    /// signalled (EINTR), shorten a read or write, or break the path's lease.
+    /// signalled (EINTR), shorten a read or write, break the path's lease, or cut
+    /// the power (as `leasefs crash`).
     /// Every firing is an event (`leasefs watch`). Root only, or the user who
     /// mounted a private mount.
     #[command(subcommand)]
     Fault(FaultCmd),
+    /// Cut the power of a test mount: keep only what was synced.
+    ///
+    /// Afterwards each file shows its contents and size as of its last fsync or
+    /// fdatasync, its attributes as of its last fsync, and each directory its
+    /// entries as of its last fsync; a rename stays only once both directories
+    /// were synced after it. Descriptors opened before the cut answer EIO, every
+    /// lease is broken (epochs never go back). Only on a --volatile mount mounted
+    /// with --bench; root only, or the user who mounted a private mount. Prints
+    /// how much was lost, or with --report the whole report as JSON.
+    Crash {
+        /// Mount point of a leasefs mount.
+        mountpoint: PathBuf,
+        /// SIGKILL the processes holding descriptors opened before the cut.
+        #[arg(long)]
+        kill: bool,
+        /// Print every file range and directory entry lost, as JSON.
+        #[arg(long)]
+        report: bool,
+    },
     /// Print a lease's epoch, its fencing token (what `getfattr -n user.leasefs.epoch` shows).
     ///
     /// The epoch rises by one with every new exclusive holder and never goes back.
@@ -206,6 +226,9 @@ pub(crate) struct FaultAddArgs {
     /// Break the lease of the path at the request, before it is carried out.
     #[arg(long, group = "action")]
     pub(crate) lose_lease: bool,
+    /// Cut the power at the request, before it is carried out; the request fails EIO.
+    #[arg(long, group = "action")]
+    pub(crate) crash: bool,
 }
 
 #[derive(Args, Debug)]

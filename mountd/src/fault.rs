@@ -43,6 +43,7 @@ fn spec(a: &FaultAddArgs) -> Result<RuleSpec, String> {
         hang: a.hang,
         short: a.short,
         lose_lease: a.lose_lease,
+        crash: a.crash,
         ..RuleSpec::default()
     };
     // The daemon checks again; this gives the reason without a round trip.
@@ -57,6 +58,7 @@ fn action(r: &RuleSpec) -> String {
         (None, Some(d), _) => format!("delay {d}ms"),
         (None, None, Some(n)) => format!("short {n}"),
         _ if r.hang => "hang".into(),
+        _ if r.crash => "crash".into(),
         _ => "lose-lease".into(),
     }
 }
@@ -104,12 +106,40 @@ fn list(mountpoint: &std::path::Path, json: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// `leasefs crash`: cut the power, print what was lost.
+pub(crate) fn crash(mountpoint: &std::path::Path, kill: bool, report: bool) -> ExitCode {
+    let line = serde_json::json!({ "crash": { "kill": kill } }).to_string();
+    match send(mountpoint, &line) {
+        Ok(answer) => {
+            let r = &answer["crash"];
+            if report {
+                println!("{r}");
+            } else {
+                let n = |k: &str| r[k].as_array().map_or(0, Vec::len);
+                println!(
+                    "power cut: {} files and {} names went back to what was synced, {} inodes gone, {} descriptors dead",
+                    n("files"),
+                    n("names"),
+                    r["gone"],
+                    r["descriptors"]
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("leasefs crash: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 pub(crate) fn fault(cmd: &FaultCmd) -> ExitCode {
     let done = match cmd {
         FaultCmd::Add(a) => spec(a).and_then(|s| {
             let line = serde_json::to_string(&s).map_err(|e| e.to_string())?;
             let answer = send(&a.mountpoint, &line)?;
-            println!("{}", answer["id"]);
+            let id = answer["id"].as_u64().ok_or_else(|| format!("the mount answered {answer}, not a rule id"))?;
+            println!("{id}");
             Ok(())
         }),
         FaultCmd::List { mountpoint, json } => list(mountpoint, *json),

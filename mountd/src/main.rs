@@ -57,6 +57,7 @@ fn main() -> ExitCode {
         }),
         Cmd::Epoch { path } => lock::epoch(&path),
         Cmd::Fault(cmd) => fault::fault(&cmd),
+        Cmd::Crash { mountpoint, kill, report } => fault::crash(&mountpoint, kill, report),
         Cmd::Top(args) => match control_file(&args.mountpoint, "leases") {
             Ok(leases) => {
                 let mount = leases.parent().and_then(Path::parent).unwrap_or(Path::new("/")).to_path_buf();

@@ -1,6 +1,7 @@
 """The leasefs fixture's examples (docs/bench.md): a program under test
 that retries ENOSPC, one that must notice a lost lock, one that must not
-block forever on a hung fsync. Each program (programs/, shared with the
+block forever on a hung fsync, one that replaces a file with or without
+the syncs a power cut needs. Each program (programs/, shared with the
 Rust guard's examples in tests/faults.rs) runs in its own process."""
 
 import os
@@ -14,8 +15,8 @@ from leasefs_pytest import FaultRefused
 PROGRAMS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "programs")
 
 
-def run(cwd, program):
-    r = subprocess.run([sys.executable, os.path.join(PROGRAMS, program)], cwd=cwd,
+def run(cwd, program, *args):
+    r = subprocess.run([sys.executable, os.path.join(PROGRAMS, program), *args], cwd=cwd,
                        capture_output=True, text=True, timeout=30)
     return r.returncode, r.stdout.strip()
 
@@ -47,3 +48,19 @@ def test_a_bad_rule_is_refused_with_its_reason(leasefs):
     with pytest.raises(FaultRefused, match='unknown errno "ENOPE"'):
         leasefs.fault(op="write", errno="ENOPE")
     assert leasefs.rules() == []
+
+
+def test_a_file_replaced_without_fsync_is_lost_at_a_power_cut_and_with_them_kept(leasefs):
+    assert run(leasefs.path, "replace_file.py", "config", "v1") == (0, "replaced")
+    report = leasefs.crash()
+    assert not (leasefs.path / "config").exists()
+    assert [n["name"] for n in report["names"]] == ["config"]
+    assert run(leasefs.path, "replace_file.py", "config", "v2", "--fsync") == (0, "replaced")
+    assert leasefs.crash()["names"] == []
+    assert (leasefs.path / "config").read_text() == "v2"
+    # The cut as a rule: at the first fsync of the temporary file.
+    leasefs.fault(op="fsync", path="config.tmp", crash=True)
+    code, _ = run(leasefs.path, "replace_file.py", "config", "v3", "--fsync")
+    assert code != 0
+    assert (leasefs.path / "config").read_text() == "v2"
+    assert [e["action"] for e in leasefs.fault_events()] == ["crash"]

@@ -65,7 +65,7 @@ const SYNC_SKIPPED: u8 = 1;
 const SYNC_FORWARDED: u8 = 2;
 
 /// Faults fired, by action (`leasefs_faults_total{action=...}`).
-pub const ACTIONS: [&str; 5] = ["errno", "delay", "hang", "short", "lose_lease"];
+pub const ACTIONS: [&str; 6] = ["errno", "delay", "hang", "short", "lose_lease", "crash"];
 
 fn action_index(a: &Action) -> usize {
     match a {
@@ -74,6 +74,7 @@ fn action_index(a: &Action) -> usize {
         Action::Hang => 2,
         Action::Short { .. } => 3,
         Action::LoseLease => 4,
+        Action::Crash => 5,
     }
 }
 
@@ -88,7 +89,7 @@ pub struct Bench {
     inner: Mutex<Inner>,
     tick: Condvar,
     sync: AtomicU8,
-    fired: [AtomicU64; 5],
+    fired: [AtomicU64; 6],
     me: Weak<Bench>,
     /// Handles below this number were opened before a power cut and
     /// answer `EIO` (0: no cut yet).

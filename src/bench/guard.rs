@@ -75,13 +75,14 @@ impl std::fmt::Display for Refused {
 pub fn send(faults: &Path, line: &str) -> Result<serde_json::Value, Refused> {
     let f = std::fs::OpenOptions::new().read(true).write(true).open(faults).map_err(Refused::Io)?;
     let written = f.write_at(format!("{line}\n").as_bytes(), 0);
-    let mut buf = vec![0u8; 64 * 1024];
-    let n = f.read_at(&mut buf, 0).unwrap_or(0);
-    let answer: serde_json::Value = String::from_utf8_lossy(&buf[..n])
-        .lines()
-        .last()
-        .and_then(|l| serde_json::from_str(l).ok())
-        .unwrap_or_default();
+    // The whole answer (a power cut's report can be long).
+    let mut buf = Vec::new();
+    let mut chunk = vec![0u8; 64 * 1024];
+    while let Ok(n @ 1..) = f.read_at(&mut chunk, buf.len() as u64) {
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let answer: serde_json::Value =
+        String::from_utf8_lossy(&buf).lines().last().and_then(|l| serde_json::from_str(l).ok()).unwrap_or_default();
     if let Some(why) = answer.get("error").and_then(|e| e.as_str()) {
         return Err(Refused::Reason(why.to_string()));
     }
@@ -204,6 +205,16 @@ impl TestMount {
     /// Remove a rule (requests it holds go on).
     pub fn remove(&self, id: u64) -> Result<(), String> {
         self.command(&format!("{{\"del\":{id}}}")).map(|_| ())
+    }
+
+    /// Cut the power (SPEC 13): the mount keeps only what was synced,
+    /// descriptors opened before answer `EIO`, leases are broken; `kill`
+    /// SIGKILLs the processes that opened them (this one too, if it did).
+    /// Returns the report: `files` (`path`, `size` before and after, `lost`
+    /// byte ranges, `attrs`), `names` (`dir`, `name`, the inode `before`
+    /// and `after`), `gone`, `descriptors`, `killed`.
+    pub fn crash(&self, kill: bool) -> Result<serde_json::Value, String> {
+        Ok(self.command(&serde_json::json!({ "crash": { "kill": kill } }).to_string())?["crash"].take())
     }
 
     /// Remove every rule.

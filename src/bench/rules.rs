@@ -75,6 +75,9 @@ pub enum Action {
     /// Break the lease of the path at this request, before it is carried
     /// out (as `leasefs break`).
     LoseLease,
+    /// Cut the power at this request, before it is carried out (as
+    /// `leasefs crash`); the request, opened before the cut, fails `EIO`.
+    Crash,
 }
 
 /// A rule as written to `.leasefs/faults` (one JSON object per line) and
@@ -120,6 +123,8 @@ pub struct RuleSpec {
     pub short: Option<u64>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub lose_lease: bool,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub crash: bool,
     /// Requests matched so far (shown, ignored when written).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matches: Option<u64>,
@@ -199,6 +204,12 @@ impl RuleSpec {
     /// Break the path's lease at the request.
     pub fn lose_lease(mut self) -> RuleSpec {
         self.lose_lease = true;
+        self
+    }
+
+    /// Cut the power at the request.
+    pub fn crash(mut self) -> RuleSpec {
+        self.crash = true;
         self
     }
 }
@@ -340,10 +351,11 @@ impl Rules {
         let actions = usize::from(errno.is_some() || spec.delay_ms.is_some())
             + usize::from(spec.hang)
             + usize::from(spec.short.is_some())
-            + usize::from(spec.lose_lease);
+            + usize::from(spec.lose_lease)
+            + usize::from(spec.crash);
         if actions != 1 {
             return Err("a rule needs exactly one action: --errno (with or without --delay), --delay, --hang, \
-                        --short or --lose-lease"
+                        --short, --lose-lease or --crash"
                 .into());
         }
         let action = match (errno, spec.delay_ms, spec.short) {
@@ -351,6 +363,7 @@ impl Rules {
             (None, Some(ms), _) => Action::Delay { ms },
             (None, None, Some(bytes)) => Action::Short { bytes },
             _ if spec.hang => Action::Hang,
+            _ if spec.crash => Action::Crash,
             _ => Action::LoseLease,
         };
         if let Action::Short { .. } = action {

@@ -19,6 +19,10 @@ pub struct FaultSeen {
     pub action: Action,
 }
 
+/// Why a power cut (or a rule that would cut it) is refused.
+const NOT_TRACKED: &str =
+    "this mount does not track what was synced: mount it with --bench (fstab: bench) to cut its power";
+
 /// One command written to `.leasefs/faults`.
 enum Command {
     Crash { kill: bool },
@@ -38,7 +42,8 @@ fn command(line: &str) -> std::result::Result<Command, String> {
     if obj.contains_key("clear") {
         return Ok(Command::Clear);
     }
-    if let Some(c) = obj.get("crash") {
+    // `{"crash":{...}}` cuts the power; a rule's `"crash":true` is its action.
+    if let Some(c) = obj.get("crash").filter(|c| c.is_object()) {
         let kill = c.get("kill").and_then(serde_json::Value::as_bool).unwrap_or(false);
         return Ok(Command::Crash { kill });
     }
@@ -215,6 +220,10 @@ impl Fs {
                             break;
                         }
                     },
+                    Command::Add(spec) if spec.crash && !self.state.lock().ns.power_tracked() => {
+                        failed = Some((NOT_TRACKED.into(), Error::Invalid));
+                        break;
+                    }
                     Command::Add(spec) => match self.bench.add(*spec) {
                         Ok(id) => serde_json::json!({ "id": id }),
                         Err(e) => {
@@ -269,7 +278,7 @@ impl Fs {
     pub fn power_cut(&self, kill: bool) -> std::result::Result<(serde_json::Value, Vec<Effect>), String> {
         let mut st = self.state.lock();
         if !st.ns.power_tracked() {
-            return Err("this mount does not track what was synced: mount it with --bench to cut its power".into());
+            return Err(NOT_TRACKED.into());
         }
         if st.durable.store.is_some() {
             return Err("a power cut of a mount with a state directory is not supported yet: use --volatile".into());
@@ -294,6 +303,26 @@ impl Fs {
         let mark = st.open.next_handle;
         st.open.cut_below = mark;
         self.bench.cut_handles_below(mark);
+        // A name never gets an epoch back (SPEC 5): what its inode held
+        // before the cut is remembered under it, and whatever it names
+        // now carries at least that.
+        for ino in &cut.gone {
+            if let Some(p) = before.get(ino) {
+                st.remember_epoch(Some(p.clone()), *ino);
+            }
+        }
+        for n in &cut.names {
+            let Some(dir) = before.get(&n.dir).cloned().or_else(|| (n.dir == Ino::ROOT).then(PathBuf::new)) else {
+                continue;
+            };
+            let p = dir.join(&n.name);
+            if let Some(was) = n.was {
+                st.remember_epoch(Some(p.clone()), was);
+            }
+            if let Some(now) = n.now {
+                st.floor_epoch(Some(&p), now);
+            }
+        }
         for ino in &cut.gone {
             st.collect(*ino);
         }

@@ -280,6 +280,25 @@ impl Interceptor {
                 }
                 false
             }
+            Action::Crash => {
+                // The power goes before the request is carried out: the
+                // caller sees it fail as a dying machine's last call would.
+                match self.fs.power_cut(false) {
+                    Ok((_, effects)) => {
+                        let mut w = self.waits.lock();
+                        w.deliver(effects, &self.fs);
+                        send_entry_drops(&self.fs, &w);
+                        if let Some(n) = &w.notices {
+                            for ino in self.fs.take_invalidations() {
+                                n.inval_inode(ino.0, None);
+                            }
+                        }
+                    }
+                    Err(why) => error!(op = req.op, "the rule's power cut was refused: {why}"),
+                }
+                let _ = answer.send(&fail(libc::EIO));
+                true
+            }
         }
     }
 }
