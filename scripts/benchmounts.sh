@@ -4,6 +4,7 @@
 # ("minimal") and with a 1 s TTL ("minimal1s"), under $work, pinned with
 # ${pin[@]}, and unmounts them all (by daemon, not by sleeping) when the
 # script exits. Sets $cols to the columns mounted besides the minimal ones.
+# BENCH=1 adds leasefs with --bench, volatile and durable (vbench, dbench).
 # PIN=1 pins the daemons (and, through ${pin[@]}, the clients) to CPU 0.
 pin=()
 [ "${PIN:-0}" = 1 ] && pin=(taskset -c 0)
@@ -37,6 +38,14 @@ bench_mount_all() {
             ./target/release/leasefs fault add "$work/rules" --path "no-such-dir-$i/**" --errno EIO >/dev/null
         done
         cols="$cols rules"
+    fi
+    # BENCH=1: leasefs --volatile --bench ("vbench") and durable with
+    # --bench ("dbench"): what tracking for a power cut costs (SPEC 13).
+    if [ "${BENCH:-0}" = 1 ]; then
+        mkdir -p "$work/vbench" "$work/dbench"
+        "${pin[@]}" ./target/release/leasefs mount "$work/vbench" --state-dir "$work/state.vbench" --volatile --bench
+        "${pin[@]}" ./target/release/leasefs mount "$work/dbench" --state-dir "$work/state.dbench" --bench
+        cols="$cols vbench dbench"
     fi
     if [ -n "${BASELINE:-}" ]; then
         mkdir -p "$work/baseline"
@@ -75,7 +84,7 @@ bench_each_run() {
 }
 
 bench_unmount_all() {
-    for m in leasefs volatile baseline uring rules; do
+    for m in leasefs volatile baseline uring rules vbench dbench; do
         [ -d "$work/$m" ] || continue
         ./target/release/leasefs unmount "$work/$m" 2>/dev/null || umount -l "$work/$m" 2>/dev/null || true
     done

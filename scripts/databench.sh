@@ -10,6 +10,8 @@
 #   PIN=1 scripts/databench.sh                          (everything on CPU 0)
 #   BASELINE=/path/to/older/leasefs scripts/databench.sh (adds that build)
 #   RAW=FILE scripts/databench.sh                       (keeps every round's figures)
+#   BENCH=1 scripts/databench.sh                        (adds leasefs --bench, volatile
+#       and durable: what tracking for a power cut costs)
 #   WRITEBACK=1 scripts/databench.sh                    (adds "minwb": the minimal
 #       filesystem with the kernel's write-back cache, which leasefs does not use)
 # Metrics, per column:
@@ -130,4 +132,13 @@ for m in ("write_fsync_s", "read_cold_s", "read_warm_s", "mmap4m_ops", "mmap256m
             ok = c in med and med.get(base)
             line += "%16s" % (f"{med[c] / med[base]:.2f}" if ok else "-")
     print(line)
+if "vbench" in cols:
+    # BENCH=1: what tracking for a power cut costs (time ratios: >1 slower;
+    # ops ratios: <1 slower).
+    print("%-14s%16s%16s" % ("--bench cost", "vbench/volatile", "dbench/leasefs"))
+    for m in ("write_fsync_s", "read_cold_s", "read_warm_s", "mmap4m_ops", "mmap256m_ops"):
+        row = data.get(m, {})
+        med = {c: statistics.median(row[c]) for c in cols if row.get(c)}
+        r = lambda a, b: f"{med[a] / med[b]:.2f}" if med.get(a) and med.get(b) else "-"
+        print("%-14s%16s%16s" % (m, r("vbench", "volatile"), r("dbench", "leasefs")))
 PY

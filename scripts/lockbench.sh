@@ -10,6 +10,7 @@
 #   PIN=1 scripts/lockbench.sh                     (everything on CPU 0)
 #   BASELINE=/path/to/older/leasefs scripts/lockbench.sh   (adds that build as a column)
 #   URING=1 scripts/lockbench.sh   (adds leasefs --transport uring as column "uring")
+#   BENCH=1 scripts/lockbench.sh  (adds leasefs --bench, volatile and durable, as "vbench", "dbench")
 #   RULES=100 scripts/lockbench.sh (adds leasefs with 100 fault rules that match nothing as "rules")
 # Needs root and gcc.
 set -euo pipefail
@@ -33,9 +34,11 @@ cols = tuple(sys.argv[5:])
 uring = "uring" in cols
 rules = "rules" in cols
 base = "baseline" in cols
+bench = "vbench" in cols
 print(f"{'metric':<20}" + "".join(f"{c:>12}" for c in cols) + f"{'lfs/min0':>9}{'lfs/min1s':>10}{'lfs/tmpfs':>11}{'lfs/vol':>9}"
       + (f"{'uring/min0':>11}{'uring/lfs':>10}" if uring else "")
-      + (f"{'rules/lfs':>10}" if rules else "") + (f"{'lfs/base':>9}" if base else ""))
+      + (f"{'rules/lfs':>10}" if rules else "") + (f"{'lfs/base':>9}" if base else "")
+      + (f"{'vb/vol':>9}{'db/lfs':>9}" if bench else ""))
 for metric, by in data.items():
     med = {c: statistics.median(by[c]) if c in by else float("nan") for c in cols}
     print(f"{metric:<20}" + "".join(f"{med[c]:>12.0f}" for c in cols)
@@ -43,11 +46,13 @@ for metric, by in data.items():
           + f"{med['leasefs']/med['tmpfs']:>10.1f}x{med['leasefs']/med['volatile']:>8.2f}x"
           + (f"{med['uring']/med['minimal']:>10.2f}x{med['uring']/med['leasefs']:>9.2f}x" if uring else "")
           + (f"{med['rules']/med['leasefs']:>9.2f}x" if rules else "")
-          + (f"{med['leasefs']/med['baseline']:>8.2f}x" if base else ""))
+          + (f"{med['leasefs']/med['baseline']:>8.2f}x" if base else "")
+          + (f"{med['vbench']/med['volatile']:>8.2f}x{med['dbench']/med['leasefs']:>8.2f}x" if bench else ""))
 print("(ns for *_ns, acquisitions/s for *_acq_s, µs for *_worst_us; lower is better except acq_s;")
 print(" disk = a directory on the root filesystem; volatile = leasefs --volatile;")
 print(" minimal/minimal1s = minimal fuser filesystem with 0 s / 1 s entry and attribute TTL;")
 print(" renew_rename = write a temporary file and rename it over a lease another process holds; nan: no rename;")
+print(" vbench/dbench = leasefs --volatile --bench / durable --bench (BENCH=1): vb/vol, db/lfs their cost;")
 print(" rules = leasefs with RULES=N fault rules that match nothing; base = the older build BASELINE names;")
 print(" uring = leasefs --transport uring; parallel1/2 = pairs/s of one process on CPU 0 / two on CPUs 0 and 1, own files)")
 PY
