@@ -32,7 +32,7 @@ impl Drop for TinyDisk {
 }
 
 /// `kill -9` the daemon and clear its dead mount.
-fn kill_9(m: &mut Mount) {
+pub(crate) fn kill_9(m: &mut Mount) {
     // SAFETY: killing our own child.
     unsafe { libc::kill(m.pid(), libc::SIGKILL) };
     let mut child = m.child.take().unwrap();

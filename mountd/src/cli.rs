@@ -114,9 +114,10 @@ pub(crate) enum Cmd {
     /// fdatasync, its attributes as of its last fsync, and each directory its
     /// entries as of its last fsync; a rename stays only once both directories
     /// were synced after it. Descriptors opened before the cut answer EIO, every
-    /// lease is broken (epochs never go back). Only on a --volatile mount mounted
-    /// with --bench; root only, or the user who mounted a private mount. Prints
-    /// how much was lost, or with --report the whole report as JSON.
+    /// lease is broken (epochs never go back); a durable mount's state directory
+    /// then holds the cut state. Only on a mount mounted with --bench; root only,
+    /// or the user who mounted a private mount. Prints how much was lost, or with
+    /// --report the whole report as JSON.
     Crash {
         /// Mount point of a leasefs mount.
         mountpoint: PathBuf,

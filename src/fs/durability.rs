@@ -371,19 +371,28 @@ impl Fs {
             tracing::error!("final flush failed: {e:?}");
             return;
         }
+        if let Err(e) = st.snapshot_in_line() {
+            tracing::error!("snapshot at unmount failed: {e}");
+        }
+    }
+}
+
+impl State {
+    /// Write the whole namespace as a snapshot now, under the lock (at
+    /// unmount, and after a power cut): recovery then starts from it and
+    /// nothing journaled before it. Nothing to do on a volatile mount.
+    pub(super) fn snapshot_in_line(&mut self) -> std::io::Result<()> {
+        let Some(store) = self.durable.store.as_mut() else { return Ok(()) };
         let started = std::time::Instant::now();
         // Streamed to the file as it is encoded (see `encode_streamed`).
-        let st = &mut *st;
-        let (store, ns, lease) = (st.durable.store.as_mut().expect("checked above"), &st.ns, &st.lease);
+        let (ns, lease) = (&self.ns, &self.lease);
         let head = store.head();
-        let written = store.snapshot_streamed(|out| {
+        store.snapshot_streamed(|out| {
             crate::store::snapshot::encode_streamed(head, ns, |ino| extra_of(lease, ino), out)
-        });
+        })?;
         let bytes = store.snapshot_bytes();
-        match written {
-            Ok(()) => tracing::info!(bytes, ms = started.elapsed().as_millis() as u64, "snapshot written"),
-            Err(e) => tracing::error!("snapshot at unmount failed: {e}"),
-        }
+        tracing::info!(bytes, ms = started.elapsed().as_millis() as u64, "snapshot written");
+        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@ pub struct FaultSeen {
 
 /// Why a power cut (or a rule that would cut it) is refused.
 const NOT_TRACKED: &str =
-    "this mount does not track what was synced: mount it with --bench (fstab: bench) to cut its power";
+    "this mount does not track what was synced: mount it with --bench (fstab: bench; not with --etcd) to cut its power";
 
 /// One command written to `.leasefs/faults`.
 enum Command {
@@ -280,10 +280,9 @@ impl Fs {
         if !st.ns.power_tracked() {
             return Err(NOT_TRACKED.into());
         }
-        if st.durable.store.is_some() {
-            return Err("a power cut of a mount with a state directory is not supported yet: use --volatile".into());
-        }
         st.clock();
+        // A compaction in progress would install an image of before the cut.
+        st.finish_compaction(true);
         let mut pids = std::collections::BTreeSet::new();
         let mut dead = 0u64;
         for f in st.open.handles.values() {
@@ -362,6 +361,10 @@ impl Fs {
                 "killed": if kill { pids.iter().copied().collect::<Vec<_>>() } else { Vec::new() },
             }
         });
+        // The state directory holds what a restart shows: the cut state.
+        if let Err(e) = st.snapshot_in_line() {
+            tracing::error!("the state directory could not be set to the cut state: {e}");
+        }
         tracing::info!(files = cut.files.len(), names = cut.names.len(), gone = cut.gone.len(), "power cut");
         drop(st);
         if kill {
