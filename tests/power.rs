@@ -292,3 +292,70 @@ with open("other", "w") as f:
     let m = Mount::with_args(&["--allow-other", "--bench", "--state-dir", sd]);
     assert_eq!(tree(&m.path), after, "a restart right after the cut shows another tree");
 }
+
+/// One round of an SQLite writer cut at a random moment: the ids it printed
+/// as committed, and what a fresh process then finds (`integrity_check`,
+/// the ids in the table).
+fn sqlite_round(m: &Mount, sync: &str, first: u64, wait_ms: u64) -> (Vec<u64>, String, Vec<u64>) {
+    let writer = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/helpers/sqlite_writer.py");
+    let first_s = first.to_string();
+    let mut w = Bg::capture(&m.path, "python3", &[writer.to_str().unwrap(), "db", sync, &first_s]);
+    // Until it runs, then a little longer (seeded).
+    let deadline = std::time::Instant::now() + STEP;
+    while w.lines.lock().unwrap().first().map(String::as_str) != Some("ready") {
+        assert!(w.running() && std::time::Instant::now() < deadline, "the writer did not start");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+    let (code, _, err) = crash(m, &["--kill"]);
+    assert_eq!(code, 0, "{err}");
+    w.wait(STEP);
+    let committed: Vec<u64> = w.output_to_end().iter().filter_map(|l| l.parse().ok()).collect();
+    let found = py_ok(
+        &m.path,
+        r#"
+import sqlite3
+c = sqlite3.connect("db")
+print(c.execute("PRAGMA integrity_check").fetchone()[0])
+print(" ".join(str(r[0]) for r in c.execute("SELECT id FROM t ORDER BY id")))
+c.close()
+"#,
+    );
+    let mut lines = found.lines();
+    let check = lines.next().unwrap_or_default().to_string();
+    let ids = lines.next().unwrap_or_default().split_whitespace().map(|v| v.parse().unwrap()).collect();
+    (committed, check, ids)
+}
+
+#[test]
+fn sqlite_in_wal_mode_with_synchronous_full_loses_no_committed_transaction_across_100_cuts() {
+    let m = bench();
+    let mut rng = crate::util::Rng(0x5eed_50f7);
+    let (mut next, mut total) = (1, 0);
+    for round in 0..100 {
+        let (committed, check, ids) = sqlite_round(&m, "FULL", next, rng.below(40));
+        assert_eq!(check, "ok", "round {round}: integrity_check after the cut");
+        let kept: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        let lost: Vec<u64> = committed.iter().filter(|i| !kept.contains(i)).copied().collect();
+        assert!(lost.is_empty(), "round {round}: committed and lost: {lost:?}");
+        total += committed.len();
+        next = ids.last().copied().unwrap_or(0) + 1;
+    }
+    assert!(total > 100, "the writer committed only {total} transactions in 100 rounds");
+}
+
+#[test]
+fn sqlite_with_synchronous_off_loses_committed_transactions_at_a_cut() {
+    let m = bench();
+    // The database made durable first (FULL), then written with OFF.
+    let (_, check, _) = sqlite_round(&m, "FULL", 1, 20);
+    assert_eq!(check, "ok");
+    let mut lost_somewhere = Vec::new();
+    for round in 0..5 {
+        let (committed, check, ids) = sqlite_round(&m, "OFF", 1_000_000 * (round + 1), 30);
+        assert_eq!(check, "ok", "round {round}");
+        let kept: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        lost_somewhere.extend(committed.iter().filter(|i| !kept.contains(i)).copied());
+    }
+    assert!(!lost_somewhere.is_empty(), "synchronous=OFF lost nothing it committed: the cut kept unsynced data");
+}

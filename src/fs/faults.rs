@@ -19,6 +19,15 @@ pub struct FaultSeen {
     pub action: Action,
 }
 
+/// A power cut made: its report, what the broken leases answer, and the
+/// inodes whose cached pages and attributes the kernel must drop.
+#[derive(Debug)]
+pub struct PowerCut {
+    pub report: serde_json::Value,
+    pub effects: Vec<Effect>,
+    pub inval: Vec<Ino>,
+}
+
 /// Why a power cut (or a rule that would cut it) is refused.
 const NOT_TRACKED: &str =
     "this mount does not track what was synced: mount it with --bench (fstab: bench; not with --etcd) to cut its power";
@@ -61,13 +70,18 @@ fn command(line: &str) -> std::result::Result<Command, String> {
 }
 
 impl Fs {
-    /// `fsync` (`data_only`: `fdatasync`) of `ino` reached the daemon:
-    /// what it makes durable is what a power cut keeps.
-    pub fn power_synced(&self, ino: Ino, data_only: bool) {
+    /// `fsync` (`data_only`: `fdatasync`) of `ino` through handle `h`
+    /// reached the daemon: what it makes durable is what a power cut
+    /// keeps. `EIO` for a handle opened before a cut (which syncs nothing).
+    pub fn power_synced(&self, ino: Ino, h: Handle, data_only: bool) -> Result<()> {
         let mut st = self.state.lock();
+        if h.0 < st.open.cut_below {
+            return Err(Error::Io);
+        }
         if st.ns.power_tracked() {
             st.ns.power_synced(ino, data_only);
         }
+        Ok(())
     }
 
     /// Start tracking what a power cut would leave (tests; `--bench`
@@ -189,7 +203,7 @@ impl Fs {
     /// line is checked before any is applied; the descriptor then reads
     /// back one answer per line (`{"id":N}`...), or `{"error":"..."}` with
     /// the write failing `EINVAL` (`ENOENT` for a rule that is not there).
-    pub fn faults_write(&self, h: Handle, data: &[u8], caller: Caller) -> Result<(u32, Vec<Effect>)> {
+    pub fn faults_write(&self, h: Handle, data: &[u8], caller: Caller) -> Result<(u32, Option<PowerCut>)> {
         if !self.may_set_faults(caller) {
             return Err(Error::NotPermitted);
         }
@@ -206,13 +220,18 @@ impl Fs {
             }
         }
         let mut answers = String::new();
-        let mut effects = Vec::new();
+        let mut made: Option<PowerCut> = None;
         if failed.is_none() {
             for c in cmds {
                 let answer = match c {
                     Command::Crash { kill } => match self.power_cut(kill) {
-                        Ok((report, more)) => {
-                            effects.extend(more);
+                        Ok(mut cut) => {
+                            let report = cut.report.clone();
+                            if let Some(earlier) = made.take() {
+                                cut.effects.extend(earlier.effects);
+                                cut.inval.extend(earlier.inval);
+                            }
+                            made = Some(cut);
                             report
                         }
                         Err(e) => {
@@ -265,7 +284,7 @@ impl Fs {
         }
         match failed {
             Some((_, e)) => Err(e),
-            None => Ok((data.len() as u32, effects)),
+            None => Ok((data.len() as u32, made)),
         }
     }
 
@@ -275,7 +294,7 @@ impl Fs {
     /// changed. `kill`: SIGKILL the processes that opened those
     /// descriptors. Returns the report (what was lost) and what the broken
     /// leases answer.
-    pub fn power_cut(&self, kill: bool) -> std::result::Result<(serde_json::Value, Vec<Effect>), String> {
+    pub fn power_cut(&self, kill: bool) -> std::result::Result<PowerCut, String> {
         let mut st = self.state.lock();
         if !st.ns.power_tracked() {
             return Err(NOT_TRACKED.into());
@@ -335,11 +354,14 @@ impl Fs {
         } else {
             tracing::error!("cannot make the next epochs durable: leases stay with their holders");
         }
-        // What the kernel may hold of what changed.
-        let files: Vec<Ino> = cut.files.iter().map(|f| f.ino).collect();
-        st.cache.invalidate.extend(files);
-        let dirs: Vec<Ino> = cut.names.iter().map(|n| n.dir).filter(|d| st.ns.get(*d).is_ok()).collect();
-        st.cache.invalidate.extend(dirs);
+        // What the kernel may hold of what changed: names dropped by the
+        // entry thread; pages and attributes by the notices the caller
+        // sends, which no request's answer may wait for (a writer cut off
+        // in the middle of a write holds the pages they drop).
+        let mut inval: Vec<Ino> = cut.files.iter().map(|f| f.ino).collect();
+        inval.extend(cut.names.iter().map(|n| n.dir).filter(|d| st.ns.get(*d).is_ok()));
+        inval.sort();
+        inval.dedup();
         st.cache.refs.drop.extend(cut.names.iter().map(|n| (n.dir, n.name.clone())));
         let report = serde_json::json!({
             "crash": {
@@ -374,6 +396,6 @@ impl Fs {
                 unsafe { libc::kill(pid as i32, libc::SIGKILL) };
             }
         }
-        Ok((report, effects))
+        Ok(PowerCut { report, effects, inval })
     }
 }

@@ -33,7 +33,7 @@ mod durability;
 mod emit;
 mod faults;
 use emit::Reporting;
-pub use faults::FaultSeen;
+pub use faults::{FaultSeen, PowerCut};
 mod leases;
 pub use control_files::BREAK_ALL;
 mod io;

@@ -12,6 +12,13 @@ const C: Caller = Caller::ROOT;
 /// Path -> (a directory, contents, extended attributes).
 type Tree = BTreeMap<String, (bool, Vec<u8>, BTreeMap<OsString, Vec<u8>>)>;
 
+/// `fsync` (`data_only`: `fdatasync`) of `ino` through a handle of its own.
+fn sync(fs: &Fs, ino: Ino, data_only: bool) {
+    let h = fs.open(ino, libc::O_RDONLY, C).unwrap();
+    fs.power_synced(ino, h, data_only).unwrap();
+    fs.release(h, None).unwrap();
+}
+
 /// A small deterministic generator (xorshift).
 struct Rng(u64);
 impl Rng {
@@ -238,7 +245,7 @@ fn run(seed: u64, steps: usize) {
                 let f = files[rng.below(files.len())];
                 let data_only = rng.below(2) == 0;
                 t!("sync {f:?} data_only={data_only} len={:?}", current.get(&f).map(Vec::len));
-                fs.power_synced(f, data_only);
+                sync(&fs, f, data_only);
                 m.data.insert(f, current.get(&f).cloned().unwrap_or_default());
                 if !data_only {
                     m.xattrs.insert(f, cur_x.get(&f).cloned().unwrap_or_default());
@@ -246,7 +253,7 @@ fn run(seed: u64, steps: usize) {
             }
             _ => {
                 t!("syncdir {dir:?}");
-                fs.power_synced(dir, false);
+                sync(&fs, dir, false);
                 m.sync_dir(dir);
                 m.xattrs.insert(dir, cur_x.get(&dir).cloned().unwrap_or_default());
             }
@@ -285,14 +292,14 @@ fn a_write_then_rename_without_fsync_loses_the_file_and_with_fsyncs_keeps_it() {
         let (a, h) = fs.create(C, Ino::ROOT, OsStr::new("f.tmp"), 0o644, 0, libc::O_RDWR).unwrap();
         fs.write(a.ino, h, 0, b"new config", WriteOpts::default()).unwrap();
         if synced {
-            fs.power_synced(a.ino, false);
+            sync(&fs, a.ino, false);
         }
         fs.release(h, None).unwrap();
         fs.rename(Ino::ROOT, OsStr::new("f.tmp"), Ino::ROOT, OsStr::new("f"), 0, C).unwrap();
         if synced {
-            fs.power_synced(Ino::ROOT, false);
+            sync(&fs, Ino::ROOT, false);
         }
-        let (report, _) = fs.power_cut(false).unwrap();
+        let report = fs.power_cut(false).unwrap().report;
         let names: Vec<String> = shown(&fs).into_keys().collect();
         if synced {
             assert_eq!(names, vec!["/f".to_string()]);
@@ -314,23 +321,23 @@ fn a_rename_waiting_for_its_other_directory_leaves_the_synced_create() {
     fs.power_on();
     let r = Ino::ROOT;
     let b = fs.mkdir(C, r, OsStr::new("b"), 0o755, 0).unwrap().ino;
-    fs.power_synced(r, false);
+    sync(&fs, r, false);
     let (a, h) = fs.create(C, r, OsStr::new("c"), 0o644, 0, libc::O_RDWR | libc::O_EXCL).unwrap();
     fs.release(h, None).unwrap();
     fs.rename(r, OsStr::new("c"), b, OsStr::new("c"), 0, C).unwrap();
-    fs.power_synced(r, false);
+    sync(&fs, r, false);
     fs.link(a.ino, b, OsStr::new("b"), C).unwrap();
     fs.rename(b, OsStr::new("c"), r, OsStr::new("a"), 0, C).unwrap();
-    fs.power_synced(r, false);
-    let (report, _) = fs.power_cut(false).unwrap();
+    sync(&fs, r, false);
+    let report = fs.power_cut(false).unwrap().report;
     assert_eq!(shown(&fs).into_keys().collect::<Vec<_>>(), vec!["/b", "/c"], "{report}");
     // Once the other directory is synced too, both renames count.
     let (a, h) = fs.create(C, r, OsStr::new("x"), 0o644, 0, libc::O_RDWR | libc::O_EXCL).unwrap();
     fs.release(h, None).unwrap();
-    fs.power_synced(r, false);
+    sync(&fs, r, false);
     fs.rename(r, OsStr::new("x"), b, OsStr::new("y"), 0, C).unwrap();
-    fs.power_synced(r, false);
-    fs.power_synced(b, false);
+    sync(&fs, r, false);
+    sync(&fs, b, false);
     fs.power_cut(false).unwrap();
     assert_eq!(shown(&fs).into_keys().collect::<Vec<_>>(), vec!["/b", "/b/y", "/c"]);
     assert_eq!(fs.lookup(b, OsStr::new("y"), C).unwrap().0.ino, a.ino);

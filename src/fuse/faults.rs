@@ -33,6 +33,34 @@ struct Named<'a> {
     to: Option<(u64, &'a [u8])>,
 }
 
+/// After a power cut: the broken leases' answers, the entries and the
+/// inodes the kernel must drop, then `answer` once the inodes' notices
+/// were sent. No other request's answer waits for them: a writer cut off
+/// in the middle of a write holds pages they drop until its own write is
+/// answered.
+pub(super) fn after_cut(
+    fs: &Fs,
+    waits: &Mutex<Waits>,
+    cut: crate::fs::PowerCut,
+    answer: impl FnOnce() + Send + 'static,
+) {
+    let mut w = waits.lock();
+    w.deliver(cut.effects, fs);
+    send_entry_drops(fs, &w);
+    match (&w.notices, cut.inval.split_last()) {
+        (Some(n), Some((last, rest))) => {
+            for ino in rest {
+                n.inval_inode(ino.0, None);
+            }
+            n.inval_inode(last.0, Some(Box::new(answer)));
+        }
+        _ => {
+            drop(w);
+            answer();
+        }
+    }
+}
+
 /// The request's unique id when it names a file handle opened before a
 /// power cut (a release still goes through, and control files live on).
 fn dead_handle(m: &[u8], bench: &crate::bench::Bench) -> Option<u64> {
@@ -284,16 +312,7 @@ impl Interceptor {
                 // The power goes before the request is carried out: the
                 // caller sees it fail as a dying machine's last call would.
                 match self.fs.power_cut(false) {
-                    Ok((_, effects)) => {
-                        let mut w = self.waits.lock();
-                        w.deliver(effects, &self.fs);
-                        send_entry_drops(&self.fs, &w);
-                        if let Some(n) = &w.notices {
-                            for ino in self.fs.take_invalidations() {
-                                n.inval_inode(ino.0, None);
-                            }
-                        }
-                    }
+                    Ok(cut) => after_cut(&self.fs, &self.waits, cut, || {}),
                     Err(why) => error!(op = req.op, "the rule's power cut was refused: {why}"),
                 }
                 let _ = answer.send(&fail(libc::EIO));

@@ -106,9 +106,11 @@ impl LeaseFs {
     /// `fsync`/`fsyncdir`: flush every pending change (one group commit).
     /// Answered when the journal sync is done, from the group-commit
     /// thread: other requests are served meanwhile.
-    fn sync(&self, op: &'static str, ino: Ino, datasync: bool, reply: ReplyEmpty) {
+    fn sync(&self, op: &'static str, ino: Ino, fh: Handle, datasync: bool, reply: ReplyEmpty) {
         guarded(op, || {
-            self.fs.power_synced(ino, datasync);
+            if let Err(e) = self.fs.power_synced(ino, fh, datasync) {
+                return reply.error(refuse(op, e));
+            }
             // Not once a fault rule may name fsync: the kernel would never
             // send another (see `Bench::may_skip_sync`).
             if self.fs.nothing_to_sync() && self.fs.bench().may_skip_sync() {
@@ -462,13 +464,8 @@ impl fuser::Filesystem for LeaseFs {
         }
         if crate::control::ControlFile::by_ino(Ino(ino.0)) == Some(crate::control::ControlFile::Faults) {
             return guarded("faults write", || match self.fs.faults_write(Handle(fh.0), data, caller(req)) {
-                Ok((n, effects)) => {
-                    // After a power cut: the broken leases' answers, then
-                    // the reply once the kernel dropped what changed.
-                    self.waits.lock().deliver(effects, &self.fs);
-                    self.drop_entries();
-                    self.answer_after_invalidation(move || reply.written(n));
-                }
+                Ok((n, None)) => reply.written(n),
+                Ok((n, Some(cut))) => faults::after_cut(&self.fs, &self.waits, cut, move || reply.written(n)),
                 Err(e) => reply.error(refuse("faults write", e)),
             });
         }
@@ -533,8 +530,8 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn fsync(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        self.sync("fsync", Ino(ino.0), datasync, reply);
+    fn fsync(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.sync("fsync", Ino(ino.0), Handle(fh.0), datasync, reply);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -565,8 +562,8 @@ impl fuser::Filesystem for LeaseFs {
         });
     }
 
-    fn fsyncdir(&self, _req: &Request, ino: INodeNo, _fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
-        self.sync("fsyncdir", Ino(ino.0), datasync, reply);
+    fn fsyncdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
+        self.sync("fsyncdir", Ino(ino.0), Handle(fh.0), datasync, reply);
     }
 
     fn destroy(&mut self) {
