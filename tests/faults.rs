@@ -19,6 +19,32 @@ fn fault(m: &Mount, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// Write one command line to `.leasefs/faults` from a process of its own
+/// (as user 65534 with `nobody`); what it saw: `ok` or the errno's text,
+/// then the answer read back from the same descriptor.
+pub(crate) fn write_faults(dir: &std::path::Path, line: &str, nobody: bool) -> String {
+    let script = r#"
+import os, sys
+fd = os.open(".leasefs/faults", os.O_RDWR)
+try:
+    os.write(fd, sys.argv[1].encode() + b"\n")
+    seen = "ok"
+except OSError as e:
+    seen = os.strerror(e.errno)
+print(seen, os.pread(fd, 65536, 0).decode().strip())
+"#;
+    let mut cmd = if nobody {
+        let mut c = Command::new("setpriv");
+        c.args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3"]);
+        c
+    } else {
+        Command::new("python3")
+    };
+    let o = run_timeout(cmd.arg("-c").arg(script).arg(line).current_dir(dir), STEP);
+    assert!(o.status.success(), "{o:?}");
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
 /// Add a rule; its id.
 fn add(m: &Mount, args: &[&str]) -> u64 {
     let mut all = vec!["add"];
@@ -302,53 +328,17 @@ fn bad_rules_and_other_users_on_a_shared_mount_are_refused_and_change_nothing() 
         assert!(err.contains(why) && err.lines().count() == 1, "{args:?}: {err}");
     }
     // Written to the control file directly: EINVAL, and the reason read back.
-    let out = py_ok(
-        &m.path,
-        r#"
-import os
-fd = os.open(".leasefs/faults", os.O_RDWR)
-try:
-    os.write(fd, b'{"op":["write"],"errno":"EIO","probability":2}\n')
-except OSError as e:
-    print(os.strerror(e.errno), os.pread(fd, 4096, 0).decode().strip())
-"#,
-    );
-    assert_eq!(out.trim(), r#"Invalid argument {"error":"probability 2 is outside [0, 1]"}"#);
+    let out = write_faults(&m.path, r#"{"op":["write"],"errno":"EIO","probability":2}"#, false);
+    assert_eq!(out, r#"Invalid argument {"error":"probability 2 is outside [0, 1]"}"#);
     // A rule that is not there: ENOENT, through the CLI and the file.
     for cmd in ["del", "release"] {
         let (code, _, err) = fault(&m, &[cmd, "99"]);
         assert_eq!((code, err.as_str()), (1, "leasefs fault: no rule 99"), "{cmd}");
     }
-    let out = py_ok(
-        &m.path,
-        r#"
-import os
-fd = os.open(".leasefs/faults", os.O_RDWR)
-try:
-    os.write(fd, b'{"del":99}\n')
-except OSError as e:
-    print(os.strerror(e.errno), os.pread(fd, 4096, 0).decode().strip())
-"#,
-    );
-    assert_eq!(out.trim(), r#"No such file or directory {"error":"no rule 99"}"#);
+    let out = write_faults(&m.path, r#"{"del":99}"#, false);
+    assert_eq!(out, r#"No such file or directory {"error":"no rule 99"}"#);
     // Another user on a shared (--allow-other) mount: EPERM.
-    let out = run_timeout(
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
-            .arg(
-                r#"
-import os
-fd = os.open(".leasefs/faults", os.O_RDWR)
-try:
-    os.write(fd, b'{"errno":"EIO"}\n')
-except OSError as e:
-    print(os.strerror(e.errno))
-"#,
-            )
-            .current_dir(&m.path),
-        STEP,
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Operation not permitted", "{out:?}");
+    assert_eq!(write_faults(&m.path, r#"{"errno":"EIO"}"#, true), "Operation not permitted");
     assert!(rules(&m).is_empty(), "nothing was added");
     assert_eq!(sh_ok(&m.path, "echo ok > f && cat f"), "ok\n");
 }

@@ -4,6 +4,7 @@
 
 use std::process::Command;
 
+use crate::faults::write_faults;
 use crate::util::{epoch, leasefs_bin, py_ok, run_timeout, sh_ok, Bg, Mount, STEP};
 
 /// A test mount that tracks what was synced.
@@ -200,38 +201,12 @@ fn a_cut_is_refused_where_nothing_tracks_what_was_synced_and_for_other_users() {
     let o = run_timeout(&mut cmd, STEP);
     assert!(String::from_utf8_lossy(&o.stderr).contains("mount it with --bench"), "{o:?}");
     // Through the file: EINVAL with the reason read back.
-    let out = py_ok(
-        &m.path,
-        r#"
-import os
-fd = os.open(".leasefs/faults", os.O_RDWR)
-try:
-    os.write(fd, b'{"crash":{}}\n')
-except OSError as e:
-    print(os.strerror(e.errno), os.pread(fd, 4096, 0).decode().strip())
-"#,
-    );
+    let out = write_faults(&m.path, r#"{"crash":{}}"#, false);
     assert!(out.starts_with(r#"Invalid argument {"error":"this mount does not track what was synced"#), "{out}");
     // Another user on a shared mount: EPERM, and nothing was cut.
     let m = bench();
     sh_ok(&m.path, "echo kept > unsynced");
-    let out = run_timeout(
-        Command::new("setpriv")
-            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
-            .arg(
-                r#"
-import os
-fd = os.open(".leasefs/faults", os.O_RDWR)
-try:
-    os.write(fd, b'{"crash":{"kill":true}}\n')
-except OSError as e:
-    print(os.strerror(e.errno))
-"#,
-            )
-            .current_dir(&m.path),
-        STEP,
-    );
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "Operation not permitted", "{out:?}");
+    assert_eq!(write_faults(&m.path, r#"{"crash":{"kill":true}}"#, true), "Operation not permitted");
     assert_eq!(sh_ok(&m.path, "cat unsynced"), "kept\n");
 }
 

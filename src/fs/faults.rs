@@ -302,7 +302,7 @@ impl Fs {
         st.clock();
         // A compaction in progress would install an image of before the cut.
         st.finish_compaction(true);
-        let mut pids = std::collections::BTreeSet::new();
+        let mut pids = std::collections::HashSet::new();
         let mut dead = 0u64;
         for f in st.open.handles.values() {
             if control::is_control(f.ino) || f.ino == control::DIR_INO {
@@ -310,7 +310,7 @@ impl Fs {
             }
             dead += 1;
             if let Some(p) = f.opener {
-                pids.insert(p.tgid);
+                pids.insert(p);
             }
         }
         let everything: std::collections::HashSet<Ino> = st.ns.inodes().map(|i| i.ino).collect();
@@ -363,6 +363,15 @@ impl Fs {
         inval.sort();
         inval.dedup();
         st.cache.refs.drop.extend(cut.names.iter().map(|n| (n.dir, n.name.clone())));
+        // Only the processes that opened the descriptors, not ones that
+        // took their pids since (the start time tells them apart).
+        let me = std::process::id();
+        let mut doomed: Vec<u32> = pids
+            .into_iter()
+            .filter(|p| kill && p.tgid != me && crate::procfs::start_time(p.tgid) == Some(p.start))
+            .map(|p| p.tgid)
+            .collect();
+        doomed.sort_unstable();
         let report = serde_json::json!({
             "crash": {
                 "files": cut.files.iter().map(|f| serde_json::json!({
@@ -380,7 +389,7 @@ impl Fs {
                 })).collect::<Vec<_>>(),
                 "gone": cut.gone.len(),
                 "descriptors": dead,
-                "killed": if kill { pids.iter().copied().collect::<Vec<_>>() } else { Vec::new() },
+                "killed": doomed,
             }
         });
         // The state directory holds what a restart shows: the cut state.
@@ -389,12 +398,9 @@ impl Fs {
         }
         tracing::info!(files = cut.files.len(), names = cut.names.len(), gone = cut.gone.len(), "power cut");
         drop(st);
-        if kill {
-            let me = std::process::id();
-            for pid in pids.into_iter().filter(|p| *p != me) {
-                // SAFETY: kill has no memory effects.
-                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-            }
+        for pid in report["crash"]["killed"].as_array().into_iter().flatten().filter_map(|p| p.as_i64()) {
+            // SAFETY: kill has no memory effects.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
         Ok(PowerCut { report, effects, inval })
     }
