@@ -14,7 +14,7 @@ cargo build --workspace --locked
 if [ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" = Y ]; then
     LEASEFS_TRANSPORT=uring cargo test --workspace --locked "$@"
     if [ $# -eq 0 ]; then
-        echo "== the same kernel, through /dev/fuse: locks, events, limits, fencing, durability, transport, faults"
+        echo "== the same kernel, through /dev/fuse: locks, events, limits, fencing, durability, transport, faults, power"
         LEASEFS_TRANSPORT=dev cargo test --locked --test tests -- locks:: events:: limits:: fencing:: durability:: transport:: faults:: power::
     fi
 else
