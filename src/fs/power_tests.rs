@@ -342,3 +342,39 @@ fn a_rename_waiting_for_its_other_directory_leaves_the_synced_create() {
     assert_eq!(shown(&fs).into_keys().collect::<Vec<_>>(), vec!["/b", "/b/y", "/c"]);
     assert_eq!(fs.lookup(b, OsStr::new("y"), C).unwrap().0.ino, a.ino);
 }
+
+/// A removed file no kept name leads to is not kept, however large (ghosts
+/// are sorted out by pages as well as by count); one a kept name leads to
+/// is, and comes back at the cut.
+#[test]
+fn a_removed_large_file_is_kept_only_while_a_kept_name_leads_to_it() {
+    let fs = Fs::new(0, 0);
+    fs.power_on();
+    let r = Ino::ROOT;
+    let mib = vec![b'x'; 1 << 20];
+    let make = |name: &str| {
+        let (a, h) = fs.create(C, r, OsStr::new(name), 0o644, 0, libc::O_RDWR | libc::O_EXCL).unwrap();
+        for i in 0..65u64 {
+            fs.write(a.ino, h, i << 20, &mib, WriteOpts::default()).unwrap();
+        }
+        fs.release(h, None).unwrap();
+        a.ino
+    };
+    // Never named durably: dropped with its 65 MiB.
+    // (The kernel's FORGET of its reference from the create drops it.)
+    let big = make("big");
+    fs.unlink(r, OsStr::new("big"), C).unwrap();
+    fs.forget(big, 1);
+    assert!(fs.state.lock().ns.get(big).is_err(), "the file was dropped");
+    assert_eq!(fs.state.lock().ns.power_kept().1, 0, "a removed file nothing durable names was kept");
+    // Synced with its name, then removed without a sync of the directory.
+    let kept = make("kept");
+    sync(&fs, kept, false);
+    sync(&fs, r, false);
+    fs.unlink(r, OsStr::new("kept"), C).unwrap();
+    fs.forget(kept, 1);
+    assert_eq!(fs.state.lock().ns.power_kept().1, 1);
+    fs.power_cut(false).unwrap();
+    let (a, _) = fs.lookup(r, OsStr::new("kept"), C).unwrap();
+    assert_eq!((a.ino, a.size), (kept, 65 << 20));
+}

@@ -87,6 +87,22 @@ pub struct Power {
     dirs: InoSet,
     /// Ghosts counted when they are next sorted out.
     gc_at: usize,
+    /// Content pages the ghosts hold, and the count at which they are next
+    /// sorted out (a removed large file is not kept for long).
+    ghost_pages: u64,
+    gc_pages_at: u64,
+}
+
+/// Ghosts are sorted out past this many of them, or past this many pages
+/// (64 MiB), at least.
+const GHOSTS_KEPT: usize = 1024;
+const GHOST_PAGES_KEPT: u64 = 16 * 1024;
+
+fn pages_of(i: &Inode) -> u64 {
+    match &i.body {
+        Body::File(d) => d.pages(),
+        _ => 0,
+    }
 }
 
 /// A file whose contents or attributes a power cut took back.
@@ -141,8 +157,9 @@ impl Power {
     /// Keep a dropped inode while a kept name may lead to it; true when
     /// the ghosts are due to be sorted out ([`Namespace::power_gc`]).
     pub(super) fn bury(&mut self, i: Box<Inode>) -> bool {
+        self.ghost_pages += pages_of(&i);
         self.ghosts.insert(i.ino, i);
-        self.ghosts.len() > self.gc_at.max(1024)
+        self.ghosts.len() > self.gc_at.max(GHOSTS_KEPT) || self.ghost_pages > self.gc_pages_at.max(GHOST_PAGES_KEPT)
     }
 
     /// Drop the ghosts that none of `named` (what names kept in live
@@ -168,7 +185,9 @@ impl Power {
             self.meta.remove(&ino);
             self.dirs.remove(&ino);
         }
-        self.gc_at = (self.ghosts.len() * 2).max(1024);
+        self.ghost_pages = self.ghosts.values().map(|g| pages_of(g)).sum();
+        self.gc_at = (self.ghosts.len() * 2).max(GHOSTS_KEPT);
+        self.gc_pages_at = (self.ghost_pages * 2).max(GHOST_PAGES_KEPT);
     }
 }
 
