@@ -7,9 +7,11 @@ separated) and prints `started` once every one of them runs:
   stubborn  a child that ignores SIGTERM
   stopped   a child stopped with SIGSTOP
 Then it exits with EXIT, or waits for a signal when EXIT is `stay`.
-Every member (top too) writes DIR/NAME.pid once its signal handlers are in
-place and appends `NAME SIGNAL` to DIR/signals for each SIGTERM, SIGINT or
-SIGHUP it gets; all but the stubborn one's SIGTERM end it with status 0.
+Every member (top too) writes DIR/NAME.pid once it takes signals and
+appends `NAME SIGNAL` to DIR/signals for each SIGTERM, SIGINT or SIGHUP it
+gets, one at a time (blocked and waited for, so a SIGTERM that follows a
+SIGHUP closely cannot interrupt its recording); all but the stubborn one's
+SIGTERM end it with status 0.
 """
 import os
 import signal
@@ -20,20 +22,30 @@ import time
 ME = os.path.abspath(__file__)
 
 
-def record(d, name, stubborn):
-    def on(sig, _frame):
+SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+
+
+def record(d, name):
+    """Block the recorded signals (they are taken one at a time by
+    `signals`, so a second one cannot cut short the recording of the first,
+    as it could interrupt a Python handler) and write the pid file."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    tmp = os.path.join(d, f".{name}.pid")
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(tmp, os.path.join(d, f"{name}.pid"))
+
+
+def signals(d, name, stubborn):
+    """Record each signal as it comes; end on it (but the stubborn one
+    outlives SIGTERM)."""
+    while True:
+        sig = signal.sigwaitinfo(SIGNALS).si_signo
         fd = os.open(os.path.join(d, "signals"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(fd, f"{name} {signal.Signals(sig).name}\n".encode())
         os.close(fd)
         if not (stubborn and sig == signal.SIGTERM):
             os._exit(0)
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(s, on)
-    tmp = os.path.join(d, f".{name}.pid")
-    with open(tmp, "w") as f:
-        f.write(str(os.getpid()))
-    os.rename(tmp, os.path.join(d, f"{name}.pid"))
 
 
 def wait_for(path):
@@ -46,13 +58,12 @@ def wait_for(path):
 
 
 def member(d, name, stubborn):
-    record(d, name, stubborn)
-    while True:
-        signal.pause()
+    record(d, name)
+    signals(d, name, stubborn)
 
 
 def top(d, exit, members):
-    record(d, "top", False)
+    record(d, "top")
     for m in members:
         if m == "daemon":
             pid = os.fork()
@@ -73,8 +84,7 @@ def top(d, exit, members):
     print("started", flush=True)
     if exit != "stay":
         sys.exit(int(exit))
-    while True:
-        signal.pause()
+    signals(d, "top", False)
 
 
 if __name__ == "__main__":
