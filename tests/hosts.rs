@@ -1333,6 +1333,74 @@ fn names_and_contents_are_close_to_open_across_hosts() {
     eprintln!("b's stat caught up after {:?} (watch held back 400 ms, lag 1 s)", changed.elapsed());
 }
 
+/// FUSE requests of opcode `op` host `m` received so far.
+fn fuse_requests(m: &Mount, op: &str) -> u64 {
+    let text = std::fs::read_to_string(m.path.join(".leasefs/metrics")).expect("metrics");
+    let key = format!("leasefs_fuse_requests_total{{op=\"{op}\",");
+    text.lines().find(|l| l.starts_with(&key)).and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0)
+}
+
+/// The kernel keeps names it looked up on a shared mount (for what is left
+/// of the copy's lag), and an open through a kept name checks it: a name
+/// another host pointed at a new file while the old one lives on opens the
+/// new one, a name under a directory another host moved is gone, and a
+/// directory another host made unsearchable is closed to others at once.
+/// Each round has b's kernel keep the names, makes one change on a, and
+/// opens on b before anything else could make b's kernel drop them.
+#[test]
+fn names_the_kernel_keeps_are_checked_when_opened_across_hosts() {
+    let cluster = Cluster::start();
+    let p = prefix("kept");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(
+        &a.path,
+        "mkdir -m 755 d1 open && mkdir -m 700 private && echo in > d1/h && echo pub > open/f \
+         && echo s > private/f && echo v0 > g && touch x",
+    );
+    // Names younger than a second are not kept by the kernel.
+    std::thread::sleep(Duration::from_millis(1100));
+    // An open asks the store, so the copy is fresh and the names looked up
+    // right after it may be kept for almost the whole lag; the second walk
+    // of each name costs no lookup.
+    let keep = |walk: &str, nobody: bool| {
+        let script = format!("cat x; for f in {walk}; do stat $f >/dev/null; done");
+        let run = |m: &Mount| {
+            if nobody {
+                assert_eq!(as_nobody(&m.path, &script).0, 0)
+            } else {
+                sh_ok(&m.path, &script);
+            }
+        };
+        run(&b);
+        let l0 = fuse_requests(&b, "lookup");
+        run(&b);
+        let looked = fuse_requests(&b, "lookup") - l0;
+        // `cat x` and reading the metrics may look names up.
+        assert!(looked <= 3, "b's kernel kept the names of {walk}: {looked} lookups");
+    };
+    let stale = || status(&b)["etcd"]["namespace"]["copy"]["stale_lookups"].as_u64().unwrap();
+    let s0 = stale();
+    keep("g", false);
+    sh_ok(&a.path, "mv g g.old && echo new > g");
+    assert_eq!(sh_ok(&b.path, "cat g"), "new\n", "b's open of a name a pointed elsewhere");
+    keep("d1/h", false);
+    sh_ok(&a.path, "mv d1 d2");
+    assert_eq!(sh_code(&b.path, "cat d1/h 2>/dev/null"), 1, "a name under a directory a moved is gone on b");
+    keep("open/f", true);
+    sh_ok(&a.path, "chmod 700 open");
+    let (code, err) = as_nobody(&b.path, "cat open/f");
+    assert_ne!(code, 0, "a directory made unsearchable on a is closed on b");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert!(stale() - s0 >= 3, "each open through a kept name was walked again");
+    // Names in a directory not everyone may search are not kept: root's
+    // walk leaves nothing the kernel would let nobody through.
+    sh_ok(&b.path, "cat x; stat private/f >/dev/null; stat private/f >/dev/null");
+    let (code, err) = as_nobody(&b.path, "stat private/f");
+    assert_ne!(code, 0, "nobody walked through a directory it may not search");
+    assert!(err.contains("Permission denied"), "{err}");
+    assert_eq!(sh_ok(&b.path, "cat d2/h g.old"), "in\nv0\n");
+}
+
 #[test]
 fn a_guarded_write_is_stored_only_while_its_lease_is_held_in_etcd() {
     let cluster = Cluster::start();

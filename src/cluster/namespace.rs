@@ -485,6 +485,9 @@ impl EtcdNamespace {
             }
         };
         let n = *new;
+        if n.kind == Kind::Dir && ns.get(ino).is_ok_and(|i| i.perm & 0o111 == 0o111) && n.perm & 0o111 != 0o111 {
+            caught.unsearchable.push(ino);
+        }
         ns.account(ino, |i| {
             i.perm = n.perm;
             i.uid = n.uid;
@@ -579,7 +582,9 @@ impl EtcdNamespace {
     /// Apply the feed's events, revision by revision.
     fn apply_queued(&mut self, ns: &mut Namespace, queued: Vec<(i64, Vec<super::client::Event>)>) -> Result<Caught> {
         let mut caught = Caught::default();
+        let mut deleted = false;
         for (rev, events) in queued {
+            deleted |= events.iter().any(|e| e.deleted);
             let mut b = Batch::default();
             for e in &events {
                 self.sort(&mut b, &e.kv.key, (!e.deleted).then_some(&e.kv.value[..]), rev);
@@ -591,9 +596,12 @@ impl EtcdNamespace {
             self.applied = self.applied.max(rev);
             self.replayed += 1;
         }
-        // Deletions the feed has passed need no remembering.
-        let applied = self.applied;
-        self.revs.retain(|_, (r, v)| v.is_some() || *r > applied);
+        // Deletions the feed has passed need no remembering (a walk of
+        // every key: only when the feed brought some, not on every read).
+        if deleted {
+            let applied = self.applied;
+            self.revs.retain(|_, (r, v)| v.is_some() || *r > applied);
+        }
         ns.clear_dirty();
         Ok(caught)
     }
@@ -633,6 +641,7 @@ impl EtcdNamespace {
             u.unlinked.append(&mut c.unlinked);
             u.removed_names.append(&mut c.removed_names);
             u.added_names.append(&mut c.added_names);
+            u.unsearchable.append(&mut c.unsearchable);
             c = u;
         }
         c

@@ -63,6 +63,7 @@ impl Fs {
                     i.perm = after_unprivileged_change(i.perm, i.gid, caller);
                 }
             }
+            let searchable = i.perm & 0o111 == 0o111;
             if let Some(mode) = mode {
                 i.perm = (mode & 0o7777) as u16;
             }
@@ -80,6 +81,9 @@ impl Fs {
             }
             i.ctime = set.ctime.unwrap_or(now);
             let a = i.attr();
+            if searchable && a.perm & 0o111 != 0o111 && a.kind == Kind::Dir {
+                st.unsearchable(ino);
+            }
             if set.size.is_some() {
                 st.observe(tid, ino);
                 st.collect(ino);
@@ -190,11 +194,12 @@ impl Fs {
         // (close-to-open applies to files' contents).
         let dir = self.reads_a_copy() && self.state.lock().ns.get(ino).is_ok_and(|i| i.attr().kind == Kind::Dir);
         let mut st = if dir { self.fresh(&[ino])? } else { self.fresh_open(&[ino])? };
-        if self.reads_a_copy() && !dir && st.opened_by_a_stale_lookup(tid, ino) {
-            // The caller's lookup was answered from this host's copy, and
-            // another host removed or replaced the file before this open
-            // began: the kernel looks the name up again (LOOKUP_REVAL, a
-            // fresh LOOKUP) and opens what it names now.
+        if self.reads_a_copy() && !dir && st.opened_by_a_stale_name(ino) {
+            // The kernel opens by a name it looked up (from this host's
+            // copy, or kept since), and another host removed or replaced
+            // the file, or moved a directory, before this open began: the
+            // kernel looks the path up again (LOOKUP_REVAL, fresh LOOKUPs)
+            // and opens what it names now.
             st.sharing.stale_lookups += 1;
             return Err(Error::Stale(Stale::Lookup));
         }

@@ -24,14 +24,17 @@ impl Fs {
                 st.permit(caller, parent, access::X)?;
                 st.ns.child(parent, name)?
             }
-            Ok(ino) if self.reads_a_copy() => {
-                st.remember_copy_lookup(caller.pid, parent, name, ino);
-                ino
-            }
             r => r?,
         };
         st.referenced(ino);
+        st.named(ino);
         let mut keep = !st.cache.pending_renames.looked_up(parent, name, caller.pid);
+        if st.mount.checks_access {
+            // The kernel does not check search permission on the walk (the
+            // daemon does, at each lookup): it may keep a name only where
+            // everyone may search the directory.
+            keep &= st.ns.get(parent)?.attr().perm & 0o111 == 0o111;
+        }
         let a = st.ns.get(ino)?.attr();
         if keep && st.cache.names_cached && a.kind != Kind::Dir {
             keep = SystemTime::now().duration_since(a.crtime).is_ok_and(|age| age >= YOUNG);
@@ -49,6 +52,7 @@ impl Fs {
         // A forgotten inode's pages went with it.
         if st.ns.get(ino).map_or(true, |i| i.lookups == 0) {
             st.cache.paged.remove(&ino);
+            st.unnamed(ino);
         }
         st.collect(ino);
     }

@@ -5,7 +5,7 @@
 //! change that did not land must let go of. The store is never asked
 //! under the state lock.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use super::*;
 
@@ -31,12 +31,23 @@ pub(super) struct Sharing {
     /// Names (directory, name) that change with it: lookups of them wait
     /// too (lookups of other names in those directories do not).
     pub(super) in_flight_names: HashSet<(Ino, OsString)>,
-    /// The latest positive lookup each thread had answered from the copy
-    /// (directory, name, inode): its `open`, which asks the store, checks
-    /// the name still leads there ([`Fs::open`]).
-    pub(super) copy_lookups: std::collections::HashMap<u32, (Ino, OsString, Ino)>,
-    /// Opens refused `ESTALE` because their lookup, answered from the
-    /// copy, had gone stale by the open's read of the store.
+    /// Names other hosts removed or re-pointed, counted as the watch
+    /// brings them: the clock of [`Sharing::named_at`] and
+    /// [`Sharing::renamed_at`].
+    pub(super) names_seq: u64,
+    /// When (in `names_seq`) the kernel was last given a name of each
+    /// inode by a lookup. The kernel may keep that name (see
+    /// `fuse/ttls.rs`) and `open` through it without asking.
+    pub(super) named_at: HashMap<Ino, u64>,
+    /// When (in `names_seq`) another host last removed or re-pointed a
+    /// name of each file.
+    pub(super) renamed_at: HashMap<Ino, u64>,
+    /// When (in `names_seq`) another host last moved or removed a
+    /// directory (any path through it may have gone stale), or
+    /// `renamed_at` was emptied to stay small.
+    pub(super) all_renamed_at: u64,
+    /// Opens refused `ESTALE` because the name the kernel opened by, looked
+    /// up from the copy, had gone stale by the open's read of the store.
     pub(super) stale_lookups: u64,
     /// Reads answered from the copy without asking the store (SPEC 10;
     /// not counting the root's attributes and control files, which always
@@ -66,25 +77,78 @@ impl std::fmt::Debug for Sharing {
     }
 }
 
+/// How far within its lag the copy must be for a read to be answered on
+/// the thread that received it ([`Fs::answers_from_the_copy_now`]): a read
+/// that found the copy past its lag after all would wait for the store
+/// there.
+const INLINE_MARGIN: Duration = Duration::from_millis(100);
+
+/// `Sharing::renamed_at` is emptied (every name counts as moved) past
+/// this many files.
+const RENAMED_KEPT: usize = 1 << 16;
+
 impl State {
-    /// Thread `tid` looked `name` up in `dir` and the copy said `ino`.
-    pub(super) fn remember_copy_lookup(&mut self, tid: u32, dir: Ino, name: &OsStr, ino: Ino) {
-        let l = &mut self.sharing.copy_lookups;
-        if l.len() >= 4096 {
-            l.clear();
+    /// The kernel was just given a name of `ino` by a lookup.
+    pub(super) fn named(&mut self, ino: Ino) {
+        if self.sharing.replica.is_some() {
+            self.sharing.named_at.insert(ino, self.sharing.names_seq);
         }
-        l.insert(tid, (dir, name.to_owned(), ino));
     }
 
-    /// Whether the lookup thread `tid` had answered from the copy just
-    /// before opening `ino` led to a name that, in the state caught up
-    /// since, no longer leads there (another host removed or replaced it
-    /// in between).
-    pub(super) fn opened_by_a_stale_lookup(&mut self, tid: u32, ino: Ino) -> bool {
-        match self.sharing.copy_lookups.remove(&tid) {
-            Some((dir, name, looked)) if looked == ino => self.ns.child(dir, &name).ok() != Some(ino),
-            _ => false,
+    /// Whether the name the kernel opens `ino` by may have gone stale:
+    /// another host removed or re-pointed a name of the file, or moved a
+    /// directory, after the kernel last looked the file up. The open is
+    /// refused `ESTALE`; the kernel walks the path again with fresh
+    /// lookups (`LOOKUP_REVAL`) and opens what it names now.
+    pub(super) fn opened_by_a_stale_name(&self, ino: Ino) -> bool {
+        let s = &self.sharing;
+        let named = s.named_at.get(&ino).copied().unwrap_or(0);
+        s.all_renamed_at > named || s.renamed_at.get(&ino).is_some_and(|&r| r > named)
+    }
+
+    /// Another host removed `name` from `dir`, which led to `ino`.
+    fn renamed(&mut self, dir: Ino, name: &OsStr, ino: Ino) {
+        let s = &mut self.sharing;
+        s.names_seq += 1;
+        let seq = s.names_seq;
+        if self.ns.get(ino).is_ok_and(|i| i.kind == Kind::Dir) {
+            s.all_renamed_at = seq;
+        } else if s.renamed_at.len() >= RENAMED_KEPT {
+            s.renamed_at.clear();
+            s.all_renamed_at = seq;
+        } else {
+            s.renamed_at.insert(ino, seq);
         }
+        // The kernel is told to drop the name (with the next lookup's
+        // answer); until then what it kept expires within the copy's lag.
+        if self.cache.refs.drop.len() < 4096 {
+            self.cache.refs.drop.push((dir, name.to_owned()));
+        }
+    }
+
+    /// Directory `dir` may no longer be searched by everyone: on a shared
+    /// namespace, where the kernel keeps names only in directories everyone
+    /// may search (it does not check search permission on the walk), it is
+    /// told to drop the names it kept in `dir` (with the next answer that
+    /// sends drops), and until then every open through a name it kept
+    /// answers `ESTALE`, so the walk is made again with lookups, which
+    /// check search permission.
+    pub(super) fn unsearchable(&mut self, dir: Ino) {
+        if !self.mount.checks_access {
+            return;
+        }
+        self.sharing.names_seq += 1;
+        self.sharing.all_renamed_at = self.sharing.names_seq;
+        if let Ok(d) = self.ns.get(dir).and_then(|i| i.dir()) {
+            let names: Vec<(Ino, OsString)> = d.iter().map(|(n, _)| (dir, n.clone())).collect();
+            self.cache.refs.drop.extend(names);
+        }
+    }
+
+    /// The kernel forgot `ino`: no name of it is cached any more.
+    pub(super) fn unnamed(&mut self, ino: Ino) {
+        self.sharing.named_at.remove(&ino);
+        self.sharing.renamed_at.remove(&ino);
     }
 
     /// Apply what the watch delivered so far (close-to-open reads).
@@ -165,6 +229,7 @@ impl State {
             }
         }
         for (dir, name, ino) in c.removed_names {
+            self.renamed(dir, &name, ino);
             if let Some(p) = self.path_of(dir, &name) {
                 self.lease.table_mut().views().name_removed(p, ino);
             }
@@ -175,6 +240,9 @@ impl State {
                     self.succeed(old, ino);
                 }
             }
+        }
+        for dir in c.unsearchable {
+            self.unsearchable(dir);
         }
         for ino in c.unlinked {
             self.collect(ino);
@@ -230,6 +298,30 @@ impl Fs {
                 && (st.sharing.in_flight_names.contains(&(dir, name.to_owned()))
                     || st.ns.child(dir, name).is_ok_and(|c| st.sharing.in_flight.contains(&c)))
         })
+    }
+
+    /// How long the kernel may keep a name it is given now: on a shared
+    /// namespace, for what is left of the copy's lag (SPEC 10), so what the
+    /// kernel answers by itself is never older than what the daemon may
+    /// answer from its copy (none once the copy is past its lag, or its
+    /// feed broke); unbounded elsewhere.
+    pub fn entry_budget(&self) -> Duration {
+        match self.barrier.get() {
+            None => Duration::MAX,
+            Some(b) => b.lag().map_or(Duration::ZERO, |l| b.max_lag().saturating_sub(l)),
+        }
+    }
+
+    /// Whether a read of the copy would be answered now without a round
+    /// trip or a wait: the copy is well within its lag (by
+    /// [`INLINE_MARGIN`]) and no change of this host is on its way to the
+    /// store. Never blocks (false when the state is busy).
+    pub fn answers_from_the_copy_now(&self) -> bool {
+        let Some(b) = self.barrier.get() else { return false };
+        if b.lag().is_none_or(|l| l + INLINE_MARGIN >= b.max_lag()) {
+            return false;
+        }
+        self.state.try_lock().is_some_and(|st| st.sharing.in_flight.is_empty() && st.sharing.in_flight_names.is_empty())
     }
 
     /// Whether reads on this mount may answer from a copy that can lag
@@ -464,7 +556,6 @@ impl Fs {
         st.bounds.max_file = replica.max_file_size();
         st.bounds.removed_are_room = false;
         st.sharing.replica = Some(replica);
-        st.cache.names_cached = false;
         st.mount.checks_access = true;
         Ok(())
     }

@@ -61,6 +61,25 @@ impl Intercept for Interceptor {
         self.door_here(msg, answer)
     }
 
+    /// On a shared namespace, `getattr` and the `getxattr` of anything but
+    /// a fencing fact (`user.leasefs.*`, a quorum read), of files other
+    /// than the control files, are answered from the copy with no round
+    /// trip while it is well within its lag and no change of this host is
+    /// on its way: they run where they arrived, without the hand-over to a
+    /// handler thread.
+    fn inline(&self, msg: &[u8]) -> bool {
+        let opcode = u32::from_ne_bytes(msg[4..8].try_into().expect("4 bytes"));
+        let quick = match opcode {
+            super::session::FUSE_GETATTR => true,
+            super::session::FUSE_GETXATTR => msg
+                .get(super::session::IN_HEADER + super::session::GETXATTR_IN..)
+                .is_some_and(|name| !name.starts_with(b"user.leasefs.")),
+            _ => false,
+        };
+        let ino = u64::from_ne_bytes(msg[16..24].try_into().expect("8 bytes"));
+        quick && !crate::control::is_control(Ino(ino)) && self.fs.answers_from_the_copy_now()
+    }
+
     fn attach(&self, notices: Notices) {
         self.waits.lock().notices = Some(notices);
         // Lease timers: a waiter on a lease whose TTL runs out is granted

@@ -98,7 +98,7 @@ impl LeaseFs {
     pub fn new(fs: Arc<Fs>, transport: Arc<TransportReport>) -> (LeaseFs, Arc<Interceptor>) {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
-        let ttls = KernelTtls { cache_names: fs.names_cached() };
+        let ttls = KernelTtls { cache_names: fs.names_cached(), shared: fs.checks_access() };
         let closing = Arc::default();
         (LeaseFs { fs, waits, closing, settler: Default::default(), direct_io: false, ttls, transport }, icpt)
     }
@@ -236,7 +236,7 @@ impl fuser::Filesystem for LeaseFs {
             // A young file, or the source of a rename over a live lease
             // (the kernel is about to move this entry to the lease's name).
             Ok((a, false)) => reply.entry_with_ttls(self.ttls.attr(&a), &Duration::ZERO, &attr(&a), Generation(0)),
-            Ok((a, true)) => self.ttls.reply_entry(reply, &a),
+            Ok((a, true)) => self.ttls.reply_entry(reply, &a, self.fs.entry_budget()),
             // "No such name" may be cached (node id 0): every name of this
             // mount is created through this kernel, whose create, link,
             // rename and mknod replace the negative entry. Programs that probe
@@ -298,6 +298,9 @@ impl fuser::Filesystem for LeaseFs {
                 Err(e) => reply.error(refuse("setattr", e)),
             }
         });
+        // A directory that not everyone may search any more: the names the
+        // kernel kept in it go (a shared namespace, see `Fs::lookup`).
+        self.drop_entries();
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -632,7 +635,7 @@ impl fuser::Filesystem for LeaseFs {
                 let flags = self.file_open_flags(a.ino, h);
                 reply.created_with_ttls(
                     self.ttls.attr(&a),
-                    self.ttls.made_entry(&a),
+                    &self.ttls.made_entry(&a),
                     &attr(&a),
                     Generation(0),
                     FileHandle(h.0),

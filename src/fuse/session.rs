@@ -84,7 +84,20 @@ pub trait Intercept: Send + Sync {
     /// The test bench's door: whether a fault rule consumed the request
     /// (answered it, or holds it to answer or serve later).
     fn door(&self, msg: &[u8], answer: &fuser::RawReply<'_>) -> bool;
+    /// Whether a request is answered on the thread that received it,
+    /// although handlers run on a pool ([`MountOptions::handlers`]): one
+    /// that never waits.
+    fn inline(&self, _msg: &[u8]) -> bool {
+        false
+    }
 }
+
+/// Opcode of FUSE_GETATTR.
+pub(super) const FUSE_GETATTR: u32 = 3;
+/// Opcode of FUSE_GETXATTR.
+pub(super) const FUSE_GETXATTR: u32 = 22;
+/// Size of `fuse_getxattr_in`, which the name follows.
+pub(super) const GETXATTR_IN: usize = 8;
 
 /// A decoded FUSE_TMPFILE request.
 #[derive(Debug, Clone, Copy)]
@@ -590,9 +603,10 @@ impl<FS: fuser::Filesystem> Served<FS> {
         config.n_threads = Some(1);
         let mut session =
             fuser::Session::from_fd(fs, sock, fuser::SessionACL::All, config).map_err(|e| fail("FUSE handshake", e))?;
-        session.set_request_hook(request_hook(hook));
+        session.set_request_hook(request_hook(hook.clone()));
         if let Some(w) = opts.handlers.clone() {
             session.set_dispatcher(Arc::new(move |key, job| w.run(key, job).is_ok()));
+            session.set_inline(Arc::new(move |msg| hook.inline(msg)));
         }
         if let Some(started) = start_transport(opts, &dev).map_err(|e| fail("FUSE-over-io_uring", e))? {
             started.queues.set_mountpoint(&path);

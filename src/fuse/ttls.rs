@@ -27,30 +27,40 @@ pub(super) const DIR_TTL: Duration = Duration::from_secs(1);
 /// What the kernel may cache of this mount's names and attributes.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct KernelTtls {
-    /// False on a namespace shared with other hosts: there names and
-    /// attributes change through other kernels too, and this one must ask
-    /// every time (no timeout could be short enough).
+    /// False when the kernel may cache no names at all.
     pub(super) cache_names: bool,
+    /// A namespace shared with other hosts (`--etcd`): names change through
+    /// other kernels too. The kernel may keep a name it looked up only as
+    /// long as the daemon's copy stays within its lag of the store (the
+    /// `budget` of the entry methods), so what it answers by itself is
+    /// never older than what the daemon may answer from its copy (SPEC 10).
+    /// An `open` through such an entry still reaches the daemon, which
+    /// refuses it `ESTALE` when another host moved the name since the
+    /// kernel looked it up (see `Fs::open`); attributes of directories and
+    /// names that do not exist are not cached there.
+    pub(super) shared: bool,
 }
 
 impl KernelTtls {
     /// The attribute timeout of `a`.
     pub(super) fn attr(self, a: &Attr) -> &'static Duration {
-        if a.kind == Kind::Dir && self.cache_names {
+        if a.kind == Kind::Dir && self.cache_names && !self.shared {
             &DIR_TTL
         } else {
             &ATTR_TTL
         }
     }
 
-    /// The entry timeout of a name leading to `a`, found by a lookup.
-    pub(super) fn entry(self, a: &Attr) -> &'static Duration {
+    /// The entry timeout of a name leading to `a`, found by a lookup, with
+    /// `budget` the longest the daemon allows now (see
+    /// [`crate::fs::Fs::entry_budget`]).
+    pub(super) fn entry(self, a: &Attr, budget: Duration) -> Duration {
         if !self.cache_names || crate::control::is_control(a.ino) {
-            &Duration::ZERO
+            Duration::ZERO
         } else if a.kind == Kind::Dir {
-            &DIR_TTL
+            DIR_TTL.min(budget)
         } else {
-            &FILE_ENTRY_TTL
+            FILE_ENTRY_TTL.min(budget)
         }
     }
 
@@ -59,18 +69,21 @@ impl KernelTtls {
     /// remember such entries, so the usual renewal (create a file, write
     /// it, rename it over the lease) never needs the retry of a rename over
     /// a live lease (see [`crate::fs::Fs::rename`]); the next use of the
-    /// name looks it up.
-    pub(super) fn made_entry(self, a: &Attr) -> &'static Duration {
-        if a.kind == Kind::Dir {
-            self.entry(a)
+    /// name looks it up. On a shared namespace a directory's expires at
+    /// once too: whether the kernel may keep a name depends on who may
+    /// search the directory holding it, which the lookup checks.
+    pub(super) fn made_entry(self, a: &Attr) -> Duration {
+        if a.kind == Kind::Dir && !self.shared {
+            self.entry(a, Duration::MAX)
         } else {
-            &Duration::ZERO
+            Duration::ZERO
         }
     }
 
-    /// How long the kernel may remember that a name does not exist.
+    /// How long the kernel may remember that a name does not exist: never
+    /// on a shared namespace, where another host may make it.
     pub(super) fn negative(self) -> &'static Duration {
-        if self.cache_names {
+        if self.cache_names && !self.shared {
             &NEGATIVE_TTL
         } else {
             &Duration::ZERO
@@ -78,13 +91,13 @@ impl KernelTtls {
     }
 
     /// Answer a lookup.
-    pub(super) fn reply_entry(self, reply: ReplyEntry, a: &Attr) {
-        reply.entry_with_ttls(self.attr(a), self.entry(a), &attr(a), Generation(0))
+    pub(super) fn reply_entry(self, reply: ReplyEntry, a: &Attr, budget: Duration) {
+        reply.entry_with_ttls(self.attr(a), &self.entry(a, budget), &attr(a), Generation(0))
     }
 
     /// Answer a request that made a name.
     pub(super) fn reply_made(self, reply: ReplyEntry, a: &Attr) {
-        reply.entry_with_ttls(self.attr(a), self.made_entry(a), &attr(a), Generation(0))
+        reply.entry_with_ttls(self.attr(a), &self.made_entry(a), &attr(a), Generation(0))
     }
 }
 

@@ -81,6 +81,8 @@ pub struct Caught {
     /// observers' views stale (SPEC 6).
     pub removed_names: Vec<(Ino, std::ffi::OsString, Ino)>,
     pub added_names: Vec<(Ino, std::ffi::OsString, Ino)>,
+    /// Directories another host made not searchable by everyone.
+    pub unsearchable: Vec<Ino>,
 }
 
 /// The half of a read barrier that asks the shared store, run without the

@@ -77,6 +77,7 @@ pub use crate::request_param::Request;
 pub use crate::session::BackgroundSession;
 use crate::session::MAX_WRITE_SIZE;
 pub use crate::session::Dispatcher;
+pub use crate::session::InlineTest;
 pub use crate::session::LaterReply;
 pub use crate::session::RawReply;
 pub use crate::session::RequestHook;

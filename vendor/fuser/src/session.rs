@@ -227,8 +227,13 @@ impl std::fmt::Debug for StartSlot {
 /// INTERRUPT are still handled on the session thread.
 pub type Dispatcher = Arc<dyn Fn(u64, Box<dyn FnOnce() + Send>) -> bool + Send + Sync>;
 
+/// Whether a request (its raw bytes) is handled on the thread that received
+/// it although a [`Dispatcher`] is set (leasefs patch): one the filesystem
+/// answers at once, without waiting, costs no hand-over to another thread.
+pub type InlineTest = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
 #[derive(Clone, Default)]
-pub(crate) struct DispatchSlot(pub(crate) Option<Dispatcher>);
+pub(crate) struct DispatchSlot(pub(crate) Option<Dispatcher>, pub(crate) Option<InlineTest>);
 
 impl std::fmt::Debug for DispatchSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -366,7 +371,13 @@ impl<FS: Filesystem> Session<FS> {
     /// Run request handlers through `dispatcher` instead of on the session
     /// thread (leasefs patch).
     pub fn set_dispatcher(&mut self, dispatcher: Dispatcher) {
-        self.dispatcher = DispatchSlot(Some(dispatcher));
+        self.dispatcher.0 = Some(dispatcher);
+    }
+
+    /// Handle the requests `inline` says yes to on the thread that received
+    /// them, not through the dispatcher (leasefs patch).
+    pub fn set_inline(&mut self, inline: InlineTest) {
+        self.dispatcher.1 = Some(inline);
     }
 
     /// Call `start` with a [`RequestServer`] when the session runs, so
@@ -747,6 +758,9 @@ impl<FS: Filesystem> SessionEventLoop<FS> {
         }
         let word = |at: usize| u32::from_ne_bytes(data[at..at + 4].try_into().unwrap());
         if INLINE_OPCODES.contains(&word(4)) {
+            return false;
+        }
+        if self.dispatcher.1.as_ref().is_some_and(|inline| inline(data)) {
             return false;
         }
         let unique = u64::from_ne_bytes(data[8..16].try_into().unwrap());
