@@ -1,10 +1,9 @@
 //! Permission checks made by the daemon. A single-host mount leaves them to
 //! the kernel (`default_permissions`), which checks against the attributes
-//! it holds. On a shared namespace (`--etcd`) the kernel may cache nothing,
-//! so with `default_permissions` it would ask for the attributes of every
-//! directory on every path it walks and of every directory it writes in,
-//! each one a read barrier (SPEC 10): a `stat` would pay three etcd reads
-//! instead of two. There the mount goes without `default_permissions` and
+//! it holds. On a shared namespace (`--etcd`) the kernel may cache no
+//! attributes, so with `default_permissions` it would ask for the
+//! attributes of every directory on every path it walks and of every
+//! directory it writes in. There the mount goes without `default_permissions` and
 //! the daemon applies the kernel's rules itself, on the same caught-up state
 //! the operation reads: `generic_permission` for search, read and write
 //! (no ACLs), `may_delete` and `may_create` for names, `setattr_prepare` for

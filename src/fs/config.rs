@@ -118,14 +118,15 @@ impl Fs {
         let _ = self.serving.set(serving);
     }
 
-    /// Whether the kernel may cache names (not on a shared namespace:
-    /// names change through other hosts' kernels too).
+    /// Whether the kernel may cache names (on a shared namespace, for what
+    /// is left of the copy's lag: see `fuse/ttls.rs`).
     pub fn names_cached(&self) -> bool {
         self.state.lock().cache.names_cached
     }
 
-    /// True when the namespace is shared with other hosts (the kernel must
-    /// then cache nothing: another host's change could not reach it in time).
+    /// True when the namespace is shared with other hosts (the kernel then
+    /// keeps names only for what is left of the copy's lag, and no
+    /// attributes).
     pub fn is_shared(&self) -> bool {
         self.state.lock().sharing.replica.is_some()
     }
