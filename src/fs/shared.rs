@@ -314,7 +314,7 @@ impl Fs {
 
     /// Whether a read of the copy would be answered now without a round
     /// trip or a wait: the copy is well within its lag (by
-    /// [`INLINE_MARGIN`]) and no change of this host is on its way to the
+    /// `INLINE_MARGIN`) and no change of this host is on its way to the
     /// store. Never blocks (false when the state is busy).
     pub fn answers_from_the_copy_now(&self) -> bool {
         let Some(b) = self.barrier.get() else { return false };
