@@ -14,8 +14,8 @@ cargo build --workspace --locked
 if [ "$(cat /sys/module/fuse/parameters/enable_uring 2>/dev/null)" = Y ]; then
     LEASEFS_TRANSPORT=uring cargo test --workspace --locked "$@"
     if [ $# -eq 0 ]; then
-        echo "== the same kernel, through /dev/fuse: locks, events, limits, fencing, durability, transport, faults, power"
-        LEASEFS_TRANSPORT=dev cargo test --locked --test tests -- locks:: events:: limits:: fencing:: durability:: transport:: faults:: power::
+        echo "== the same kernel, through /dev/fuse: locks, events, limits, fencing, durability, transport, faults, power, and names a shared mount's kernel keeps"
+        LEASEFS_TRANSPORT=dev cargo test --locked --test tests -- locks:: events:: limits:: fencing:: durability:: transport:: faults:: power:: hosts::names_the_kernel_keeps
     fi
 else
     echo "scripts/test.sh: FUSE-over-io_uring is off on this kernel (enable_uring): every test runs on /dev/fuse" >&2
