@@ -113,6 +113,9 @@ impl State {
         let seq = s.names_seq;
         if self.ns.get(ino).is_ok_and(|i| i.kind == Kind::Dir) {
             s.all_renamed_at = seq;
+        } else if !s.named_at.contains_key(&ino) {
+            // The kernel holds no name of it: any name it gets later is
+            // newer than this change.
         } else if s.renamed_at.len() >= RENAMED_KEPT {
             s.renamed_at.clear();
             s.all_renamed_at = seq;
