@@ -98,7 +98,7 @@ impl LeaseFs {
     pub fn new(fs: Arc<Fs>, transport: Arc<TransportReport>) -> (LeaseFs, Arc<Interceptor>) {
         let waits = Arc::new(Mutex::new(Waits::default()));
         let icpt = Arc::new(Interceptor { fs: fs.clone(), waits: waits.clone() });
-        let ttls = KernelTtls { cache_names: fs.names_cached(), shared: fs.checks_access() };
+        let ttls = KernelTtls { cache_names: fs.names_cached(), shared: fs.is_shared() };
         let closing = Arc::default();
         (LeaseFs { fs, waits, closing, settler: Default::default(), direct_io: false, ttls, transport }, icpt)
     }
