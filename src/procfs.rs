@@ -131,6 +131,103 @@ pub fn cgroup(pid: u32) -> Option<String> {
     read(&format!("/proc/{pid}/cgroup"))?.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
 }
 
+/// The file a thread is creating, while it waits in `open`, `openat` or
+/// `openat2` with `O_CREAT`: the path it passed, made absolute (lexically)
+/// from the thread's root, working directory or directory descriptor as
+/// this process sees them. `None` when the thread is in no such call, the
+/// path's last part is not a name (`.`, `..`, a trailing `/`) or another
+/// part is `..` (a walk that may leave a directory lexically named), or
+/// anything cannot be read (another user's process, for an unprivileged
+/// daemon; a call made by io_uring's workers).
+pub fn creating_open(tid: u32) -> Option<std::path::PathBuf> {
+    let text = read(&format!("/proc/{tid}/syscall"))?;
+    let mut fields = text.split_whitespace();
+    let nr: libc::c_long = fields.next()?.parse().ok()?;
+    let args =
+        fields.take(6).map(|a| u64::from_str_radix(a.strip_prefix("0x")?, 16).ok()).collect::<Option<Vec<u64>>>()?;
+    if args.len() != 6 {
+        return None;
+    }
+    // The descriptor argument is an `int`: its low 32 bits.
+    let (dirfd, path, flags) = match nr {
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_open => (libc::AT_FDCWD, args[0], args[1]),
+        libc::SYS_openat => (args[0] as u32 as i32, args[1], args[2]),
+        // `struct open_how` starts with the flags, a u64.
+        libc::SYS_openat2 => {
+            let mut how = [0u8; 8];
+            (read_memory(tid, args[2], &mut how)? == 8).then_some(())?;
+            (args[0] as u32 as i32, args[1], u64::from_ne_bytes(how))
+        }
+        _ => return None,
+    };
+    if flags & libc::O_CREAT as u64 == 0 {
+        return None;
+    }
+    let path = read_string(tid, path)?;
+    lexical_path(&path, || {
+        let link = if path.first() == Some(&b'/') {
+            format!("/proc/{tid}/root")
+        } else if dirfd == libc::AT_FDCWD {
+            format!("/proc/{tid}/cwd")
+        } else {
+            format!("/proc/{tid}/fd/{dirfd}")
+        };
+        std::fs::read_link(link).ok()
+    })
+}
+
+/// `path` made absolute from `base` lexically; `None` as
+/// [`creating_open`] says.
+fn lexical_path(path: &[u8], base: impl FnOnce() -> Option<std::path::PathBuf>) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let last = path.rsplit(|&b| b == b'/').next()?;
+    if last.is_empty() || last == b"." || last == b".." || path.split(|&b| b == b'/').any(|p| p == b"..") {
+        return None;
+    }
+    let mut full = base()?;
+    if !full.is_absolute() {
+        return None;
+    }
+    for part in path.split(|&b| b == b'/').filter(|p| !p.is_empty() && *p != b".") {
+        full.push(std::ffi::OsStr::from_bytes(part));
+    }
+    Some(full)
+}
+
+/// Read `buf.len()` bytes at `addr` of thread `tid`'s memory; how many
+/// were read.
+fn read_memory(tid: u32, addr: u64, buf: &mut [u8]) -> Option<usize> {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: `local` covers `buf`, writable for its length; the kernel
+    // checks the remote range and the permission to read it.
+    let n = unsafe { libc::process_vm_readv(tid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    usize::try_from(n).ok()
+}
+
+/// The NUL-terminated string at `addr` of thread `tid`'s memory (at most
+/// `PATH_MAX` bytes), read a page at a time so an unmapped page after it
+/// does not fail the read.
+fn read_string(tid: u32, mut addr: u64) -> Option<Vec<u8>> {
+    const PAGE: u64 = 4096;
+    let mut out = Vec::new();
+    while out.len() < libc::PATH_MAX as usize {
+        let mut buf = vec![0u8; (PAGE - addr % PAGE) as usize];
+        let n = read_memory(tid, addr, &mut buf)?;
+        if n == 0 {
+            return None;
+        }
+        if let Some(end) = buf[..n].iter().position(|&b| b == 0) {
+            out.extend_from_slice(&buf[..end]);
+            return Some(out);
+        }
+        out.extend_from_slice(&buf[..n]);
+        addr += n as u64;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +263,46 @@ mod tests {
         assert!(signal_pending_in(&status(4, kill, alarm, none)));
         assert!(!signal_pending_in(&status(1, alarm, alarm, alarm)), "blocked");
         assert!(signal_pending_in(&status(1, "0000000000002100", none, alarm)));
+    }
+
+    #[test]
+    fn a_created_path_is_made_absolute_lexically() {
+        let base = || Some(std::path::PathBuf::from("/m/d"));
+        let p = |s: &str| lexical_path(s.as_bytes(), base).map(|p| p.to_string_lossy().into_owned());
+        assert_eq!(p("x").as_deref(), Some("/m/d/x"));
+        assert_eq!(p("./a//b/./x").as_deref(), Some("/m/d/a/b/x"));
+        assert_eq!(p("/abs/x").as_deref(), Some("/m/d/abs/x"), "an absolute path is joined to the root");
+        for bad in ["", "a/", "a/.", ".", "..", "a/../x", "a/.."] {
+            assert_eq!(p(bad), None, "{bad:?}");
+        }
+        assert_eq!(lexical_path(b"x", || Some("rel".into())), None, "a base that is not absolute");
+    }
+
+    #[test]
+    fn a_thread_waiting_in_an_o_creat_open_shows_the_path_it_creates() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        let writer = std::thread::spawn(move || {
+            // SAFETY: gettid has no preconditions.
+            tx.send(unsafe { libc::gettid() } as u32).unwrap();
+            // Blocks in openat(O_CREAT) until a reader opens the FIFO.
+            std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).unwrap();
+        });
+        let tid = rx.recv().unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut seen = None;
+        while seen.is_none() && std::time::Instant::now() < deadline {
+            seen = creating_open(tid);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _reader = std::fs::File::open(&fifo).unwrap();
+        writer.join().unwrap();
+        assert_eq!(seen, Some(fifo.canonicalize().unwrap()));
+        assert_eq!(creating_open(std::process::id()), None, "a thread in no open");
     }
 }

@@ -1297,7 +1297,11 @@ fn with_the_copy_lag_off_every_read_asks_etcd() {
 /// replaced by `rename` is opened as the new one even when the lookup was
 /// answered from a copy that had not seen it (the open answers `ESTALE`
 /// and the kernel looks the name up again); `stat` catches up within the
-/// lag. Host b's watch is held back 400 ms, so its copy lags visibly.
+/// lag. A lookup for an `O_CREAT` open is not confirmed (the create
+/// compares): the file another host made meanwhile is opened as any open
+/// would (truncated, a symlink followed; a directory of the same name on
+/// the way is confirmed). Host b's watch is held back 400 ms, so its copy
+/// lags visibly.
 #[test]
 fn names_and_contents_are_close_to_open_across_hosts() {
     let cluster = Cluster::start();
@@ -1321,8 +1325,28 @@ fn names_and_contents_are_close_to_open_across_hosts() {
         assert_eq!(sh_ok(&b.path, &format!("stat -c %s {f}")), format!("{}\n", 2 + round.to_string().len()));
         sh_ok(&a.path, &format!("echo new{round} > n && mv n {f}"));
         assert_eq!(sh_ok(&b.path, &format!("cat {f}")), format!("new{round}\n"), "b's open after a's rename");
+        // An O_CREAT open on b of a name a made, which b's copy lacks (its
+        // lookup for the create is not confirmed): b writes the file a
+        // made, truncated (`>`), through a symlink a made, and into a
+        // directory a made whose name is also the file's.
+        if round % 4 != 0 {
+            continue;
+        }
+        // (Each made on a right before b's create: b's first change
+        // catches its copy up.)
+        sh_ok(&a.path, &format!("echo made-on-a > c{round}"));
+        sh_ok(&b.path, &format!("echo b > c{round}"));
+        sh_ok(&a.path, &format!("ln -s t{round} s{round}"));
+        sh_ok(&b.path, &format!("echo via > s{round}"));
+        sh_ok(&a.path, &format!("mkdir q{round}"));
+        sh_ok(&b.path, &format!("echo in > q{round}/q{round}"));
+        assert_eq!(sh_ok(&a.path, &format!("cat c{round}")), "b\n", "b's `>` truncates the file a made");
+        assert_eq!(sh_ok(&a.path, &format!("cat t{round}")), "via\n", "b's `>` follows a's symlink");
+        assert_eq!(sh_ok(&a.path, &format!("cat q{round}/q{round}")), "in\n", "b's `>` into a's new directory");
     }
-    assert!(status(&b)["etcd"]["namespace"]["copy"]["reads"].as_u64().unwrap() > 0);
+    let copy = &status(&b)["etcd"]["namespace"]["copy"];
+    assert!(copy["reads"].as_u64().unwrap() > 0);
+    assert!(copy["unconfirmed_creates"].as_u64().unwrap() >= 5, "b's creates were looked up without a read: {copy}");
     // A change on a shows in b's stat within the lag (and the watch's delay).
     sh_ok(&a.path, "echo longer-content > f0");
     let changed = Instant::now();

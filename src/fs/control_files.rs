@@ -307,6 +307,7 @@ impl Fs {
             "reads": st.sharing.copy_reads,
             "refused": st.sharing.copy_refusals,
             "stale_lookups": st.sharing.stale_lookups,
+            "unconfirmed_creates": st.sharing.unconfirmed_creates,
         })
     }
 
@@ -333,6 +334,11 @@ impl Fs {
                 "leasefs_etcd_stale_lookups_total",
                 "Opens answered ESTALE (looked up again) because their lookup from the copy had gone stale.",
                 st.sharing.stale_lookups,
+            ),
+            (
+                "leasefs_etcd_unconfirmed_creates_total",
+                "Lookups of a name the copy lacks answered without asking etcd, for the O_CREAT open that creates it.",
+                st.sharing.unconfirmed_creates,
             ),
         ] {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}\n"));

@@ -19,7 +19,22 @@ impl Fs {
             // A name the copy lacks is confirmed with the store before
             // ENOENT (SPEC 10): another host may have just made it.
             Err(Error::NotFound) if self.reads_a_copy() => {
+                let creating = st.ns.dir_path(parent).map(|d| {
+                    let mut p = st.mount.point.clone();
+                    p.extend(d);
+                    p.join(name)
+                });
                 drop(st);
+                // Unless the caller is creating this very name (`O_CREAT`,
+                // its last part): the kernel's `CREATE` follows, and its
+                // transaction compares that the name is absent; when
+                // another host made it meanwhile, the create answers
+                // `ESTALE` (or `EEXIST` to `O_EXCL`) and the kernel walks
+                // again. The caller is never answered this `ENOENT`.
+                if creating.is_some_and(|p| crate::procfs::creating_open(caller.pid) == Some(p)) {
+                    self.state.lock().sharing.unconfirmed_creates += 1;
+                    return Err(Error::NotFound);
+                }
                 st = self.fresh_name(parent, name, true)?;
                 st.permit(caller, parent, access::X)?;
                 st.ns.child(parent, name)?
@@ -191,6 +206,16 @@ impl Fs {
                 Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
                     // The kernel raced with another creator: open the existing file.
                     let ino = st.ns.child(parent, name)?;
+                    // (`opened_now` is kept while a change of a shared
+                    // namespace runs.)
+                    if st.sharing.opened_now.is_some() {
+                        // Another host made it after this host's kernel
+                        // was told it was absent (a lookup for a create is
+                        // not confirmed): the kernel walks again
+                        // (`ESTALE`) and opens what it finds as any open
+                        // would (a symlink followed, `O_TRUNC` applied).
+                        return Err(Error::Stale(Stale::Lookup));
+                    }
                     st.permit(caller, ino, access::wanted_by_open(flags))?;
                     st.referenced(ino);
                     st.ns.get(ino)?.attr()

@@ -56,6 +56,9 @@ pub(super) struct Sharing {
     /// Reads refused (`EIO`): the copy was too far behind and the store
     /// could not be read.
     pub(super) copy_refusals: u64,
+    /// Lookups of a name the copy lacks answered without asking the
+    /// store, for the `O_CREAT` open that creates it.
+    pub(super) unconfirmed_creates: u64,
 }
 
 /// How a read of a shared namespace is answered (SPEC 10).
