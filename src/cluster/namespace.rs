@@ -74,6 +74,10 @@ pub struct EtcdNamespace {
     /// (`None`) until the feed passed them: what a change that did not
     /// land is undone to, without asking etcd.
     revs: HashMap<Vec<u8>, (i64, Option<Vec<u8>>)>,
+    /// The keys `revs` has as deleted, with the revision of the deletion:
+    /// what is forgotten once the feed passed it (a walk of these, not of
+    /// every key).
+    tombstones: Vec<(i64, Vec<u8>)>,
     /// Events at or before this revision are in the table already (it was
     /// read whole at this revision).
     floor: i64,
@@ -313,6 +317,7 @@ impl EtcdNamespace {
             to_ino: HashMap::new(),
             to_id: HashMap::new(),
             revs: HashMap::new(),
+            tombstones: Vec::new(),
             floor: 0,
             applied: 0,
             desync: true,
@@ -382,6 +387,31 @@ impl EtcdNamespace {
         }
     }
 
+    /// Record that etcd has `key` at `rev` with `value` (`None`: deleted).
+    fn remember(&mut self, key: Vec<u8>, rev: i64, value: Option<Vec<u8>>) {
+        if value.is_none() {
+            self.tombstones.push((rev, key.clone()));
+        }
+        self.revs.insert(key, (rev, value));
+    }
+
+    /// Forget the deletions the feed has passed (`applied`): a change that
+    /// does not land is undone to what the table has, and no event older
+    /// than them can come any more.
+    fn forget_passed_deletions(&mut self) {
+        let applied = self.applied;
+        let revs = &mut self.revs;
+        self.tombstones.retain(|(rev, key)| {
+            if *rev > applied {
+                return true;
+            }
+            if revs.get(key).is_some_and(|&(r, ref v)| v.is_none() && r <= applied) {
+                revs.remove(key);
+            }
+            false
+        });
+    }
+
     /// Sort an event of revision `rev` into `batch`, unless the table has
     /// that key at `rev` or later already (keys outside inodes and entries
     /// are not the table's).
@@ -397,7 +427,7 @@ impl EtcdNamespace {
             self.skipped.push(rev);
             return;
         }
-        self.revs.insert(key.to_vec(), (rev, value.map(<[u8]>::to_vec)));
+        self.remember(key.to_vec(), rev, value.map(<[u8]>::to_vec));
         if let Some(id) = rest.strip_prefix(b"i/") {
             let id = String::from_utf8_lossy(id).into_owned();
             match value {
@@ -535,6 +565,7 @@ impl EtcdNamespace {
         let mut stored: HashSet<String> = HashSet::new();
         let mut wanted: HashMap<(String, OsString), String> = HashMap::new();
         self.revs.clear();
+        self.tombstones.clear();
         self.floor = 0;
         for kv in kvs {
             self.sort(&mut batch, &kv.key, Some(&kv.value), kv.mod_revision);
@@ -596,11 +627,9 @@ impl EtcdNamespace {
             self.applied = self.applied.max(rev);
             self.replayed += 1;
         }
-        // Deletions the feed has passed need no remembering (a walk of
-        // every key: only when the feed brought some, not on every read).
+        // Deletions the feed has passed need no remembering.
         if deleted {
-            let applied = self.applied;
-            self.revs.retain(|_, (r, v)| v.is_some() || *r > applied);
+            self.forget_passed_deletions();
         }
         ns.clear_dirty();
         Ok(caught)
@@ -871,7 +900,7 @@ impl Replica for EtcdNamespace {
                     match self.revs.get(&k) {
                         Some((r, _)) if *r > t.revision => {}
                         _ => {
-                            self.revs.insert(k, (t.revision, v));
+                            self.remember(k, t.revision, v);
                         }
                     }
                 }
@@ -1105,5 +1134,33 @@ mod tests {
         t.sort(&mut b, b"p/ns/rev", Some(b"h"), 2);
         t.sort(&mut b, b"q/ns/i/o.1", Some(b""), 2);
         assert!(b.inodes.is_empty() && b.entries.is_empty());
+    }
+
+    #[test]
+    fn deletions_the_feed_passed_are_forgotten_and_later_ones_kept() {
+        let (mut t, mut ns) = with_file("f");
+        let at = t.applied;
+        let ev = |key: &str, value: Option<&[u8]>| super::super::client::Event {
+            deleted: value.is_none(),
+            kv: kv(key, value.unwrap_or_default(), 0),
+            prev: None,
+        };
+        let g = value(Kind::File, "g");
+        t.apply_queued(&mut ns, vec![(at + 1, vec![ev("p/ns/i/o.2", Some(&g)), ev("p/ns/e/r/g", Some(b"o.2"))])])
+            .unwrap();
+        // This host's own removal of f, stored at a revision the feed has
+        // not brought yet.
+        t.remember(b"p/ns/e/r/f".to_vec(), at + 3, None);
+        t.apply_queued(&mut ns, vec![(at + 2, vec![ev("p/ns/e/r/g", None), ev("p/ns/i/o.2", None)])]).unwrap();
+        assert!(ns.child(Ino::ROOT, OsStr::new("g")).is_err());
+        // g's deletions are passed: forgotten; f's is not: kept, so the
+        // feed's older events of f are still skipped.
+        assert!(!t.revs.contains_key(b"p/ns/e/r/g".as_slice()) && !t.revs.contains_key(b"p/ns/i/o.2".as_slice()));
+        assert_eq!(t.revs.get(b"p/ns/e/r/f".as_slice()), Some(&(at + 3, None)));
+        assert_eq!(t.tombstones, vec![(at + 3, b"p/ns/e/r/f".to_vec())]);
+        // Every key the table has stays.
+        assert_eq!(t.rev_of(b"p/ns/i/o.1"), at);
+        t.apply_queued(&mut ns, vec![(at + 3, vec![ev("p/ns/e/r/f", None)])]).unwrap();
+        assert!(!t.revs.contains_key(b"p/ns/e/r/f".as_slice()) && t.tombstones.is_empty());
     }
 }
