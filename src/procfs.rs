@@ -131,15 +131,17 @@ pub fn cgroup(pid: u32) -> Option<String> {
     read(&format!("/proc/{pid}/cgroup"))?.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
 }
 
-/// The file a thread is creating, while it waits in `open`, `openat` or
-/// `openat2` with `O_CREAT`: the path it passed, made absolute (lexically)
-/// from the thread's root, working directory or directory descriptor as
-/// this process sees them. `None` when the thread is in no such call, the
-/// path's last part is not a name (`.`, `..`, a trailing `/`) or another
-/// part is `..` (a walk that may leave a directory lexically named), or
-/// anything cannot be read (another user's process, for an unprivileged
-/// daemon; a call made by io_uring's workers).
-pub fn creating_open(tid: u32) -> Option<std::path::PathBuf> {
+/// The name a thread is making, while it waits in a call that makes one:
+/// `open`, `openat` or `openat2` with `O_CREAT`, `mkdir`, `mkdirat`,
+/// `mknod`, `mknodat`, `symlink` or `symlinkat`. It is the path the call
+/// was given, made absolute (lexically) from the thread's root, working
+/// directory or directory descriptor as this process sees them (a
+/// directory's trailing `/` dropped). `None` when the thread is in no such
+/// call, the path's last part is not a name (`.`, `..`, a trailing `/`
+/// elsewhere) or another part is `..` (a walk that may leave a directory
+/// lexically named), or anything cannot be read (another user's process,
+/// for an unprivileged daemon; a call made by io_uring's workers).
+pub fn creating(tid: u32) -> Option<std::path::PathBuf> {
     let text = read(&format!("/proc/{tid}/syscall"))?;
     let mut fields = text.split_whitespace();
     let nr: libc::c_long = fields.next()?.parse().ok()?;
@@ -148,23 +150,39 @@ pub fn creating_open(tid: u32) -> Option<std::path::PathBuf> {
     if args.len() != 6 {
         return None;
     }
+    let creates = |flags: u64| flags & libc::O_CREAT as u64 != 0;
     // The descriptor argument is an `int`: its low 32 bits.
-    let (dirfd, path, flags) = match nr {
+    let fd = |a: u64| a as u32 as i32;
+    // (directory descriptor, path, whether the call makes a directory)
+    let (dirfd, path, dir) = match nr {
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_open => (libc::AT_FDCWD, args[0], args[1]),
-        libc::SYS_openat => (args[0] as u32 as i32, args[1], args[2]),
+        libc::SYS_open if creates(args[1]) => (libc::AT_FDCWD, args[0], false),
+        libc::SYS_openat if creates(args[2]) => (fd(args[0]), args[1], false),
         // `struct open_how` starts with the flags, a u64.
         libc::SYS_openat2 => {
             let mut how = [0u8; 8];
-            (read_memory(tid, args[2], &mut how)? == 8).then_some(())?;
-            (args[0] as u32 as i32, args[1], u64::from_ne_bytes(how))
+            (read_memory(tid, args[2], &mut how)? == 8 && creates(u64::from_ne_bytes(how))).then_some(())?;
+            (fd(args[0]), args[1], false)
         }
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_mkdir => (libc::AT_FDCWD, args[0], true),
+        libc::SYS_mkdirat => (fd(args[0]), args[1], true),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_mknod => (libc::AT_FDCWD, args[0], false),
+        libc::SYS_mknodat => (fd(args[0]), args[1], false),
+        // The target (the first argument) is a string, never walked.
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_symlink => (libc::AT_FDCWD, args[1], false),
+        libc::SYS_symlinkat => (fd(args[1]), args[2], false),
         _ => return None,
     };
-    if flags & libc::O_CREAT as u64 == 0 {
-        return None;
+    let mut path = read_string(tid, path)?;
+    if dir {
+        // `mkdir d/` makes `d`.
+        while path.len() > 1 && path.ends_with(b"/") {
+            path.pop();
+        }
     }
-    let path = read_string(tid, path)?;
     lexical_path(&path, || {
         let link = if path.first() == Some(&b'/') {
             format!("/proc/{tid}/root")
@@ -178,7 +196,7 @@ pub fn creating_open(tid: u32) -> Option<std::path::PathBuf> {
 }
 
 /// `path` made absolute from `base` lexically; `None` as
-/// [`creating_open`] says.
+/// [`creating`] says.
 fn lexical_path(path: &[u8], base: impl FnOnce() -> Option<std::path::PathBuf>) -> Option<std::path::PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     let last = path.rsplit(|&b| b == b'/').next()?;
@@ -297,12 +315,12 @@ mod tests {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut seen = None;
         while seen.is_none() && std::time::Instant::now() < deadline {
-            seen = creating_open(tid);
+            seen = creating(tid);
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let _reader = std::fs::File::open(&fifo).unwrap();
         writer.join().unwrap();
         assert_eq!(seen, Some(fifo.canonicalize().unwrap()));
-        assert_eq!(creating_open(std::process::id()), None, "a thread in no open");
+        assert_eq!(creating(std::process::id()), None, "a thread in no open");
     }
 }

@@ -1343,10 +1343,18 @@ fn names_and_contents_are_close_to_open_across_hosts() {
         assert_eq!(sh_ok(&a.path, &format!("cat c{round}")), "b\n", "b's `>` truncates the file a made");
         assert_eq!(sh_ok(&a.path, &format!("cat t{round}")), "via\n", "b's `>` follows a's symlink");
         assert_eq!(sh_ok(&a.path, &format!("cat q{round}/q{round}")), "in\n", "b's `>` into a's new directory");
+        // b's mkdir (with a trailing `/`) and symlink of names a made: EEXIST.
+        sh_ok(&a.path, &format!("mkdir m{round}"));
+        let out = sh(&b.path, &format!("mkdir m{round}/"));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("File exists"), "b's mkdir: {out:?}");
+        sh_ok(&a.path, &format!("echo a > k{round}"));
+        let out = sh(&b.path, &format!("ln -s elsewhere k{round}"));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("File exists"), "b's symlink: {out:?}");
+        assert_eq!(sh_ok(&b.path, &format!("cat k{round}")), "a\n");
     }
     let copy = &status(&b)["etcd"]["namespace"]["copy"];
     assert!(copy["reads"].as_u64().unwrap() > 0);
-    assert!(copy["unconfirmed_creates"].as_u64().unwrap() >= 5, "b's creates were looked up without a read: {copy}");
+    assert!(copy["unconfirmed_creates"].as_u64().unwrap() >= 15, "b's creates were looked up without a read: {copy}");
     // A change on a shows in b's stat within the lag (and the watch's delay).
     sh_ok(&a.path, "echo longer-content > f0");
     let changed = Instant::now();

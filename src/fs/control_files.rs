@@ -337,7 +337,7 @@ impl Fs {
             ),
             (
                 "leasefs_etcd_unconfirmed_creates_total",
-                "Lookups of a name the copy lacks answered without asking etcd, for the O_CREAT open that creates it.",
+                "Lookups of a name the copy lacks answered without asking etcd, for the call that makes it (O_CREAT open, mkdir, mknod, symlink).",
                 st.sharing.unconfirmed_creates,
             ),
         ] {

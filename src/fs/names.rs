@@ -25,13 +25,15 @@ impl Fs {
                     p.join(name)
                 });
                 drop(st);
-                // Unless the caller is creating this very name (`O_CREAT`,
-                // its last part): the kernel's `CREATE` follows, and its
-                // transaction compares that the name is absent; when
-                // another host made it meanwhile, the create answers
-                // `ESTALE` (or `EEXIST` to `O_EXCL`) and the kernel walks
-                // again. The caller is never answered this `ENOENT`.
-                if creating.is_some_and(|p| crate::procfs::creating_open(caller.pid) == Some(p)) {
+                // Unless the caller is making this very name (the last
+                // part of an `O_CREAT` open, a `mkdir`, `mknod` or
+                // `symlink`): the kernel's `CREATE`, `MKDIR`, `MKNOD` or
+                // `SYMLINK` follows, and its transaction compares that the
+                // name is absent; when another host made it meanwhile, it
+                // answers `EEXIST` (a create without `O_EXCL`: `ESTALE`,
+                // and the kernel walks again). The caller is never
+                // answered this `ENOENT`.
+                if creating.is_some_and(|p| crate::procfs::creating(caller.pid) == Some(p)) {
                     self.state.lock().sharing.unconfirmed_creates += 1;
                     return Err(Error::NotFound);
                 }

@@ -57,7 +57,8 @@ pub(super) struct Sharing {
     /// could not be read.
     pub(super) copy_refusals: u64,
     /// Lookups of a name the copy lacks answered without asking the
-    /// store, for the `O_CREAT` open that creates it.
+    /// store, for the call that makes it (an `O_CREAT` open, `mkdir`,
+    /// `mknod`, `symlink`).
     pub(super) unconfirmed_creates: u64,
 }
 
