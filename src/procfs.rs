@@ -296,31 +296,68 @@ mod tests {
         assert_eq!(lexical_path(b"x", || Some("rel".into())), None, "a base that is not absolute");
     }
 
-    #[test]
-    fn a_thread_waiting_in_an_o_creat_open_shows_the_path_it_creates() {
+    /// What `creating` shows of a thread while `open` (given the FIFO's
+    /// path) holds it in its call: a FIFO's write side blocks until a
+    /// reader comes. The path is shown relative to the FIFO's directory.
+    fn seen_while_opening(open: fn(&std::ffi::CStr) -> i64) -> Option<std::path::PathBuf> {
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("fifo");
         let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: a NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
         let (tx, rx) = std::sync::mpsc::channel();
-        let path = fifo.clone();
         let writer = std::thread::spawn(move || {
             // SAFETY: gettid has no preconditions.
             tx.send(unsafe { libc::gettid() } as u32).unwrap();
-            // Blocks in openat(O_CREAT) until a reader opens the FIFO.
-            std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(path).unwrap();
+            let fd = open(&c);
+            assert!(fd >= 0, "{}", std::io::Error::last_os_error());
+            // SAFETY: the descriptor this thread just opened.
+            unsafe { libc::close(fd as i32) };
         });
         let tid = rx.recv().unwrap();
+        let opens = [libc::SYS_openat, libc::SYS_openat2, libc::SYS_open];
+        let in_open = || {
+            read(&format!("/proc/{tid}/syscall"))
+                .and_then(|l| l.split_whitespace().next()?.parse::<libc::c_long>().ok())
+                .is_some_and(|nr| opens.contains(&nr))
+        };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        let mut seen = None;
-        while seen.is_none() && std::time::Instant::now() < deadline {
-            seen = creating(tid);
+        while !in_open() {
+            assert!(std::time::Instant::now() < deadline, "the thread never waited in its open");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
+        let seen = creating(tid);
         let _reader = std::fs::File::open(&fifo).unwrap();
         writer.join().unwrap();
-        assert_eq!(seen, Some(fifo.canonicalize().unwrap()));
+        seen.map(|p| p.strip_prefix(dir.path().canonicalize().unwrap()).unwrap().to_path_buf())
+    }
+
+    #[test]
+    fn a_thread_waiting_in_an_o_creat_open_shows_the_path_it_creates() {
+        let fifo = Some(std::path::PathBuf::from("fifo"));
+        // SAFETY: a NUL-terminated path and plain flags.
+        let openat = |p: &std::ffi::CStr| unsafe {
+            libc::openat(libc::AT_FDCWD, p.as_ptr(), libc::O_WRONLY | libc::O_CREAT, 0o600) as i64
+        };
+        assert_eq!(seen_while_opening(openat), fifo, "openat");
+        let openat2 = |p: &std::ffi::CStr| {
+            // `struct open_how`: flags, mode, resolve.
+            let how: [u64; 3] = [(libc::O_WRONLY | libc::O_CREAT) as u64, 0o600, 0];
+            // SAFETY: a NUL-terminated path and an `open_how` of the size given.
+            unsafe { libc::syscall(libc::SYS_openat2, libc::AT_FDCWD, p.as_ptr(), &how, std::mem::size_of_val(&how)) }
+        };
+        assert_eq!(seen_while_opening(openat2), fifo, "openat2");
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: a NUL-terminated path and plain flags.
+            let open = |p: &std::ffi::CStr| unsafe {
+                libc::syscall(libc::SYS_open, p.as_ptr(), libc::O_WRONLY | libc::O_CREAT, 0o600)
+            };
+            assert_eq!(seen_while_opening(open), fifo, "open");
+        }
+        // SAFETY: a NUL-terminated path and plain flags.
+        let plain = |p: &std::ffi::CStr| unsafe { libc::openat(libc::AT_FDCWD, p.as_ptr(), libc::O_WRONLY) as i64 };
+        assert_eq!(seen_while_opening(plain), None, "an open without O_CREAT makes nothing");
         assert_eq!(creating(std::process::id()), None, "a thread in no open");
     }
 }

@@ -1343,13 +1343,15 @@ fn names_and_contents_are_close_to_open_across_hosts() {
         assert_eq!(sh_ok(&a.path, &format!("cat c{round}")), "b\n", "b's `>` truncates the file a made");
         assert_eq!(sh_ok(&a.path, &format!("cat t{round}")), "via\n", "b's `>` follows a's symlink");
         assert_eq!(sh_ok(&a.path, &format!("cat q{round}/q{round}")), "in\n", "b's `>` into a's new directory");
-        // b's mkdir (with a trailing `/`) and symlink of names a made: EEXIST.
-        sh_ok(&a.path, &format!("mkdir m{round}"));
-        let out = sh(&b.path, &format!("mkdir m{round}/"));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("File exists"), "b's mkdir: {out:?}");
-        sh_ok(&a.path, &format!("echo a > k{round}"));
-        let out = sh(&b.path, &format!("ln -s elsewhere k{round}"));
-        assert!(String::from_utf8_lossy(&out.stderr).contains("File exists"), "b's symlink: {out:?}");
+        // b's mkdir (with a trailing `/`) and symlink of names a made:
+        // EEXIST. (Whether their lookups were confirmed depends on how far
+        // behind the held-back watch is: past the lag every lookup reads
+        // etcd; `making_a_name_asks_etcd_nothing` counts them.)
+        sh_ok(&a.path, &format!("mkdir m{round} && echo a > k{round}"));
+        for step in [format!("mkdir m{round}/"), format!("ln -sT elsewhere k{round}")] {
+            let out = sh(&b.path, &step);
+            assert!(String::from_utf8_lossy(&out.stderr).contains("File exists"), "b's {step}: {out:?}");
+        }
         assert_eq!(sh_ok(&b.path, &format!("cat k{round}")), "a\n");
     }
     let copy = &status(&b)["etcd"]["namespace"]["copy"];
@@ -1363,6 +1365,36 @@ fn names_and_contents_are_close_to_open_across_hosts() {
         std::thread::sleep(Duration::from_millis(20));
     }
     eprintln!("b's stat caught up after {:?} (watch held back 400 ms, lag 1 s)", changed.elapsed());
+}
+
+/// The lookup before a call that makes a name (an `O_CREAT` open,
+/// `O_EXCL` or not, `mkdir` with a trailing `/`, `mknod`, `symlink`) asks
+/// etcd nothing: the call's own transaction compares that the name is
+/// absent. A plain open's lookup of a missing name is confirmed, and
+/// answered `ENOENT`.
+#[test]
+fn making_a_name_asks_etcd_nothing() {
+    let cluster = Cluster::start();
+    let p = prefix("make");
+    let b = host(&cluster, &p, &[]);
+    let unconfirmed = || status(&b)["etcd"]["namespace"]["copy"]["unconfirmed_creates"].as_u64().unwrap();
+    sh_ok(&b.path, "touch warm && ls >/dev/null");
+    // (`set -C`: the shell's `>` opens with O_EXCL. That command also
+    // reads etcd once, not for the lookup: only its lookup is counted.)
+    for step in ["touch f", "set -C && echo x > x", "mkdir d/", "mknod fifo p", "ln -sT elsewhere s", "echo in > d/f"] {
+        let (u0, r0) = (unconfirmed(), ranges(&b));
+        sh_ok(&b.path, step);
+        assert_eq!(unconfirmed() - u0, 1, "{step}: its lookup was not confirmed");
+        if !step.starts_with("set -C") {
+            assert_eq!(ranges(&b) - r0, 0, "{step}: no read of etcd");
+        }
+    }
+    assert_eq!(sh_ok(&b.path, "ls -F | tr '\\n' ' '"), "d/ f fifo| s@ warm x ");
+    let (u0, r0) = (unconfirmed(), ranges(&b));
+    let out = sh(&b.path, "cat nosuch");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("No such file"), "{out:?}");
+    assert_eq!(unconfirmed(), u0, "a plain open's lookup is confirmed");
+    assert!(ranges(&b) > r0, "with a read of etcd");
 }
 
 /// FUSE requests of opcode `op` host `m` received so far.

@@ -208,9 +208,7 @@ impl Fs {
                 Err(Error::Exists) if flags & libc::O_EXCL == 0 => {
                     // The kernel raced with another creator: open the existing file.
                     let ino = st.ns.child(parent, name)?;
-                    // (`opened_now` is kept while a change of a shared
-                    // namespace runs.)
-                    if st.sharing.opened_now.is_some() {
+                    if self.reads_a_copy() {
                         // Another host made it after this host's kernel
                         // was told it was absent (a lookup for a create is
                         // not confirmed): the kernel walks again
