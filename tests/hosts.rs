@@ -432,6 +432,46 @@ while not os.path.exists("{end}"):              # keeps its descriptor meanwhile
 /// host b is granted once the lease expires. Red (b's waiter never
 /// granted: a's entry stays held under a lease the late answers keep
 /// alive) when a late answer extends the deadline.
+/// A daemon stopped and continued again and again (`SIGSTOP`/`SIGCONT`,
+/// as a debugger, `strace -p` or a job-control stop does) while its
+/// requests to etcd are in flight: a read on a socket with a timeout ends
+/// with `EINTR` then (signal(7)), and that must not be taken for a lost
+/// answer (a write's `EIO`) or a broken watch.
+#[test]
+fn a_daemon_stopped_and_continued_mid_request_loses_no_answer_and_keeps_its_watches() {
+    let cluster = Cluster::start();
+    let p = prefix("stopcont");
+    let a = host(&cluster, &p, &[]);
+    sh_ok(&a.path, "touch f");
+    let watches = || status(&a)["etcd"]["requests"]["watch"].as_u64().unwrap();
+    let before = watches();
+    let mut w = Bg::capture(
+        &a.path,
+        "python3",
+        &[
+            "-c",
+            "import errno, os\nfd = os.open('f', os.O_WRONLY)\nbad = {}\n\
+             for i in range(200):\n    try: os.pwrite(fd, b'%06d' % i, 0)\n    \
+             except OSError as e: bad[errno.errorcode[e.errno]] = bad.get(errno.errorcode[e.errno], 0) + 1\n\
+             print(bad)",
+        ],
+    );
+    let deadline = Instant::now() + STEP * 4;
+    let mut stops = 0;
+    while w.running() && Instant::now() < deadline {
+        let frozen = Frozen::stop(a.pid());
+        std::thread::sleep(Duration::from_millis(2));
+        drop(frozen);
+        stops += 1;
+        std::thread::sleep(Duration::from_millis(3));
+    }
+    assert!(w.wait(STEP).success());
+    assert!(stops > 20, "the daemon was stopped {stops} times only");
+    assert_eq!(w.output_to_end(), ["{}"], "writes failed while the daemon was stopped and continued {stops} times");
+    assert_eq!(sh_ok(&a.path, "cat f"), "000199");
+    assert_eq!(watches(), before, "its watches were opened again");
+}
+
 #[test]
 fn a_keep_alive_answered_after_the_deadline_leaves_no_entry_in_the_way() {
     let cluster = Cluster::start();

@@ -71,17 +71,29 @@ impl Conn {
     }
 
     /// Read more bytes into `raw`, waiting at most until `deadline`.
+    ///
+    /// A read on a socket with a receive timeout is never restarted by the
+    /// kernel: a signal to the thread, or the daemon being stopped and
+    /// continued (`SIGSTOP`/`SIGCONT`, a debugger or `strace` attaching),
+    /// ends it with `EINTR` (signal(7)). That is not the connection's
+    /// fault: the read is made again with what is left of the deadline, so
+    /// an answer etcd sent is not reported lost (a write would otherwise
+    /// be `Indeterminate`, its caller's call `EIO`, and a watch would be
+    /// opened again).
     fn fill(&mut self, deadline: Instant) -> io::Result<()> {
-        self.stream.set_read_timeout(Some(left(deadline)?))?;
         let mut buf = [0u8; 16 * 1024];
-        match self.stream.read(&mut buf) {
-            Ok(0) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed")),
-            Ok(n) => {
-                self.raw.extend_from_slice(&buf[..n]);
-                Ok(())
-            }
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Err(timed_out()),
-            Err(e) => Err(e),
+        loop {
+            self.stream.set_read_timeout(Some(left(deadline)?))?;
+            return match self.stream.read(&mut buf) {
+                Ok(0) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "connection closed")),
+                Ok(n) => {
+                    self.raw.extend_from_slice(&buf[..n]);
+                    Ok(())
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => Err(timed_out()),
+                Err(e) => Err(e),
+            };
         }
     }
 
@@ -286,6 +298,47 @@ mod tests {
         assert_eq!(lines, ["{a}\n", "{b}\n", "{c}\n", "\n"]);
         // Nothing more comes: a bounded wait answers None instead of hanging.
         assert!(s.next_line(Duration::from_millis(50)).unwrap().is_none());
+    }
+
+    extern "C" fn nothing(_: libc::c_int) {}
+
+    #[test]
+    fn a_signal_during_a_read_does_not_lose_the_answer() {
+        // A handler that does nothing: the blocked read ends with EINTR
+        // (a socket with a receive timeout is never restarted), as it does
+        // when the daemon is stopped and continued.
+        let sig = libc::SIGRTMIN() + 7;
+        // SAFETY: installs a handler that does nothing, for a real-time
+        // signal no other code of this test binary uses.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = nothing as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = libc::SA_RESTART;
+            assert_eq!(libc::sigaction(sig, &sa, std::ptr::null_mut()), 0);
+        }
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            // The client is now blocked reading: interrupt it, twice.
+            let client: libc::pthread_t = rx.recv().unwrap();
+            for _ in 0..2 {
+                std::thread::sleep(Duration::from_millis(100));
+                // SAFETY: the client thread is alive (it joins this one).
+                assert_eq!(unsafe { libc::pthread_kill(client, sig) }, 0);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").unwrap();
+        });
+        // SAFETY: pthread_self has no preconditions.
+        tx.send(unsafe { libc::pthread_self() }).unwrap();
+        let r = Conn::connect(&addr, soon()).unwrap().post("/x", b"{}", soon());
+        server.join().unwrap();
+        let r = r.expect("an interrupted read is made again");
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"ok"[..]));
     }
 
     #[test]
