@@ -2,7 +2,8 @@
 //!
 //! **Key schema** (under the mount's prefix `P`, lease names escaped so no
 //! name's keys are a prefix of another's):
-//! - `P/hosts/<session>`: one per live host session, on its etcd lease.
+//! - A host session is an etcd lease (no key of its own): the entries
+//!   below hang on it and vanish with it.
 //! - `P/epoch/<name>`: the lease's epoch counter, `{"epoch":N,"holder":KEY}`.
 //!   Never deleted, so an epoch is never repeated or lowered, whatever is
 //!   unlinked, re-created or restarted.
