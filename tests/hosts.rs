@@ -425,13 +425,6 @@ while not os.path.exists("{end}"):              # keeps its descriptor meanwhile
     assert_eq!(e3, e2 + 1);
 }
 
-/// A keep-alive answered after the session's deadline does not revive
-/// the session: here every answer of host a is held back 1.5 s, past the
-/// deadline of its 2 s lease renewed every 0.67 s. From the deadline on a
-/// fences its holder and lets its entry go with the lease, so a waiter on
-/// host b is granted once the lease expires. Red (b's waiter never
-/// granted: a's entry stays held under a lease the late answers keep
-/// alive) when a late answer extends the deadline.
 /// A daemon stopped and continued again and again (`SIGSTOP`/`SIGCONT`,
 /// as a debugger, `strace -p` or a job-control stop does) while its
 /// requests to etcd are in flight: a read on a socket with a timeout ends
@@ -472,6 +465,13 @@ fn a_daemon_stopped_and_continued_mid_request_loses_no_answer_and_keeps_its_watc
     assert_eq!(watches(), before, "its watches were opened again");
 }
 
+/// A keep-alive answered after the session's deadline does not revive
+/// the session: here every answer of host a is held back 1.5 s, past the
+/// deadline of its 2 s lease renewed every 0.67 s. From the deadline on a
+/// fences its holder and lets its entry go with the lease, so a waiter on
+/// host b is granted once the lease expires. Red (b's waiter never
+/// granted: a's entry stays held under a lease the late answers keep
+/// alive) when a late answer extends the deadline.
 #[test]
 fn a_keep_alive_answered_after_the_deadline_leaves_no_entry_in_the_way() {
     let cluster = Cluster::start();
