@@ -368,6 +368,7 @@ mod arbitration {
             match a.decide(t).unwrap() {
                 Decision::Granted { epoch, lost_holder } => return (epoch, lost_holder),
                 Decision::Gone => panic!("the entry is gone"),
+                Decision::HeldBack { holder } => panic!("held back behind {holder}, unasked"),
                 Decision::Behind { predecessor, revision, .. } => {
                     assert!(a.wait_gone(&predecessor, revision, deadline).unwrap(), "never granted")
                 }
@@ -557,6 +558,35 @@ mod arbitration {
         b.release(&tc).unwrap();
         let (_, e) = b.acquire("/D", Mode::Exclusive, &asker(4), STEP).unwrap().unwrap();
         assert_eq!(e, 4);
+    }
+
+    /// `--lock-delay` in the arbiter: a ticket that asks for the delay
+    /// and finds its predecessor's host lost is granted nothing (the
+    /// counter keeps the lost holder's epoch, however often it decides)
+    /// until it names that holder as served; then it is granted epoch + 1.
+    /// Red (granted at once, or epoch 3) when the decision grants first.
+    #[test]
+    fn a_ticket_held_back_by_the_lock_delay_takes_no_epoch_until_served() {
+        let cluster = Cluster::start();
+        let a = host(&cluster, "a", 2);
+        let b = host(&cluster, "b", 10);
+        let (ta, e1) = a.acquire("/L", Mode::Exclusive, &asker(1), STEP).unwrap().unwrap();
+        let mut tb = b.enqueue("/L", Mode::Exclusive, &asker(2)).unwrap();
+        tb.delay_lost = true;
+        a.session().pause_renewals(true);
+        let deadline = Instant::now() + STEP;
+        while b.entries("/L").unwrap().0.iter().any(|e| e.key == ta.key) {
+            assert!(Instant::now() < deadline, "etcd never expired a's session");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let lost = String::from_utf8(ta.key.clone()).unwrap();
+        for _ in 0..3 {
+            assert_eq!(b.decide(&tb).unwrap(), Decision::HeldBack { holder: lost.clone() });
+            assert_eq!(b.epoch("/L").unwrap(), e1, "a held-back decision took an epoch");
+        }
+        tb.served = Some(lost);
+        assert_eq!(b.decide(&tb).unwrap(), Decision::Granted { epoch: e1 + 1, lost_holder: true });
+        a.session().pause_renewals(false);
     }
 
     /// Workers on three hosts contend for one lease while the etcd leader is

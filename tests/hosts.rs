@@ -532,6 +532,51 @@ fn the_lock_delay_holds_back_a_lease_whose_holders_host_was_lost() {
     assert!(!e.trim().is_empty());
 }
 
+/// SPEC 5, no epoch without a holder, under `--lock-delay`: a wait held
+/// back by the delay that a signal ends (`flock -w`'s alarm) and the
+/// non-blocking requests refused during the delay take no epoch; the
+/// first grant after the delay is the lost holder's epoch + 1, and the
+/// delay runs from when this host first found the holder lost. Red (the
+/// grant after the delay is 3) when the delay holds back a grant etcd
+/// already made.
+#[test]
+fn a_wait_that_ends_during_the_lock_delay_takes_no_epoch() {
+    let cluster = Cluster::start();
+    let p = prefix("delay-gone");
+    let a = host(&cluster, &p, &["--host-ttl", "2s"]);
+    let b = host(&cluster, &p, &["--lock-delay", "8s"]);
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let _holder = Bg::ready(&a.path, "exec flock x sh -c 'echo ready; sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch x").trim(), "1", "the holder's epoch");
+    // Gives up after 5 s: after a's session expired (at most 2 s), within
+    // the delay (8 s from then).
+    let mut waiter = Bg::spawn(&b.path, "exec flock -w 5 x true");
+    await_entries(&cluster, &p, "x", 2);
+    let frozen = Frozen::stop(a.pid());
+    // b's waiter finds the holder's host lost and is held back.
+    let deadline = Instant::now() + STEP;
+    while status(&b)["etcd"]["entries"]["delayed"] != 1 {
+        assert!(Instant::now() < deadline, "b never held its waiter back: {}", status(&b)["etcd"]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let noticed = Instant::now();
+    // A non-blocking request meanwhile is refused...
+    let o = sh(&b.path, "flock -n x true");
+    assert!(!o.status.success(), "granted during the lock delay: {o:?}");
+    // ...and so is one after the held-back wait timed out.
+    assert_eq!(waiter.wait(STEP).code(), Some(1), "the wait did not time out");
+    let o = sh(&b.path, "flock -n x true");
+    assert!(!o.status.success(), "granted during the lock delay after the waiter went: {o:?}");
+    assert!(noticed.elapsed() < Duration::from_secs(7), "the steps above outlasted the delay: no test");
+    assert_eq!(status(&b)["etcd"]["entries"]["delayed"], 0, "the timed-out wait is still held back");
+    // Once the delay is over the next grant is the lost holder's + 1.
+    let e = sh_ok(&b.path, "flock -w 30 x getfattr --only-values -n user.leasefs.epoch x");
+    assert_eq!(e.trim(), "2", "an epoch was taken by a wait that ended without a grant");
+    drop(frozen);
+}
+
 #[test]
 fn without_etcd_lock_requests_fail_with_eio_in_bounded_time_and_work_again_when_it_returns() {
     let mut cluster = Cluster::start();

@@ -86,6 +86,13 @@ pub struct Ticket {
     /// Byte ranges of a record lock (first and last byte); `None`: a
     /// lease-level lock (flock or the whole file).
     pub ranges: Option<Vec<(u64, u64)>>,
+    /// `--lock-delay`: a decision that finds the previous holder lost
+    /// grants nothing ([`Decision::HeldBack`]), unless that holder is
+    /// `served` (its delay has passed on this host). The entry stays
+    /// queued meanwhile, so nobody else is granted first.
+    pub delay_lost: bool,
+    /// The lost holder (its entry's key) whose lock delay has passed.
+    pub served: Option<String>,
     value: Value,
 }
 
@@ -126,6 +133,11 @@ pub enum Decision {
     Behind { predecessor: Vec<u8>, revision: i64, breakable: Option<(u64, i64)> },
     /// The entry is gone (cancelled, or its session expired).
     Gone,
+    /// Nothing granted: the previous exclusive holder (`holder`, its
+    /// entry's key) was lost, and the ticket asked for the lock delay
+    /// ([`Ticket::delay_lost`]). The entry waits, first in line; no epoch
+    /// is taken until the delay has passed and it is decided again.
+    HeldBack { holder: String },
 }
 
 /// The counter and the queue a transaction read (its answers from `at` on:
@@ -280,7 +292,17 @@ impl Arbiter {
         if let Some(ttl) = asker.ttl_ms {
             value["ttl_ms"] = json!(ttl);
         }
-        Ok(Ticket { name: name.to_string(), key, create_revision: 0, mode, session, ranges: None, value })
+        Ok(Ticket {
+            name: name.to_string(),
+            key,
+            create_revision: 0,
+            mode,
+            session,
+            ranges: None,
+            delay_lost: false,
+            served: None,
+            value,
+        })
     }
 
     /// Queue `t`. When this fails with [`EtcdError::Indeterminate`] the
@@ -456,6 +478,10 @@ impl Arbiter {
                 && !holder.is_empty()
                 && !entries.iter().any(|(e, _)| e.key == holder.as_bytes())
                 && holder.as_bytes() != t.key;
+            if lost_holder && t.delay_lost && t.served.as_deref() != Some(holder.as_str()) {
+                // SPEC 5: no epoch is taken before the delay has passed.
+                return Ok(Decision::HeldBack { holder });
+            }
             let bumps = t.mode == Mode::Exclusive && lease_level;
             let new_epoch = if bumps { epoch + 1 } else { epoch };
             let mut success = vec![Op::put(t.key.clone(), held_value(t, new_epoch), t.session)];
@@ -559,6 +585,10 @@ impl Arbiter {
             (None, Some((e, r))) => (e, String::new(), r),
             (None, None) => return self.decide(t),
         };
+        if t.delay_lost && !holder.is_empty() {
+            // Maybe a lost holder: the full decision tells, and holds back.
+            return self.decide(t);
+        }
         let ek = self.epoch_key(&t.name);
         let q = self.queue(&t.name);
         let first = Compare {
@@ -675,6 +705,11 @@ impl Arbiter {
                     return Ok(Some((t, epoch)));
                 }
                 Ok(Decision::Gone) => return Ok(None),
+                // Not asked for (no `delay_lost` here): leave the queue.
+                Ok(Decision::HeldBack { .. }) => {
+                    let _ = self.release(&t);
+                    return Ok(None);
+                }
                 Ok(Decision::Behind { predecessor, revision, .. }) => {
                     if !self.wait_gone(&predecessor, revision, deadline)? {
                         let _ = self.release(&t);

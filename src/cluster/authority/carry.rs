@@ -294,7 +294,47 @@ impl EtcdArbitration {
         if now {
             self.wake.wake();
         }
-        self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready, breakable });
+        self.parked.insert(id, Parked { ino, req, ticket, predecessor, ready, breakable, held_until: None });
+    }
+
+    /// The lost holder of `name` whose lock delay has passed on this host.
+    pub(super) fn served(&self, name: &str) -> Option<String> {
+        let (holder, first) = self.lost_seen.get(name)?;
+        (*first + self.config.lock_delay <= Instant::now()).then(|| holder.clone())
+    }
+
+    /// This host found `holder` of `name` lost: when its lock delay ends
+    /// (from when that was first found, whoever found it here).
+    pub(super) fn note_lost(&mut self, name: &str, holder: &str) -> Instant {
+        if self.lost_seen.len() >= 4096 && !self.lost_seen.contains_key(name) {
+            self.lost_seen.clear();
+        }
+        let seen = self.lost_seen.entry(name.to_string()).or_insert_with(|| (holder.to_string(), Instant::now()));
+        if seen.0 != holder {
+            *seen = (holder.to_string(), Instant::now());
+        }
+        seen.1 + self.config.lock_delay
+    }
+
+    /// A blocking request whose previous holder's host was lost waits out
+    /// the lock delay with its entry queued and nothing granted (SPEC 5: a
+    /// wait that ends meanwhile takes no epoch), then is decided again.
+    pub(super) fn hold_back(&mut self, id: WaitId, ino: Ino, req: Request, mut ticket: Ticket, holder: String) {
+        let until = self.note_lost(&ticket.name, &holder);
+        tracing::info!(lease = %ticket.name, delay_ms = self.config.lock_delay.as_millis() as u64, "previous holder's host was lost: granting after the lock delay");
+        ticket.served = Some(holder.clone());
+        let ready = Arc::new(AtomicBool::new(false));
+        let p = Parked {
+            ino,
+            req,
+            ticket,
+            predecessor: holder.into_bytes(),
+            ready,
+            breakable: None,
+            held_until: Some(until),
+        };
+        self.parked.insert(id, p);
+        self.wake.wake();
     }
 
     /// Grant the parked requests whose entries a releaser's transaction
@@ -318,7 +358,7 @@ impl EtcdArbitration {
             self.unpark(&p);
             self.handoffs += 1;
             self.arbiter.granted(&p.ticket, epoch, rev);
-            self.answer_grant(local, p.ino, p.req, p.ticket, epoch, false, Some(id), true, effects);
+            self.answer_grant(local, p.ino, p.req, p.ticket, epoch, Some(id), true, effects);
         }
     }
 
@@ -336,7 +376,7 @@ impl EtcdArbitration {
             Ok(Withdrawn::Handed { epoch, rev }) if self.session.alive() == Some(p.ticket.session) => {
                 self.handoffs += 1;
                 self.arbiter.granted(&p.ticket, epoch, rev);
-                self.answer_grant(local, p.ino, p.req, p.ticket, epoch, false, Some(id), true, effects);
+                self.answer_grant(local, p.ino, p.req, p.ticket, epoch, Some(id), true, effects);
             }
             Ok(_) => effects.push(Effect::Refuse(id, Error::Interrupted)),
             Err(e) => {
@@ -379,10 +419,10 @@ impl EtcdArbitration {
             // epoch without a holder, SPEC 5); a wait still queued leaves
             // the queue before its EINTR is answered.
             match decided {
-                Ok(Decision::Granted { epoch, lost_holder }) => {
-                    self.answer_grant(local, p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
+                Ok(Decision::Granted { epoch, .. }) => {
+                    self.answer_grant(local, p.ino, p.req, p.ticket, epoch, Some(id), true, effects);
                 }
-                Ok(Decision::Behind { .. }) => {
+                Ok(Decision::Behind { .. } | Decision::HeldBack { .. }) => {
                     self.withdrawing.push((id, p));
                     self.wake.wake();
                 }
@@ -396,9 +436,10 @@ impl EtcdArbitration {
             return;
         }
         match decided {
-            Ok(Decision::Granted { epoch, lost_holder }) => {
-                self.answer_grant(local, p.ino, p.req, p.ticket, epoch, lost_holder, Some(id), true, effects);
+            Ok(Decision::Granted { epoch, .. }) => {
+                self.answer_grant(local, p.ino, p.req, p.ticket, epoch, Some(id), true, effects);
             }
+            Ok(Decision::HeldBack { holder }) => self.hold_back(id, p.ino, p.req, p.ticket, holder),
             Ok(Decision::Behind { predecessor, revision, breakable }) => {
                 self.park(id, p.ino, p.req, p.ticket, predecessor, revision, breakable);
             }
@@ -411,10 +452,10 @@ impl EtcdArbitration {
         }
     }
 
-    /// etcd granted a request: grant it here, now or after the lock delay.
-    /// A request that was `parked` is answered by an effect for `id`; one
-    /// being asked now by the outcome (`Parked` when the delay holds back a
-    /// blocking request).
+    /// etcd granted a request: grant it here. A request that was `parked`
+    /// is answered by an effect for `id`; one being asked now by the
+    /// outcome. (The lock delay held it back before etcd was asked to
+    /// grant it: [`Decision::HeldBack`].)
     #[allow(clippy::too_many_arguments)]
     pub(super) fn answer_grant(
         &mut self,
@@ -423,18 +464,11 @@ impl EtcdArbitration {
         req: Request,
         ticket: Ticket,
         epoch: u64,
-        lost_holder: bool,
         id: Option<WaitId>,
         parked: bool,
         effects: &mut Vec<Effect>,
     ) -> Outcome {
-        if lost_holder && !self.config.lock_delay.is_zero() {
-            tracing::info!(lease = %ticket.name, epoch, delay_ms = self.config.lock_delay.as_millis() as u64, "previous holder's host was lost: granting after the lock delay");
-            let until = Instant::now() + self.config.lock_delay;
-            self.delayed.push(Delayed { ino, req, ticket, epoch, until, wait: id });
-            self.wake.wake();
-            return if id.is_some() { Outcome::Parked } else { Outcome::Refused(Error::WouldBlock) };
-        }
+        self.lost_seen.remove(&ticket.name);
         let (outcome, more) = self.grant_local(local, ino, req, ticket, epoch, id);
         effects.extend(more);
         if let Some(id) = id.filter(|_| parked) {
@@ -455,8 +489,8 @@ impl EtcdArbitration {
         let stale = |t: &Ticket| Some(t.session) != alive;
         let lost = self.held.values().any(stale)
             || self.ranges.values().flatten().any(stale)
-            || self.parked.values().any(|p| stale(&p.ticket))
-            || self.delayed.iter().any(|d| stale(&d.ticket));
+            || self.parked.values().any(|p| stale(&p.ticket));
+
         if !lost {
             return;
         }
@@ -481,9 +515,6 @@ impl EtcdArbitration {
                 effects.push(Effect::Refuse(id, Error::Unreachable));
             }
         }
-        let (gone, kept): (Vec<Delayed>, Vec<Delayed>) = self.delayed.drain(..).partition(|d| stale(&d.ticket));
-        self.delayed = kept;
-        effects.extend(gone.into_iter().filter_map(|d| d.wait.map(|id| Effect::Refuse(id, Error::Unreachable))));
     }
 
     /// A lease held here by holders the arbitration still backs needs no

@@ -102,19 +102,9 @@ struct Parked {
     /// The predecessor holds with a TTL: when it may be broken unless
     /// renewed, and the revision of its last renewal.
     breakable: Option<(Instant, i64)>,
-}
-
-/// A grant held back by `--lock-delay` (its previous holder's host was lost).
-#[derive(Debug)]
-struct Delayed {
-    ino: Ino,
-    req: Request,
-    ticket: Ticket,
-    epoch: u64,
-    until: Instant,
-    /// The parked request to answer, or none (a non-blocking request was
-    /// refused; the entry is only kept so nobody gets the lease earlier).
-    wait: Option<WaitId>,
+    /// Held back by `--lock-delay` until then (the previous holder's host
+    /// was lost): not watched; decided again when the delay has passed.
+    held_until: Option<Instant>,
 }
 
 /// Deletes queue entries whose release failed, retrying until etcd takes
@@ -170,7 +160,9 @@ pub struct EtcdArbitration {
     /// (one per grant, shrunk as parts are unlocked).
     ranges: HashMap<(Ino, Owner), Vec<Ticket>>,
     parked: HashMap<WaitId, Parked>,
-    delayed: Vec<Delayed>,
+    /// `--lock-delay`: each lease's lost holder (its entry's key) and when
+    /// this host first found it lost; the delay runs from then.
+    lost_seen: HashMap<String, (String, Instant)>,
     /// Entries whose release failed (etcd unreachable), deleted by a
     /// thread of their own until it succeeds, off the request path.
     leftover: Leftovers,
@@ -321,7 +313,7 @@ impl EtcdArbitration {
             held: HashMap::new(),
             ranges: HashMap::new(),
             parked: HashMap::new(),
-            delayed: Vec::new(),
+            lost_seen: HashMap::new(),
             leftover,
             wake: Wake::default(),
             watcher: None,
@@ -426,6 +418,8 @@ impl Arbitration for EtcdArbitration {
         if let Some((_, r)) = record {
             ticket = ticket.with_ranges(vec![(r.start, r.end)]);
         }
+        ticket.delay_lost = !self.config.lock_delay.is_zero();
+        ticket.served = self.served(&name);
         // Releases this request caused (a conversion) go first.
         let before = std::mem::take(&mut self.errands);
         let (arbiter, seen) = (self.arbiter.clone(), self.seen.clone());
@@ -459,14 +453,29 @@ impl Arbitration for EtcdArbitration {
         }
         self.on_session_loss(local, &mut effects);
         match decided {
-            Ok(Decision::Granted { .. } | Decision::Behind { .. }) if self.session.alive() != Some(ticket.session) => {
+            Ok(Decision::Granted { .. } | Decision::Behind { .. } | Decision::HeldBack { .. })
+                if self.session.alive() != Some(ticket.session) =>
+            {
                 // The session went while etcd was asked: its entries went with it.
                 Ok((Outcome::Refused(Error::Unreachable), effects))
             }
-            Ok(Decision::Granted { epoch, lost_holder }) => {
-                let outcome = self.answer_grant(local, ino, req, ticket, epoch, lost_holder, wait, false, &mut effects);
+            Ok(Decision::Granted { epoch, .. }) => {
+                let outcome = self.answer_grant(local, ino, req, ticket, epoch, wait, false, &mut effects);
                 Ok((outcome, effects))
             }
+            Ok(Decision::HeldBack { holder }) => match wait {
+                // Refused without an epoch (SPEC 5); the next request is
+                // held back as long as the delay runs.
+                None => {
+                    self.note_lost(&ticket.name, &holder);
+                    self.release_ticket(ticket);
+                    Ok((Outcome::Refused(Error::WouldBlock), effects))
+                }
+                Some(id) => {
+                    self.hold_back(id, ino, req, ticket, holder);
+                    Ok((Outcome::Parked, effects))
+                }
+            },
             Ok(Decision::Behind { predecessor, revision, breakable }) => match wait {
                 None => {
                     self.release_ticket(ticket);
@@ -548,11 +557,6 @@ impl Arbitration for EtcdArbitration {
             *interrupted = true;
             return Some(Vec::new());
         }
-        if let Some(pos) = self.delayed.iter().position(|d| d.wait == Some(id)) {
-            let d = self.delayed.remove(pos);
-            self.release_ticket(d.ticket);
-            return Some(vec![Effect::Refuse(id, Error::Interrupted)]);
-        }
         None
     }
 
@@ -576,16 +580,17 @@ impl Arbitration for EtcdArbitration {
         let (more, mut next) = local.tick();
         effects.extend(more);
         let now = Instant::now();
-        let (due, later): (Vec<Delayed>, Vec<Delayed>) = self.delayed.drain(..).partition(|d| d.until <= now);
-        self.delayed = later;
-        for d in due {
-            match d.wait {
-                Some(id) => {
-                    self.answer_grant(local, d.ino, d.req, d.ticket, d.epoch, false, Some(id), true, &mut effects);
-                }
-                // Nobody waits for it: the delay is over, let the next one have it.
-                None => self.release_ticket(d.ticket),
+        let mut due = false;
+        for p in self.parked.values_mut() {
+            if p.held_until.is_some_and(|until| until <= now) {
+                // The delay has passed: decided again, and granted now.
+                p.held_until = None;
+                p.ready.store(true, Ordering::Relaxed);
+                due = true;
             }
+        }
+        if due {
+            self.wake.wake();
         }
         let soonest = |n: Option<u64>, m: u64| Some(n.map_or(m, |n| n.min(m)));
         if !self.held.is_empty() || !self.parked.is_empty() {
@@ -593,7 +598,7 @@ impl Arbitration for EtcdArbitration {
             // thread gets round to it.
             next = soonest(next, millis_until(self.session.lease().1));
         }
-        if let Some(until) = self.delayed.iter().map(|d| d.until).min() {
+        if let Some(until) = self.parked.values().filter_map(|p| p.held_until).min() {
             next = soonest(next, millis_until(until));
         }
         if let Some(at) = self.parked.values().filter_map(|p| p.breakable.map(|(at, _)| at)).min() {
@@ -808,7 +813,7 @@ impl Arbitration for EtcdArbitration {
             },
             "lock_delay_ms": self.config.lock_delay.as_millis() as u64,
             "request_timeout_ms": self.config.request_timeout.as_millis() as u64,
-            "entries": { "held": self.held.len(), "waiting": self.parked.len(), "delayed": self.delayed.len(), "release_retries": self.leftover.pending() },
+            "entries": { "held": self.held.len(), "waiting": self.parked.len(), "delayed": self.parked.values().filter(|p| p.held_until.is_some()).count(), "release_retries": self.leftover.pending() },
             "requests": self.arbiter.client().calls(),
             "fenced_by_session_loss": self.losses,
             "ttl_breaks": { "of_other_hosts": self.ttl_breaks.0, "by_other_hosts": self.ttl_breaks.1 },
@@ -840,7 +845,6 @@ impl Arbitration for EtcdArbitration {
             .map(|p| p.ticket)
             .chain(self.held.drain().map(|(_, t)| t))
             .chain(self.ranges.drain().flat_map(|(_, ts)| ts))
-            .chain(self.delayed.drain(..).map(|d| d.ticket))
             .collect();
         for t in tickets {
             // etcd not answering: stop here rather than wait out a timeout
