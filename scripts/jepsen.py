@@ -34,7 +34,7 @@ checker reads the whole history afterwards:
 It prints a tally and the first violation of each kind, and exits 1 when
 there is one. Needs root, etcd (etcd-server), iproute2 and util-linux.
 
-    scripts/jepsen.py [--seconds 60] [--leasefs target/release/leasefs]
+    scripts/jepsen.py [--seconds 60] [--leasefs target/release/leasefs] [--lock-delay DUR]
 """
 
 import argparse
@@ -166,9 +166,10 @@ def observer(mounts, log_path, until):
 
 
 class Harness:
-    def __init__(self, leasefs, work):
+    def __init__(self, leasefs, work, lock_delay=None):
         self.leasefs = leasefs
         self.work = work
+        self.lock_delay = lock_delay
         self.members = []
         self.mounts = {}
         self.daemons = {}
@@ -263,6 +264,8 @@ class Harness:
         cmd = [self.leasefs, "mount", d, "--state-dir", os.path.join(self.work, f"state-{host}"), "--volatile",
                "--etcd", ep, "--etcd-prefix", "jepsen", "--host-ttl", "2s", "--etcd-timeout", "1s",
                "--log-file", os.path.join(self.work, f"{host}.log")]
+        if self.lock_delay:
+            cmd += ["--lock-delay", self.lock_delay]
         if in_ns:
             cmd = ["nsenter", f"--net=/run/netns/{self.ns}"] + cmd
         subprocess.run(cmd, check=True)
@@ -452,6 +455,8 @@ def main():
     ap.add_argument("--leasefs", default="target/release/leasefs")
     ap.add_argument("--workers", type=int, default=2, help="per host")
     ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--lock-delay", default=None, metavar="DUR",
+                    help="mount every host with --lock-delay DUR (a lost holder's lease is granted after it)")
     ap.add_argument("--worker", nargs=5, metavar=("MOUNT", "NAME", "LOG", "UNTIL", "OPS"), help=argparse.SUPPRESS)
     ap.add_argument("--observer", nargs=3, metavar=("MOUNTS", "LOG", "UNTIL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -467,7 +472,7 @@ def main():
     seed = a.seed if a.seed is not None else random.randrange(1 << 30)
     rng = random.Random(seed)
     work = tempfile.mkdtemp(prefix="leasefs-jepsen.")
-    h = Harness(os.path.abspath(a.leasefs), work)
+    h = Harness(os.path.abspath(a.leasefs), work, a.lock_delay)
     procs = []
     try:
         h.make_netns()

@@ -468,7 +468,11 @@ impl EtcdArbitration {
         parked: bool,
         effects: &mut Vec<Effect>,
     ) -> Outcome {
-        self.lost_seen.remove(&ticket.name);
+        if ticket.mode == QMode::Exclusive && ticket.ranges.is_none() {
+            // A new holder: the lost one is in the past (a shared grant
+            // leaves it named in the counter, and served).
+            self.lost_seen.remove(&ticket.name);
+        }
         let (outcome, more) = self.grant_local(local, ino, req, ticket, epoch, id);
         effects.extend(more);
         if let Some(id) = id.filter(|_| parked) {
