@@ -560,6 +560,15 @@ def main():
           f"(all ESTALE unless reported), gaps between consecutive grants {explained['gaps']['seen']} "
           f"(explained by a fault or an unread grant: {explained['gaps']['explained']})")
     print(f"nemesis {faults}")
+    if a.lock_delay:
+        held_back = 0
+        for host in "abc":
+            try:
+                held_back += open(os.path.join(work, f"{host}.log"), errors="replace").read().count(
+                    "granting after the lock delay")
+            except OSError:
+                pass
+        print(f"requests held back by the lock delay ({a.lock_delay}) {held_back}")
     if violations:
         for kind, text in violations.items():
             print(f"VIOLATION {kind}: {text}")
