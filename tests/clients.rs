@@ -173,7 +173,7 @@ fn stress_ng_lock_stressors_verify() {
 }
 
 /// The unpacked sdists fetched by `scripts/fetch-pysuites.sh`.
-fn pysuites() -> Option<PathBuf> {
+pub(crate) fn pysuites() -> Option<PathBuf> {
     let dir = std::env::var_os("LEASEFS_PYSUITES")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/pysuites"));
@@ -227,16 +227,16 @@ fn python_portalocker_suite_passes_on_the_mount() {
 
 /// What a pytest run reported: the failed or erroring test ids, and how many
 /// passed.
-struct Outcomes {
-    failed: std::collections::BTreeSet<String>,
-    passed: u64,
-    out: String,
+pub(crate) struct Outcomes {
+    pub(crate) failed: std::collections::BTreeSet<String>,
+    pub(crate) passed: u64,
+    pub(crate) out: String,
 }
 
 /// Run pytest in `suite` with `basetemp` on the filesystem under test.
 /// Timing-sensitive tests of these suites get two reruns, on every
 /// filesystem alike.
-fn pytest_outcomes(suite: &Path, basetemp: &Path, args: &[&str]) -> Outcomes {
+pub(crate) fn pytest_outcomes(suite: &Path, basetemp: &Path, args: &[&str]) -> Outcomes {
     let mut cmd = Command::new("python3");
     cmd.args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-o", "addopts=", "-rfE"])
         .args(["--timeout=60", "--reruns=2", "--reruns-delay=1"])
