@@ -604,6 +604,43 @@ fn a_wait_that_ends_during_the_lock_delay_takes_no_epoch() {
     drop(frozen);
 }
 
+/// `--lock-delay` with non-blocking requests only: each is refused
+/// without an epoch while the delay runs, and the delay runs once, from
+/// the first refusal, so a `flock -n` retried in a loop is granted (the
+/// lost holder's epoch + 1) once it has passed. Red (never granted) when
+/// each refusal starts the delay again.
+#[test]
+fn non_blocking_retries_are_granted_once_the_lock_delay_has_passed() {
+    let cluster = Cluster::start();
+    let p = prefix("delay-retry");
+    let a = host(&cluster, &p, &["--host-ttl", "2s"]);
+    let b = host(&cluster, &p, &["--lock-delay", "2s"]);
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let _holder = Bg::ready(&a.path, "exec flock x sh -c 'echo ready; sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    let frozen = Frozen::stop(a.pid());
+    // etcd expires a's session and its entry with it.
+    let deadline = Instant::now() + STEP;
+    while entries(&cluster, &p, "x") != 0 {
+        assert!(Instant::now() < deadline, "a's entry never went");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut refused, deadline) = (0, Instant::now() + STEP * 2);
+    let epoch = loop {
+        let o = sh(&b.path, "flock -n x getfattr --only-values -n user.leasefs.epoch x");
+        if o.status.success() {
+            break String::from_utf8_lossy(&o.stdout).trim().to_string();
+        }
+        refused += 1;
+        assert!(Instant::now() < deadline, "flock -n refused {refused} times, never granted after the delay");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(refused > 0, "granted at once: no delay");
+    assert_eq!(epoch, "2", "refused requests took epochs ({refused} refusals)");
+    drop(frozen);
+}
+
 #[test]
 fn without_etcd_lock_requests_fail_with_eio_in_bounded_time_and_work_again_when_it_returns() {
     let mut cluster = Cluster::start();
