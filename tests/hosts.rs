@@ -575,8 +575,9 @@ fn a_wait_that_ends_during_the_lock_delay_takes_no_epoch() {
     await_entries(&cluster, &p, "x", 1);
     assert_eq!(sh_ok(&b.path, "getfattr --only-values -n user.leasefs.epoch x").trim(), "1", "the holder's epoch");
     // Gives up after 5 s: after a's session expired (at most 2 s), within
-    // the delay (8 s from then).
-    let mut waiter = Bg::spawn(&b.path, "exec flock -w 5 x true");
+    // the delay (8 s from then). flock(1) exits with `-E`'s code only for
+    // a conflict: EWOULDBLOCK, or the EINTR of its timeout's alarm.
+    let mut waiter = Bg::spawn(&b.path, "exec flock -w 5 -E 43 x true");
     await_entries(&cluster, &p, "x", 2);
     let frozen = Frozen::stop(a.pid());
     // b's waiter finds the holder's host lost and is held back.
@@ -586,13 +587,13 @@ fn a_wait_that_ends_during_the_lock_delay_takes_no_epoch() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let noticed = Instant::now();
-    // A non-blocking request meanwhile is refused...
-    let o = sh(&b.path, "flock -n x true");
-    assert!(!o.status.success(), "granted during the lock delay: {o:?}");
-    // ...and so is one after the held-back wait timed out.
-    assert_eq!(waiter.wait(STEP).code(), Some(1), "the wait did not time out");
-    let o = sh(&b.path, "flock -n x true");
-    assert!(!o.status.success(), "granted during the lock delay after the waiter went: {o:?}");
+    // A non-blocking request meanwhile is refused with EWOULDBLOCK...
+    let o = sh(&b.path, "flock -n -E 42 x true");
+    assert_eq!(o.status.code(), Some(42), "not refused with EWOULDBLOCK during the lock delay: {o:?}");
+    // ...and so is one after the held-back wait ended with its timeout.
+    assert_eq!(waiter.wait(STEP).code(), Some(43), "the wait did not end by its timeout (EINTR)");
+    let o = sh(&b.path, "flock -n -E 42 x true");
+    assert_eq!(o.status.code(), Some(42), "not refused with EWOULDBLOCK after the waiter went: {o:?}");
     assert!(noticed.elapsed() < Duration::from_secs(7), "the steps above outlasted the delay: no test");
     assert_eq!(status(&b)["etcd"]["entries"]["delayed"], 0, "the timed-out wait is still held back");
     // Once the delay is over a shared holder is granted (no epoch), and
@@ -628,10 +629,12 @@ fn non_blocking_retries_are_granted_once_the_lock_delay_has_passed() {
     }
     let (mut refused, deadline) = (0, Instant::now() + STEP * 2);
     let epoch = loop {
-        let o = sh(&b.path, "flock -n x getfattr --only-values -n user.leasefs.epoch x");
+        // `-E 42`: refused with EWOULDBLOCK (any other errno exits otherwise).
+        let o = sh(&b.path, "flock -n -E 42 x getfattr --only-values -n user.leasefs.epoch x");
         if o.status.success() {
             break String::from_utf8_lossy(&o.stdout).trim().to_string();
         }
+        assert_eq!(o.status.code(), Some(42), "refused with another errno than EWOULDBLOCK: {o:?}");
         refused += 1;
         assert!(Instant::now() < deadline, "flock -n refused {refused} times, never granted after the delay");
         std::thread::sleep(Duration::from_millis(100));

@@ -494,7 +494,6 @@ impl EtcdArbitration {
         let lost = self.held.values().any(stale)
             || self.ranges.values().flatten().any(stale)
             || self.parked.values().any(|p| stale(&p.ticket));
-
         if !lost {
             return;
         }
