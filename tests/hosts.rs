@@ -644,6 +644,31 @@ fn non_blocking_retries_are_granted_once_the_lock_delay_has_passed() {
     drop(frozen);
 }
 
+/// A mount forced off while a holder keeps its descriptor (`umount -f`:
+/// the kernel aborts the FUSE connection) deletes the host's entries as
+/// its daemon ends: another host is granted the next epoch at once, with
+/// no wait for the host's session to expire and no lost-holder delay.
+#[test]
+fn a_mount_forced_off_under_a_holder_leaves_the_queue_at_once() {
+    let cluster = Cluster::start();
+    let p = prefix("forced");
+    let mut a = host(&cluster, &p, &["--host-ttl", "60s"]);
+    let b = host(&cluster, &p, &["--lock-delay", "60s"]);
+    sh_ok(&a.path, "touch x");
+    sh_ok(&b.path, "touch x");
+    let _holder = Bg::ready(&a.path, "exec flock x sh -c 'echo ready; exec sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    assert_eq!(sh_code(&b.path, "flock -n -E 42 x true"), 42, "granted while held on a");
+    let st = a.force_off();
+    assert!(st.success(), "the daemon of the mount forced off exited with {st:?}");
+    // Gone as the daemon ended, not when its session (60 s) expires.
+    assert_eq!(entries(&cluster, &p, "x"), 0, "the host's entry outlived its daemon");
+    // A clean release, not a lost holder: no delay, and the next epoch.
+    let e = sh(&b.path, "flock -n -E 42 x getfattr --only-values -n user.leasefs.epoch x");
+    assert!(e.status.success(), "refused after the host left: {e:?}");
+    assert_eq!(String::from_utf8_lossy(&e.stdout), "2");
+}
+
 #[test]
 fn without_etcd_lock_requests_fail_with_eio_in_bounded_time_and_work_again_when_it_returns() {
     let mut cluster = Cluster::start();

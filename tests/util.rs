@@ -222,6 +222,17 @@ impl Mount {
         Stopped::new(self.pid())
     }
 
+    /// Force the mount off (`umount -f`: the kernel aborts the FUSE
+    /// connection, open descriptors and all) and wait for the daemon to
+    /// end; returns its exit status. The mount point itself is detached
+    /// when the guard drops.
+    pub fn force_off(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon");
+        // Busy (a descriptor is open) after the abort: the daemon ends anyway.
+        unmount(&self.path, libc::MNT_FORCE);
+        wait_timeout(&mut child, STEP, "the daemon of a mount forced off")
+    }
+
     /// Unmount and wait for the daemon; returns its exit status.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         let mut child = self.child.take()?;
