@@ -342,7 +342,7 @@ mod arbitration {
     use std::sync::{Arc, Mutex};
     use std::time::{Duration, Instant};
 
-    use leasefs::cluster::arbiter::{Arbiter, Asker, Decision, Mode};
+    use leasefs::cluster::arbiter::{Arbiter, Asker, Decision, Mode, SOLO_FROM};
     use leasefs::cluster::client::{prefix_end, Client};
     use leasefs::cluster::session::HostSession;
     use leasefs::cluster::watcher::QueueWatcher;
@@ -560,6 +560,85 @@ mod arbitration {
         assert_eq!(e, 4);
     }
 
+    /// A solo holder: granted by a transaction that writes the counter
+    /// alone (no queue entry). Another host's waiter gives it its entry
+    /// (on the holder's session) and queues behind it, though its own
+    /// entry is older; the holder's release then hands the lease to that
+    /// waiter, epoch + 1, and the next solo grant is epoch + 2. Red (the
+    /// waiter granted while the holder holds) when only older entries
+    /// stand in a waiter's way, or when a decision after a wake-up trusts
+    /// a counter that names a holder.
+    #[test]
+    fn a_solo_holder_is_in_the_counter_alone_until_a_waiter_writes_its_entry_and_queues_behind_it() {
+        let cluster = Cluster::start();
+        let (a, b) = (host(&cluster, "a", 10), host(&cluster, "b", 10));
+        let mut t = a.ticket("/S", Mode::Exclusive, &asker(1)).unwrap();
+        t.solo_ok = true;
+        let (ta, e1) = a.acquire_ticket(t, STEP).unwrap().unwrap();
+        assert_eq!(e1, 1);
+        assert!(ta.solo.is_some(), "granted with an entry");
+        let client = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+        let q = b"leasefs-test/q/%2FS/".to_vec();
+        assert_eq!(client.range(&q, &prefix_end(&q)).unwrap().0.len(), 0, "a solo grant wrote an entry");
+        let counter = client.get(b"leasefs-test/epoch/%2FS").unwrap().0.unwrap();
+        assert!(counter.value.starts_with(SOLO_FROM), "{:?}", String::from_utf8_lossy(&counter.value));
+        // Seen by other hosts as a holder (F_GETLK, `leases`).
+        let seen = b.entries("/S").unwrap().0;
+        assert!(seen.len() == 1 && seen[0].held && seen[0].host == "a" && seen[0].key == ta.key, "{seen:?}");
+        assert!(b.all_entries().unwrap().iter().any(|(n, e, es)| n == "/S" && *e == 1 && es.len() == 1));
+        // Both queued before its entry is written; a shared request is
+        // in its way all the same.
+        let tb = b.enqueue("/S", Mode::Exclusive, &asker(3)).unwrap();
+        let ts = b.enqueue("/S", Mode::Shared, &asker(2)).unwrap();
+        assert!(behind(&b, &tb) && behind(&b, &ts), "granted while a holds it solo");
+        let queued = client.range(&q, &prefix_end(&q)).unwrap().0;
+        assert_eq!(queued.len(), 3, "the holder's entry was not written");
+        assert!(queued.iter().any(|kv| kv.key == ta.key && kv.create_revision > tb.create_revision));
+        // Woken needlessly: still behind.
+        assert!(matches!(b.decide_after(&tb, None).unwrap(), Decision::Behind { .. }), "granted while a holds it");
+        a.release(&ta).unwrap();
+        assert_eq!(await_grant(&b, &tb), (2, false));
+        b.release(&tb).unwrap();
+        assert_eq!(await_grant(&b, &ts), (2, false));
+        b.release(&ts).unwrap();
+        // b knows the counter as its release left it: solo again.
+        let mut t = b.ticket("/S", Mode::Exclusive, &asker(3)).unwrap();
+        t.solo_ok = true;
+        let (tb, e3) = b.acquire_ticket(t, STEP).unwrap().unwrap();
+        assert_eq!((e3, tb.solo.is_some()), (3, true));
+        // A release nobody interrupted clears the counter in one step.
+        b.release(&tb).unwrap();
+        assert_eq!(a.epoch("/S").unwrap(), 3);
+        let counter = client.get(b"leasefs-test/epoch/%2FS").unwrap().0.unwrap();
+        assert_eq!(String::from_utf8_lossy(&counter.value), r#"{"epoch":3,"holder":""}"#);
+        assert_eq!(client.range(&q, &prefix_end(&q)).unwrap().0.len(), 0);
+    }
+
+    /// A solo holder whose host's session expires is a lost holder: not
+    /// shown any more, and the next request is granted epoch + 1 with
+    /// `lost_holder` (so `--lock-delay` holds it back). Until then it
+    /// holds. Red when the session is not checked (granted at once) or
+    /// when the counter is taken as lost while the session lives.
+    #[test]
+    fn a_solo_holder_whose_session_expired_is_a_lost_holder() {
+        let cluster = Cluster::start();
+        let (a, b) = (host(&cluster, "a", 2), host(&cluster, "b", 10));
+        let mut t = a.ticket("/T", Mode::Exclusive, &asker(1)).unwrap();
+        t.solo_ok = true;
+        let (ta, e1) = a.acquire_ticket(t, STEP).unwrap().unwrap();
+        assert!(ta.solo.is_some());
+        assert_eq!(b.entries("/T").unwrap().0.len(), 1, "the solo holder is not shown");
+        a.session().pause_renewals(true);
+        let deadline = Instant::now() + STEP;
+        while !b.entries("/T").unwrap().0.is_empty() {
+            assert!(Instant::now() < deadline, "etcd never expired a's session");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let tb = b.enqueue("/T", Mode::Exclusive, &asker(2)).unwrap();
+        assert_eq!(b.decide(&tb).unwrap(), Decision::Granted { epoch: e1 + 1, lost_holder: true });
+        a.session().pause_renewals(false);
+    }
+
     /// `--lock-delay` in the arbiter: a ticket that asks for the delay
     /// and finds its predecessor's host lost is granted nothing (the
     /// counter keeps the lost holder's epoch, however often it decides)
@@ -594,6 +673,18 @@ mod arbitration {
     /// increase in grant order, every acknowledged increment is kept.
     #[test]
     fn contending_hosts_never_overlap_and_epochs_strictly_increase_through_a_leader_kill() {
+        contend_through_a_leader_kill(false);
+    }
+
+    /// The same with one worker per host granted solo when nothing is in
+    /// its way (its holds recorded in the counter alone until a waiter
+    /// writes its entry).
+    #[test]
+    fn contending_solo_and_queued_holders_never_overlap_through_a_leader_kill() {
+        contend_through_a_leader_kill(true);
+    }
+
+    fn contend_through_a_leader_kill(solo: bool) {
         let mut cluster = Cluster::start();
         let hosts: Vec<Arc<Arbiter>> = ["a", "b", "c"].iter().map(|n| Arc::new(host(&cluster, n, 10))).collect();
         let inside = Arc::new(AtomicBool::new(false));
@@ -612,7 +703,12 @@ mod arbitration {
                     let me = asker(h as u32 * 10 + w);
                     let mut done = 0;
                     while Instant::now() < stop_at {
-                        let (t, epoch) = match arb.acquire("/J", Mode::Exclusive, &me, Duration::from_secs(10)) {
+                        let Ok(mut t) = arb.ticket("/J", Mode::Exclusive, &me) else {
+                            unknown.fetch_add(1, Ordering::SeqCst);
+                            continue;
+                        };
+                        t.solo_ok = solo && w == 0;
+                        let (t, epoch) = match arb.acquire_ticket(t, Duration::from_secs(10)) {
                             Ok(Some(granted)) => granted,
                             Ok(None) => continue,
                             Err(_) => {

@@ -1220,6 +1220,67 @@ print(os.pread(fd, 64, 0).decode().strip(), os.stat("lease.json").st_ino == os.f
     h.kill_all();
 }
 
+/// A lease held *solo* on another host (its counter records the holder;
+/// no queue entry: written here as such a host would) is held for this
+/// host too: a rename over it keeps its inode, even though the host never
+/// read that counter before (the rename's first attempt finds it), a
+/// `flock -n` is refused, and once that host's session is gone the next
+/// holder is granted epoch 2. A rename over a file nobody holds takes the
+/// new inode, as on tmpfs. Red (the name moved to the renamed file)
+/// without the rename's condition on the counter.
+#[test]
+fn a_lease_held_solo_on_another_host_is_held_for_this_one() {
+    let cluster = Cluster::start();
+    let p = prefix("solo");
+    let a = host(&cluster, &p, &[]);
+    sh_ok(&a.path, "echo v1 > lease.json; echo v2 > tmp; echo f1 > free.json; echo f2 > tmp2");
+    let ino = |f: &str| sh_ok(&a.path, &format!("stat -c %i {f}"));
+    let free = ino("free.json");
+    py_ok(&a.path, "import os; os.rename('tmp2', 'free.json')");
+    assert_ne!(ino("free.json"), free, "a rename over a free file keeps its inode");
+    let held = ino("lease.json");
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let (lease, _) = c.grant(60).unwrap();
+    c.put(format!("{p}/s/{lease:016x}").as_bytes(), b"c", lease).unwrap();
+    let key = format!("{p}/q/lease.json/{lease:016x}/0000000000000000");
+    let entry = serde_json::json!({"mode": "x", "state": "held", "epoch": 1, "host": "c", "pid": 7, "comm": "c", "owner": "flock:7"});
+    let value = leasefs::cluster::arbiter::solo_value(1, key.as_bytes(), lease, &entry);
+    c.put(format!("{p}/epoch/lease.json").as_bytes(), value.as_bytes(), 0).unwrap();
+    // A process that never observed the lease renames over it (SPEC 6).
+    py_ok(&a.path, "import os; os.rename('tmp', 'lease.json')");
+    assert_eq!(ino("lease.json"), held, "the name left the lease another host holds");
+    assert_eq!(sh_ok(&a.path, "cat lease.json"), "v2\n");
+    assert_eq!(sh_code(&a.path, "flock -n -E 42 lease.json true"), 42, "granted while held on c");
+    c.revoke(lease).unwrap();
+    let e = sh_ok(&a.path, "flock -n -E 42 lease.json getfattr --only-values -n user.leasefs.epoch lease.json");
+    assert_eq!(e, "2");
+}
+
+/// A change whose transaction loses its compare is decided again on
+/// etcd's answer, and putting the host's copy back leaves every file's
+/// version (SPEC 6) as it was, so a process that observed a file can
+/// still rename over it. The compare lost here is the rename's check that
+/// no solo holder holds the name: on the counter another host made (its
+/// `ln` took the name's first epoch), which this host never read. Red
+/// (`mv` refused ESTALE, `other`'s version moved) when undoing counted
+/// every file as changed.
+#[test]
+fn a_change_decided_again_leaves_the_versions_of_files_as_they_were() {
+    let cluster = Cluster::start();
+    let p = prefix("undo");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "echo 1 > other; echo 2 > h; echo 3 > tmp");
+    sh_ok(&b.path, "ln h h2");
+    let version = || sh_ok(&a.path, "getfattr --only-values -n user.leasefs.version other");
+    let before = version();
+    let conflicts_before = conflicts(&a);
+    // `mv` looks at h2 before it renames: an observation.
+    sh_ok(&a.path, "mv tmp h2");
+    assert!(conflicts(&a) > conflicts_before, "the rename's first attempt must have lost the compare");
+    assert_eq!(version(), before, "undoing the lost attempt changed another file's version");
+    assert_eq!(sh_ok(&b.path, "cat h2; cat h"), "3\n2\n");
+}
+
 /// Two hosts race for one name; the one whose change reaches etcd second
 /// finds its compare failed, decides again on the fresh copy, and gets
 /// what the single-host code answers after the other's change: `EEXIST`

@@ -2,9 +2,11 @@
 //!
 //! **Key schema** (under the mount's prefix `P`, lease names escaped so no
 //! name's keys are a prefix of another's):
-//! - A host session is an etcd lease (no key of its own): the entries
-//!   below hang on it and vanish with it.
-//! - `P/epoch/<name>`: the lease's epoch counter, `{"epoch":N,"holder":KEY}`.
+//! - A host session is an etcd lease: the entries below hang on it and
+//!   vanish with it, and so does its session key `P/s/<lease>`, written
+//!   before the session's first solo grant (below).
+//! - `P/epoch/<name>`: the lease's epoch counter, `{"epoch":N,"holder":KEY}`
+//!   (or the solo form below).
 //!   Never deleted, so an epoch is never repeated or lowered, whatever is
 //!   unlinked, re-created or restarted.
 //! - `P/q/<name>/<session>/<seq>`: one entry per holder or waiter, on the
@@ -43,6 +45,27 @@
 //! handed the lease, and otherwise decides again. A deletion that happened
 //! between its decision and its registration wakes it at once, so none is
 //! missed; a release wakes the waiters behind it, not all.
+//!
+//! **Solo holders.** An exclusive lease-level request whose ticket allows
+//! it ([`Ticket::solo_ok`]) and finds nothing in its way is granted by a
+//! transaction that writes the counter alone, `{"solo":{"lease":L,
+//! "entry":E},"epoch":N,"holder":KEY}`: no queue entry (no watch event for
+//! any host), compared on the host's session key `P/s/<L>` (written on
+//! that etcd lease once per session, so it exists exactly while the
+//! session does). Every reader of the counter knows the form: a waiter
+//! that finds it writes the entry `E` at `KEY` on the holder's lease and
+//! makes the counter a plain one naming it, in one transaction compared
+//! on the counter's value and the session key (`Arbiter::unsolo`); from
+//! then on the holder stands in the queue as any holder does, and a
+//! holder stands in a waiter's way whatever its place in the queue. When
+//! the session key is gone the counter only becomes a plain one: a holder
+//! without an entry, lost. The holder's release compares the value it
+//! wrote and clears it; when a waiter changed it, the release goes on as
+//! any release does, from the queue that transaction read. A change that
+//! needs a lease free (rename or unlink over it) compares that its counter
+//! is absent or sorts before `{"solo"` (etcd compares values bytewise).
+//! `leases`, `F_GETLK` and the epoch reads show a solo holder as any
+//! other while its session lives.
 //!
 //! **Release and host loss.** A holder deletes its entry; a clean release
 //! also clears `holder` in the counter (or names the waiter it handed the
@@ -93,6 +116,13 @@ pub struct Ticket {
     pub delay_lost: bool,
     /// The lost holder (its entry's key) whose lock delay has passed.
     pub served: Option<String>,
+    /// May be granted as a *solo holder* when nothing is in the way: the
+    /// counter alone records it, no entry is written (see the module's
+    /// "Solo holders").
+    pub solo_ok: bool,
+    /// Granted solo: the counter's value as the grant wrote it (`None`
+    /// once released, or when granted with an entry).
+    pub solo: Option<String>,
     value: Value,
 }
 
@@ -162,7 +192,10 @@ pub struct Arbiter {
     /// The epoch counters this host last read or wrote (epoch, holder,
     /// mod revision): a guess for one-transaction grants, checked by
     /// the transaction itself.
-    counters: parking_lot::Mutex<std::collections::HashMap<String, (u64, String, i64)>>,
+    counters: parking_lot::Mutex<std::collections::HashMap<String, Known>>,
+    /// The etcd lease whose session key ([`Arbiter::session_key`]) this
+    /// host has written (0: none yet).
+    marked: std::sync::atomic::AtomicI64,
     /// The host's watch of the queues, once it runs: a release hands the
     /// lease to the next waiter from it without reading the queue first.
     mirror: parking_lot::Mutex<Option<Mirror>>,
@@ -210,6 +243,50 @@ fn epoch_of(kv: Option<&Kv>) -> (u64, String, i64) {
     }
 }
 
+/// A solo holder as its counter records it: the etcd lease its entry
+/// would hang on, and that entry's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Solo {
+    pub lease: i64,
+    pub entry: Value,
+}
+
+/// The solo holder a counter's value records, if any.
+pub fn solo_of(value: &[u8]) -> Option<Solo> {
+    if !value.starts_with(SOLO_FROM) {
+        return None;
+    }
+    let v: Value = serde_json::from_slice(value).ok()?;
+    let lease = i64::from_str_radix(v["solo"]["lease"].as_str()?, 16).ok()?;
+    Some(Solo { lease, entry: v["solo"]["entry"].clone() })
+}
+
+/// A counter recording a solo holder: `holder` (the key its entry would
+/// have) granted `epoch`, on the etcd lease `lease`, with the entry value
+/// `entry`. Spelled so that it sorts at or after [`SOLO_FROM`] and every
+/// plain counter value before it (etcd compares values bytewise), and so
+/// that `epoch` and `holder` read as in a plain one.
+pub fn solo_value(epoch: u64, holder: &[u8], lease: i64, entry: &Value) -> String {
+    format!(
+        "{{\"solo\":{{\"lease\":\"{lease:016x}\",\"entry\":{entry}}},\"epoch\":{epoch},\"holder\":{}}}",
+        Value::from(String::from_utf8_lossy(holder).into_owned())
+    )
+}
+
+/// Every counter value recording a solo holder starts with these bytes;
+/// a plain one (`{"epoch":…`) sorts before them.
+pub const SOLO_FROM: &[u8] = b"{\"solo\"";
+
+/// A counter as this host last read or wrote it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Known {
+    epoch: u64,
+    holder: String,
+    rev: i64,
+    /// Its value when it records a solo holder.
+    solo: Option<Vec<u8>>,
+}
+
 impl Arbiter {
     /// Arbitrate under `prefix` as `host` (shown to other hosts).
     pub fn new(client: Arc<Client>, prefix: &str, session: Arc<HostSession>, host: &str) -> Arbiter {
@@ -220,6 +297,7 @@ impl Arbiter {
             host: host.to_string(),
             seq: AtomicU64::new(0),
             counters: Default::default(),
+            marked: Default::default(),
             mirror: Default::default(),
             handoffs: AtomicU64::new(0),
             epoch_rounds: Default::default(),
@@ -258,6 +336,53 @@ impl Arbiter {
 
     fn queue(&self, name: &str) -> Vec<u8> {
         format!("{}/q/{}/", self.prefix, escape(name)).into_bytes()
+    }
+
+    /// The key that exists while the etcd lease `lease` does (written on
+    /// it by the host whose session it is, before its first solo grant).
+    fn session_key(&self, lease: i64) -> Vec<u8> {
+        format!("{}/s/{lease:016x}", self.prefix).into_bytes()
+    }
+
+    /// Write this host's session key for `lease` unless written already.
+    fn mark_session(&self, lease: i64) -> Result<()> {
+        if self.marked.load(Ordering::Relaxed) != lease {
+            self.client.put(&self.session_key(lease), self.host.as_bytes(), lease)?;
+            self.marked.store(lease, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Give the solo holder that the counter of `name` records (`kv`, as
+    /// read) its entry, written on that holder's etcd lease, and make the
+    /// counter a plain one naming it: from then on the holder stands in
+    /// the queue as if it had queued. When that lease is gone (its session
+    /// key with it), the counter only stops recording a solo holder: it
+    /// names a holder without an entry, one that was lost. Nothing changes
+    /// when the counter moved on meanwhile.
+    fn unsolo(&self, name: &str, kv: &Kv) -> Result<()> {
+        use super::client::{CmpOp, OpResult, Target};
+        let Some(solo) = solo_of(&kv.value) else { return Ok(()) };
+        let (epoch, holder, _) = epoch_of(Some(kv));
+        let ek = self.epoch_key(name);
+        let same = Compare::new(ek.clone(), CmpOp::Equal, Target::Value(kv.value.clone()));
+        let plain = Op::put(ek.clone(), counter_value(epoch, holder.as_bytes()), 0);
+        let in_queue = holder.as_bytes().starts_with(&self.queue(name));
+        if in_queue {
+            let alive = Compare::new(self.session_key(solo.lease), CmpOp::Greater, Target::Version(0));
+            let entry = Op::put(holder.as_bytes().to_vec(), solo.entry.to_string(), solo.lease);
+            let r = self.client.txn(&[same.clone(), alive], &[entry, plain.clone()], &[Op::get(ek)])?;
+            let moved = match r.responses.first() {
+                Some(OpResult::Range(kvs)) => kvs.first().is_none_or(|c| c.value != kv.value),
+                _ => r.succeeded,
+            };
+            if r.succeeded || moved {
+                return Ok(());
+            }
+        }
+        // Its session is gone: a lost holder.
+        self.client.txn(&[same], &[plain], &[])?;
+        Ok(())
     }
 
     fn no_session() -> EtcdError {
@@ -301,6 +426,8 @@ impl Arbiter {
             ranges: None,
             delay_lost: false,
             served: None,
+            solo_ok: false,
+            solo: None,
             value,
         })
     }
@@ -318,10 +445,37 @@ impl Arbiter {
     /// Every entry of `name`'s queue, in arrival order, and the revision read.
     pub fn entries(&self, name: &str) -> Result<(Vec<Entry>, i64)> {
         let q = self.queue(name);
-        let (kvs, rev) = self.client.range(&q, &prefix_end(&q))?;
+        let r = self.client.txn(&[], &[Op::get(self.epoch_key(name)), Op::get_prefix(q)], &[])?;
+        let (counter, kvs, rev) = counter_and_queue(&r, 0)
+            .ok_or_else(|| EtcdError::Server { code: 0, message: "unexpected read answer".into() })?;
         let mut es: Vec<Entry> = kvs.iter().filter_map(entry).collect();
+        if let Some(e) = counter.as_ref().and_then(|c| self.solo_entry(c, None).transpose()) {
+            es.push(e?);
+        }
         es.sort_by_key(|e| e.create_revision);
         Ok((es, rev))
+    }
+
+    /// The holder a counter (`kv`) records solo, as an entry (created at
+    /// the counter's revision), while its session lives: `alive` names the
+    /// sessions known to live, or `None` to ask etcd.
+    fn solo_entry(&self, kv: &Kv, alive: Option<&std::collections::HashSet<Vec<u8>>>) -> Result<Option<Entry>> {
+        let Some(solo) = solo_of(&kv.value) else { return Ok(None) };
+        let sk = self.session_key(solo.lease);
+        let lives = match alive {
+            Some(set) => set.contains(&sk),
+            None => self.client.get(&sk)?.0.is_some(),
+        };
+        let (_, holder, _) = epoch_of(Some(kv));
+        let as_entry = Kv {
+            key: holder.into_bytes(),
+            value: solo.entry.to_string().into_bytes(),
+            create_revision: kv.mod_revision,
+            mod_revision: kv.mod_revision,
+            version: 1,
+            lease: solo.lease,
+        };
+        Ok(entry(&as_entry).filter(|_| lives))
     }
 
     /// Every entry of every queue, by lease name, and the epoch of each
@@ -335,6 +489,20 @@ impl Arbiter {
             let Some((name, _)) = rest.split_once('/') else { continue };
             if let Some(e) = entry(kv) {
                 by_name.entry(unescape(name)).or_default().push(e);
+            }
+        }
+        // Solo holders: recorded in their counters only.
+        let c = format!("{}/epoch/", self.prefix).into_bytes();
+        let (counters, _) = self.client.range(&c, &prefix_end(&c))?;
+        let solos: Vec<&Kv> = counters.iter().filter(|kv| solo_of(&kv.value).is_some()).collect();
+        if !solos.is_empty() {
+            let sk = format!("{}/s/", self.prefix).into_bytes();
+            let alive = self.client.range(&sk, &prefix_end(&sk))?.0.into_iter().map(|kv| kv.key).collect();
+            for kv in solos {
+                let name = unescape(&String::from_utf8_lossy(&kv.key[c.len()..]));
+                if let Some(e) = self.solo_entry(kv, Some(&alive))? {
+                    by_name.entry(name).or_default().push(e);
+                }
             }
         }
         let gets: Vec<Op> = by_name.keys().map(|n| Op::get(self.epoch_key(n))).collect();
@@ -455,6 +623,14 @@ impl Arbiter {
                         .ok_or_else(|| EtcdError::Server { code: 0, message: "unexpected read answer".into() })?
                 }
             };
+            if let Some(kv) = counter.as_ref().filter(|kv| solo_of(&kv.value).is_some()) {
+                // Give the solo holder its entry first: then it stands in
+                // the queue as any holder does.
+                match self.unsolo(&t.name, kv) {
+                    Ok(()) | Err(EtcdError::Indeterminate(_)) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
             let (epoch, holder, epoch_rev) = epoch_of(counter.as_ref());
             self.remember(&t.name, epoch, &holder, epoch_rev);
             let mut entries: Vec<(Entry, i64)> =
@@ -466,8 +642,12 @@ impl Arbiter {
             if mine.held {
                 return Ok(Decision::Granted { epoch: mine.epoch, lost_holder: false });
             }
-            let blocker =
-                entries.iter().rfind(|(e, _)| e.create_revision < mine.create_revision && e.blocks(t, &self.host));
+            // An earlier entry in the way, or a holder in the way whatever
+            // its place (a solo holder's entry is written when a waiter
+            // finds it, after that waiter's own).
+            let blocker = entries
+                .iter()
+                .rfind(|(e, _)| (e.create_revision < mine.create_revision || e.held) && e.blocks(t, &self.host));
             if let Some((b, b_rev)) = blocker {
                 let breakable = b.asker.ttl_ms.filter(|_| b.held).map(|ttl| (ttl, *b_rev));
                 return Ok(Decision::Behind { predecessor: b.key.clone(), revision: rev, breakable });
@@ -528,7 +708,7 @@ impl Arbiter {
         let wait = Op::put(t.key.clone(), t.value.to_string(), t.session);
         let reads = [Op::get(ek.clone()), Op::get_prefix(q.clone())];
         let fast = t.mode == Mode::Exclusive && t.ranges.is_none();
-        let (cached, _, rev) = self.counters.lock().get(&t.name).cloned().unwrap_or_default();
+        let Known { epoch: cached, rev, .. } = self.counters.lock().get(&t.name).cloned().unwrap_or_default();
         let seen = self.mirror.lock().as_ref().and_then(|m| m.last_release(&q)).map_or(0, |(e, _)| e);
         let epoch = cached.max(seen);
         let r = if fast {
@@ -542,12 +722,37 @@ impl Arbiter {
                     super::client::Target::Value(counter_value(epoch, b"").into_bytes()),
                 )
             };
+            let failure = [wait, reads[0].clone(), reads[1].clone()];
+            if t.solo_ok {
+                // The counter alone records the grant, on a live session.
+                self.mark_session(t.session)?;
+                let value = solo_value(epoch + 1, &t.key, t.session, &held_json(t, epoch + 1));
+                let alive = Compare::new(
+                    self.session_key(t.session),
+                    super::client::CmpOp::Greater,
+                    super::client::Target::Version(0),
+                );
+                let compares = [Compare::none_under(q), free, alive];
+                let r = self.client.txn(&compares, &[Op::put(ek, value.clone(), 0)], &failure)?;
+                t.create_revision = r.revision;
+                if r.succeeded {
+                    let k = Known {
+                        epoch: epoch + 1,
+                        holder: String::from_utf8_lossy(&t.key).into_owned(),
+                        rev: r.revision,
+                        solo: Some(value.clone().into_bytes()),
+                    };
+                    self.know(&t.name, k);
+                    t.solo = Some(value);
+                    return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: false });
+                }
+                return self.decide_from(t, counter_and_queue(&r, 1));
+            }
             let compares = [Compare::none_under(q), free];
             let success = [
                 Op::put(t.key.clone(), held_value(t, epoch + 1), t.session),
                 Op::put(ek, counter_value(epoch + 1, &t.key), 0),
             ];
-            let failure = [wait, reads[0].clone(), reads[1].clone()];
             self.client.txn(&compares, &success, &failure)?
         } else {
             self.client.txn(&[], &[wait, reads[0].clone(), reads[1].clone()], &[])?
@@ -580,13 +785,17 @@ impl Arbiter {
         }
         let cached = self.counters.lock().get(&t.name).cloned();
         let (epoch, holder, rev) = match (cached, released) {
-            (Some(c), Some((e, r))) if r > c.2 => (e, String::new(), r),
-            (Some(c), _) => c,
+            (Some(c), Some((e, r))) if r > c.rev => (e, String::new(), r),
+            (Some(c), _) => (c.epoch, c.holder, c.rev),
             (None, Some((e, r))) => (e, String::new(), r),
             (None, None) => return self.decide(t),
         };
-        if t.delay_lost && !holder.is_empty() {
-            // Maybe a lost holder: the full decision tells, and holds back.
+        if !holder.is_empty() {
+            // A holder the counter still names: lost (the full decision
+            // tells, and holds back under `--lock-delay`), or a solo
+            // holder, or one whose entry a waiter wrote for it after
+            // this one's (not older than it, so the comparison below
+            // would not see it).
             return self.decide(t);
         }
         let ek = self.epoch_key(&t.name);
@@ -618,11 +827,22 @@ impl Arbiter {
 
     /// Note the counter of `name` as read or written at `rev`.
     fn remember(&self, name: &str, epoch: u64, holder: &str, rev: i64) {
+        self.know(name, Known { epoch, holder: holder.to_string(), rev, solo: None });
+    }
+
+    /// Note the counter of `name` as read (`None`: absent).
+    fn remember_kv(&self, name: &str, kv: Option<&Kv>) {
+        let (epoch, holder, rev) = epoch_of(kv);
+        let solo = kv.filter(|kv| solo_of(&kv.value).is_some()).map(|kv| kv.value.clone());
+        self.know(name, Known { epoch, holder, rev, solo });
+    }
+
+    fn know(&self, name: &str, k: Known) {
         let mut c = self.counters.lock();
         if c.len() >= COUNTERS && !c.contains_key(name) {
             c.clear();
         }
-        c.insert(name.to_string(), (epoch, holder.to_string(), rev));
+        c.insert(name.to_string(), k);
     }
 
     /// A renewal of the held entry `t` (granted with `epoch`): rewritten in
@@ -689,8 +909,12 @@ impl Arbiter {
     /// Take `name` in `mode`, waiting at most `timeout`; the epoch granted.
     /// Gives up (and leaves the queue) at the timeout.
     pub fn acquire(&self, name: &str, mode: Mode, asker: &Asker, timeout: Duration) -> Result<Option<(Ticket, u64)>> {
+        self.acquire_ticket(self.ticket(name, mode, asker)?, timeout)
+    }
+
+    /// [`Arbiter::acquire`] with a ticket made by [`Arbiter::ticket`].
+    pub fn acquire_ticket(&self, mut t: Ticket, timeout: Duration) -> Result<Option<(Ticket, u64)>> {
         let deadline = Instant::now() + timeout;
-        let mut t = self.ticket(name, mode, asker)?;
         let mut decided = match self.join_and_decide(&mut t) {
             Err(e @ EtcdError::Indeterminate(_)) => {
                 let _ = self.client.delete(&t.key, &[]);
@@ -732,7 +956,7 @@ impl Arbiter {
     /// counter. When the counter had moved, the change is decided again on
     /// the counter as the failed transaction read it.
     pub fn claim(self: &Arc<Self>, name: &str) -> (u64, Condition) {
-        let (epoch, holder, rev) = self.counters.lock().get(name).cloned().unwrap_or_default();
+        let Known { epoch, holder, rev, solo } = self.counters.lock().get(name).cloned().unwrap_or_default();
         let key = self.epoch_key(name);
         let me = Arc::downgrade(self);
         let name = name.to_string();
@@ -740,14 +964,36 @@ impl Arbiter {
             let Some(a) = me.upgrade() else { return };
             match kv {
                 Some((value, rev)) => {
-                    let v: Value = serde_json::from_slice(value).unwrap_or(Value::Null);
-                    a.remember(&name, v["epoch"].as_u64().unwrap_or(0), v["holder"].as_str().unwrap_or(""), rev);
+                    let kv = Kv { value: value.to_vec(), mod_revision: rev, ..Default::default() };
+                    a.remember_kv(&name, Some(&kv));
                 }
                 None => a.remember(&name, 0, "", 0),
             }
         });
-        let value = counter_value(epoch + 1, holder.as_bytes()).into_bytes();
+        // A solo holder stays one (its entry is not written here).
+        let value = match solo.as_deref().and_then(solo_of) {
+            Some(s) => solo_value(epoch + 1, holder.as_bytes(), s.lease, &s.entry),
+            None => counter_value(epoch + 1, holder.as_bytes()),
+        }
+        .into_bytes();
         (epoch + 1, Condition::Claim { key, mod_revision: rev, value, seen })
+    }
+
+    /// The condition that no solo holder holds `name` (for a change that
+    /// found its queue empty), compared on the counter as this host last
+    /// knew it; `busy` is told when the change's transaction finds one.
+    pub fn no_solo(self: &Arc<Self>, name: &str, busy: crate::namespace::replica::Busy) -> Condition {
+        let exists = self.counters.lock().get(name).is_some_and(|k| k.rev > 0);
+        let me = Arc::downgrade(self);
+        let n = name.to_string();
+        let seen: Seen = Arc::new(move |kv: Option<(&[u8], i64)>| {
+            let (Some(a), Some((value, rev))) = (me.upgrade(), kv) else { return };
+            if solo_of(value).is_some() {
+                busy();
+            }
+            a.remember_kv(&n, Some(&Kv { value: value.to_vec(), mod_revision: rev, ..Default::default() }));
+        });
+        Condition::NoSolo { key: self.epoch_key(name), exists, seen }
     }
 
     /// The host name other hosts see.
@@ -839,12 +1085,33 @@ impl Arbiter {
                 epoch
             }
         };
+        let q = self.queue(&t.name);
+        if let Some(solo) = &t.solo {
+            let same = Compare::new(
+                ek.clone(),
+                super::client::CmpOp::Equal,
+                super::client::Target::Value(solo.clone().into()),
+            );
+            let reads = [Op::get(ek.clone()), Op::get_prefix(q.clone())];
+            match self.client.txn(&[same], &[Op::put(ek.clone(), counter_value(epoch, b""), 0)], &reads) {
+                Ok(r) if r.succeeded => {
+                    self.remember(&t.name, epoch, "", r.revision);
+                    return Ok(());
+                }
+                // A waiter gave this holder its entry (the queue as read
+                // hands the lease on), or a claim moved the epoch on.
+                Ok(r) => known = counter_and_queue(&r, 0).map(|(_, kvs, rev)| (kvs, rev)),
+                // Maybe applied: the plain release below changes nothing
+                // then, and clears the counter otherwise.
+                Err(EtcdError::Indeterminate(_)) => known = None,
+                Err(e) => return Err(e),
+            }
+        }
         let mine = Compare::new(
             ek.clone(),
             super::client::CmpOp::Equal,
             super::client::Target::Value(counter_value(epoch, &t.key).into_bytes()),
         );
-        let q = self.queue(&t.name);
         for _ in 0..HANDOFFS {
             let Some((kvs, _)) = known.take() else { break };
             let Some(next) = successor(&kvs, t, &self.host) else { break };
@@ -931,10 +1198,14 @@ fn counter_value(epoch: u64, holder: &[u8]) -> String {
 
 /// `t`'s entry once granted with `epoch`.
 fn held_value(t: &Ticket, epoch: u64) -> String {
+    held_json(t, epoch).to_string()
+}
+
+fn held_json(t: &Ticket, epoch: u64) -> Value {
     let mut value = t.value.clone();
     value["state"] = json!("held");
     value["epoch"] = json!(epoch);
-    value.to_string()
+    value
 }
 
 #[cfg(test)]

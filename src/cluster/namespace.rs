@@ -43,6 +43,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+use super::arbiter::SOLO_FROM;
 use super::client::{prefix_end, Client, CmpOp, Compare, EtcdError, Kv, Op, OpResult, Target, TxnResult};
 use super::feed::Feed;
 use super::session::HostSession;
@@ -647,8 +648,21 @@ impl EtcdNamespace {
             })
             .collect();
         let at = self.floor.max(self.applied);
+        // Putting back what etcd has changes no file for the processes'
+        // views either: each inode keeps its version (SPEC 6), or a
+        // process that observed a file would find it changed by another's
+        // lost attempt (or its own) and its rename over it refused ESTALE.
+        let versions: Vec<(Ino, u64)> = ns.inodes().map(|i| (i.ino, i.version)).collect();
         match self.install(ns, &kvs, at) {
             Ok(mut c) => {
+                for (ino, v) in versions {
+                    if ns.get(ino).is_ok_and(|i| i.version != v) {
+                        if let Ok(i) = ns.get_mut(ino) {
+                            i.version = v;
+                        }
+                    }
+                }
+                ns.clear_dirty();
                 // Names put back as they were never pointed anywhere else
                 // in the stored history: not news for processes' views
                 // (a process whose rename lost its compare would otherwise
@@ -850,6 +864,10 @@ impl Replica for EtcdNamespace {
                     ops.push(Op::put(key.clone(), value.clone(), 0));
                 }
                 Condition::Free { prefix, .. } => cmp.push(Compare::none_under(prefix.clone())),
+                Condition::NoSolo { key, exists: true, .. } => {
+                    cmp.push(Compare::new(key.clone(), CmpOp::Less, Target::Value(SOLO_FROM.to_vec())));
+                }
+                Condition::NoSolo { key, exists: false, .. } => cmp.push(Compare::absent(key.clone())),
             }
         }
         let reads: Vec<Op> = conditions
@@ -923,6 +941,7 @@ impl Replica for EtcdNamespace {
                         // Decided again, asking etcd whether it is held.
                         Condition::Free { busy, .. } if !kvs.is_empty() => busy(),
                         Condition::Free { .. } => {}
+                        Condition::NoSolo { seen, .. } => seen(kv.map(|k| (k.value.as_slice(), k.mod_revision))),
                     }
                 }
                 if lost {

@@ -38,6 +38,14 @@ pub enum Condition {
     /// change. When one is, the change is decided again (`Conflict`) and
     /// `busy` is told first (the store step read the keys under it).
     Free { prefix: Vec<u8>, busy: Busy },
+    /// The lease counter `key` records no solo holder (a holder on some
+    /// host that has no queue entry, see `cluster::arbiter`), as a change
+    /// that found the lease's queue empty must also see. `exists`: the
+    /// counter was seen to exist (counters are never deleted), so its value
+    /// is compared (bytewise below a solo holder's); otherwise it must be
+    /// absent. When not so, the change is decided again (`Conflict`) and
+    /// `seen` hears the counter first.
+    NoSolo { key: Vec<u8>, exists: bool, seen: Seen },
 }
 
 /// Told that a [`Condition::Free`] prefix had keys under it.
@@ -56,6 +64,7 @@ impl std::fmt::Debug for Condition {
                 write!(f, "Claim({}, {mod_revision})", String::from_utf8_lossy(key))
             }
             Condition::Free { prefix, .. } => write!(f, "Free({})", String::from_utf8_lossy(prefix)),
+            Condition::NoSolo { key, exists, .. } => write!(f, "NoSolo({}, {exists})", String::from_utf8_lossy(key)),
         }
     }
 }
@@ -63,7 +72,7 @@ impl std::fmt::Debug for Condition {
 impl Condition {
     pub fn key(&self) -> &[u8] {
         match self {
-            Condition::Held { key, .. } | Condition::Claim { key, .. } => key,
+            Condition::Held { key, .. } | Condition::Claim { key, .. } | Condition::NoSolo { key, .. } => key,
             Condition::Free { prefix, .. } => prefix,
         }
     }

@@ -752,6 +752,8 @@ impl Arbitration for EtcdArbitration {
                 let seen: crate::namespace::replica::Busy = Arc::new(move || {
                     busy.lock().insert(n.clone());
                 });
+                // Nor a solo holder, which has no entry in the queue.
+                self.claims.push(self.arbiter.no_solo(&name, seen.clone()));
                 self.claims.push(crate::namespace::replica::Condition::Free { prefix: queue, busy: seen });
                 return false;
             }
