@@ -30,11 +30,17 @@ fn host_env(cluster: &Cluster, prefix: &str, extra: &[&str], env: &[(&str, &str)
     Mount::with_args_env(&args, env)
 }
 
-/// Entries (holders and waiters) in the etcd queue of lease `name`.
+/// Holders and waiters of lease `name` in etcd: the entries of its queue,
+/// and a solo holder its counter records (while its session lives).
 fn entries(cluster: &Cluster, prefix: &str, name: &str) -> usize {
     let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
     let q = format!("{prefix}/q/{name}/").into_bytes();
-    c.range(&q, &prefix_end(&q)).expect("read the queue").0.len()
+    let queued = c.range(&q, &prefix_end(&q)).expect("read the queue").0.len();
+    let counter = c.get(format!("{prefix}/epoch/{name}").as_bytes()).expect("read the counter").0;
+    let solo = counter.and_then(|kv| leasefs::cluster::arbiter::solo_of(&kv.value)).is_some_and(|s| {
+        c.get(format!("{prefix}/s/{:016x}", s.lease).as_bytes()).expect("read the session key").0.is_some()
+    });
+    queued + usize::from(solo)
 }
 
 /// Wait until the queue of `name` has `n` entries.
@@ -1731,6 +1737,61 @@ fn a_name_the_kernel_keeps_expires_with_the_copys_lag() {
     assert_eq!(sh_ok(&b.path, "stat -c %s g"), "12\n", "b's stat 400 ms later still showed the replaced file");
 }
 
+/// A holder granted solo (no queue entry) whose entry another host's
+/// waiter wrote when it queued behind it still holds: its write through a
+/// file its lease guards lands (the first attempt finds the counter
+/// changed and the entry there, and compares that entry from then on),
+/// and the waiter is granted the next epoch when it releases. Red
+/// (`ESTALE`) when a changed counter counts as the hold lost.
+#[test]
+fn a_solo_holder_keeps_writing_after_a_waiter_queued_behind_it() {
+    let cluster = Cluster::start();
+    let p = prefix("solowrite");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x && echo original > reg && setfattr -n user.leasefs.guard -v x reg");
+    let go = a.dir.path().join("go");
+    let holder = format!(
+        r#"
+import errno, fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+g = os.open("reg", os.O_RDWR)
+print("ready", flush=True)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+while not os.path.exists("{}"):
+    time.sleep(0.01)
+try:
+    os.pwrite(g, b"written \n", 0)
+    print("written", flush=True)
+except OSError as e:
+    print(errno.errorcode[e.errno], flush=True)
+"#,
+        go.display()
+    );
+    let mut h = py_ready(&a, &holder);
+    await_lines(&h, 1, "the holder's epoch");
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let q = format!("{p}/q/x/").into_bytes();
+    assert_eq!(c.range(&q, &prefix_end(&q)).unwrap().0.len(), 0, "the holder was not granted solo");
+    assert_eq!(entries(&cluster, &p, "x"), 1);
+    let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
+    let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
+    // The waiter wrote the holder's entry and its own.
+    let deadline = Instant::now() + STEP;
+    while c.range(&q, &prefix_end(&q)).unwrap().0.len() != 2 {
+        assert!(Instant::now() < deadline, "the waiter never queued behind the solo holder");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::fs::write(&go, "").unwrap();
+    await_lines(&h, 2, "the write never returned");
+    assert_eq!(h.output()[1], "written", "the holder's write was refused");
+    assert!(h.wait(STEP).success());
+    assert!(w.wait(STEP).success(), "b was never granted");
+    let e1: u64 = h.output()[0].parse().unwrap();
+    assert_eq!(w.output(), [format!("{}", e1 + 1)]);
+    assert_eq!(sh_ok(&b.path, "cat reg"), "written \n");
+}
+
 #[test]
 fn a_guarded_write_is_stored_only_while_its_lease_is_held_in_etcd() {
     let cluster = Cluster::start();
@@ -1769,8 +1830,17 @@ time.sleep(60)
     let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "x", 1);
     let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    // The key whose loss ends the hold, as a lost session's would: the
+    // holder's entry, or for a holder granted solo its session key.
     let q = format!("{p}/q/x/").into_bytes();
-    let entry = c.range(&q, &prefix_end(&q)).unwrap().0.remove(0);
+    let gone = match c.range(&q, &prefix_end(&q)).unwrap().0.first() {
+        Some(entry) => entry.key.clone(),
+        None => {
+            let counter = c.get(format!("{p}/epoch/x").as_bytes()).unwrap().0.expect("the counter");
+            let solo = leasefs::cluster::arbiter::solo_of(&counter.value).expect("a holder without an entry is solo");
+            format!("{p}/s/{:016x}", solo.lease).into_bytes()
+        }
+    };
     std::fs::write(&go, "").unwrap();
     // Host a decided the write and is about to store it.
     let deadline = Instant::now() + STEP;
@@ -1782,7 +1852,7 @@ time.sleep(60)
     // to be stored or refused, and never sees it before.
     let mut reader = Bg::capture(&a.path, "cat", &["reg"]);
     // Meanwhile its holder's entry goes (as on expiry) and b is granted.
-    c.delete(&entry.key, &[]).unwrap();
+    c.delete(&gone, &[]).unwrap();
     let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
     let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
     assert!(w.wait(STEP).success(), "b was never granted");

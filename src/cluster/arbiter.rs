@@ -196,6 +196,9 @@ pub struct Arbiter {
     /// The etcd lease whose session key ([`Arbiter::session_key`]) this
     /// host has written (0: none yet).
     marked: std::sync::atomic::AtomicI64,
+    /// Whether this host wants its listener key ([`Arbiter::listen`]),
+    /// and the etcd lease the key is on (0: none).
+    listening: parking_lot::Mutex<(bool, i64)>,
     /// The host's watch of the queues, once it runs: a release hands the
     /// lease to the next waiter from it without reading the queue first.
     mirror: parking_lot::Mutex<Option<Mirror>>,
@@ -298,6 +301,7 @@ impl Arbiter {
             seq: AtomicU64::new(0),
             counters: Default::default(),
             marked: Default::default(),
+            listening: Default::default(),
             mirror: Default::default(),
             handoffs: AtomicU64::new(0),
             epoch_rounds: Default::default(),
@@ -330,6 +334,11 @@ impl Arbiter {
         &self.session
     }
 
+    /// The key of `name`'s epoch counter.
+    pub fn epoch_key_of(&self, name: &str) -> Vec<u8> {
+        self.epoch_key(name)
+    }
+
     fn epoch_key(&self, name: &str) -> Vec<u8> {
         format!("{}/epoch/{}", self.prefix, escape(name)).into_bytes()
     }
@@ -342,6 +351,58 @@ impl Arbiter {
     /// it by the host whose session it is, before its first solo grant).
     fn session_key(&self, lease: i64) -> Vec<u8> {
         format!("{}/s/{lease:016x}", self.prefix).into_bytes()
+    }
+
+    /// The key prefix of the listener keys: while any is there, nobody is
+    /// granted solo (grants stay entries every host's watch reports).
+    fn listeners(&self) -> Vec<u8> {
+        format!("{}/l/", self.prefix).into_bytes()
+    }
+
+    /// Whether a process on this host reads the events of every host
+    /// (`.leasefs/events`): while one does, this host keeps a listener key
+    /// on its session, and no host grants solo, so other hosts' grants
+    /// and releases reach its watch. Returns once etcd has the key (or has
+    /// dropped it).
+    pub fn listen(&self, on: bool) -> Result<()> {
+        let mut l = self.listening.lock();
+        l.0 = on;
+        self.sync_listening(&mut l)
+    }
+
+    /// True when the listener key is not as wanted (the session changed
+    /// since it was written, or a write failed).
+    pub fn listening_stale(&self) -> bool {
+        let l = self.listening.lock();
+        let lease = self.session.alive().unwrap_or(0);
+        if l.0 {
+            lease != 0 && l.1 != lease
+        } else {
+            l.1 != 0
+        }
+    }
+
+    /// Bring the listener key to what is wanted.
+    pub fn keep_listening(&self) -> Result<()> {
+        let mut l = self.listening.lock();
+        self.sync_listening(&mut l)
+    }
+
+    fn sync_listening(&self, l: &mut (bool, i64)) -> Result<()> {
+        let lease = self.session.alive().unwrap_or(0);
+        if l.1 != 0 && (!l.0 || l.1 != lease) {
+            let mut key = self.listeners();
+            key.extend_from_slice(format!("{:016x}", l.1).as_bytes());
+            self.client.delete(&key, &[])?;
+            l.1 = 0;
+        }
+        if l.0 && lease != 0 && l.1 != lease {
+            let mut key = self.listeners();
+            key.extend_from_slice(format!("{lease:016x}").as_bytes());
+            self.client.put(&key, self.host.as_bytes(), lease)?;
+            l.1 = lease;
+        }
+        Ok(())
     }
 
     /// Write this host's session key for `lease` unless written already.
@@ -732,7 +793,7 @@ impl Arbiter {
                     super::client::CmpOp::Greater,
                     super::client::Target::Version(0),
                 );
-                let compares = [Compare::none_under(q), free, alive];
+                let compares = [Compare::none_under(q), free, alive, Compare::none_under(self.listeners())];
                 let r = self.client.txn(&compares, &[Op::put(ek, value.clone(), 0)], &failure)?;
                 t.create_revision = r.revision;
                 if r.succeeded {

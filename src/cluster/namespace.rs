@@ -868,6 +868,9 @@ impl Replica for EtcdNamespace {
                     cmp.push(Compare::new(key.clone(), CmpOp::Less, Target::Value(SOLO_FROM.to_vec())));
                 }
                 Condition::NoSolo { key, exists: false, .. } => cmp.push(Compare::absent(key.clone())),
+                Condition::HeldSolo { counter, value, .. } => {
+                    cmp.push(Compare::new(counter.clone(), CmpOp::Equal, Target::Value(value.clone())));
+                }
             }
         }
         let reads: Vec<Op> = conditions
@@ -942,6 +945,11 @@ impl Replica for EtcdNamespace {
                         Condition::Free { busy, .. } if !kvs.is_empty() => busy(),
                         Condition::Free { .. } => {}
                         Condition::NoSolo { seen, .. } => seen(kv.map(|k| (k.value.as_slice(), k.mod_revision))),
+                        // Its entry, written by a waiter: still held.
+                        Condition::HeldSolo { moved, .. } if kv.is_some() => {
+                            moved(kv.map_or(0, |k| k.create_revision));
+                        }
+                        Condition::HeldSolo { .. } => lost = true,
                     }
                 }
                 if lost {

@@ -42,6 +42,12 @@ impl Fs {
                 st.open
                     .handles
                     .insert(h, OpenFile { ino, opener: None, guard: None, control: None, listing: None, paged: false });
+                if st.report.events.readers() == 1 {
+                    // Other hosts' grants reach this host from now on:
+                    // told before the open returns.
+                    st.lease.listen(true);
+                    Self::run_errands(st);
+                }
                 return Ok(h);
             }
             Some(ControlFile::Break) => {

@@ -222,6 +222,10 @@ impl Fs {
         if Fs::is_events(f.ino) {
             // A read cannot be in flight on a descriptor being released.
             st.report.events.close(h.0);
+            if st.report.events.readers() == 0 {
+                st.lease.listen(false);
+                Self::run_errands(st);
+            }
             return Ok(Vec::new());
         }
         if let Err(e) = st.reserve(f.ino) {

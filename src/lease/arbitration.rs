@@ -118,6 +118,10 @@ pub trait Arbitration: Send + std::fmt::Debug {
     /// Grants and releases of other hosts' holders since the last call,
     /// with each holder's command name.
     fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)>;
+    /// Whether a process on this host reads the event stream: while one
+    /// does, other hosts' grants and releases must reach this host (an
+    /// errand tells the other hosts).
+    fn listen(&mut self, on: bool);
     /// The backend's name and what `status` shows of it.
     fn backend(&self) -> (&'static str, Option<serde_json::Value>);
     /// Why `fenced` was broken, when the arbitration broke it

@@ -141,6 +141,14 @@ impl LeaseAuthority {
         self.shared.as_mut().map(|a| a.take_claims()).unwrap_or_default()
     }
 
+    /// Whether a process on this host reads the event stream (other
+    /// hosts' grants and releases are wanted); leaves an errand.
+    pub fn listen(&mut self, on: bool) {
+        if let Some(a) = self.shared.as_mut() {
+            a.listen(on);
+        }
+    }
+
     /// Errands left by the calls so far, to run without the state lock.
     pub fn take_errands(&mut self) -> Vec<Errand> {
         self.shared.as_mut().map(|a| a.take_errands()).unwrap_or_default()

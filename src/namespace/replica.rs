@@ -27,6 +27,13 @@ pub enum Condition {
     /// (a lease holder's entry: a write through a guarded file lands only
     /// while its lease is held); `Stale` when it does not.
     Held { key: Vec<u8>, create_revision: i64 },
+    /// A solo holder's hold (no entry; see `cluster::arbiter`): the
+    /// counter must still have the value its grant wrote. When a waiter
+    /// has written the holder's entry meanwhile, the holder still holds:
+    /// `moved` hears that entry's create revision and the change is
+    /// decided again (`Conflict`); without an entry the hold is lost
+    /// (`Stale`).
+    HeldSolo { counter: Vec<u8>, value: Vec<u8>, entry: Vec<u8>, moved: Moved },
     /// An acquisition by create or link takes the next epoch in the same
     /// step: the counter `key` must still be at `mod_revision` (0: absent)
     /// and is written `value`. When it moved, the change is decided again
@@ -48,6 +55,9 @@ pub enum Condition {
     NoSolo { key: Vec<u8>, exists: bool, seen: Seen },
 }
 
+/// Told the create revision of a solo holder's entry a waiter wrote.
+pub type Moved = std::sync::Arc<dyn Fn(i64) + Send + Sync>;
+
 /// Told that a [`Condition::Free`] prefix had keys under it.
 pub type Busy = std::sync::Arc<dyn Fn() + Send + Sync>;
 
@@ -65,6 +75,7 @@ impl std::fmt::Debug for Condition {
             }
             Condition::Free { prefix, .. } => write!(f, "Free({})", String::from_utf8_lossy(prefix)),
             Condition::NoSolo { key, exists, .. } => write!(f, "NoSolo({}, {exists})", String::from_utf8_lossy(key)),
+            Condition::HeldSolo { entry, .. } => write!(f, "HeldSolo({})", String::from_utf8_lossy(entry)),
         }
     }
 }
@@ -73,6 +84,8 @@ impl Condition {
     pub fn key(&self) -> &[u8] {
         match self {
             Condition::Held { key, .. } | Condition::Claim { key, .. } | Condition::NoSolo { key, .. } => key,
+            // Read when the compare fails: whether a waiter wrote it.
+            Condition::HeldSolo { entry, .. } => entry,
             Condition::Free { prefix, .. } => prefix,
         }
     }

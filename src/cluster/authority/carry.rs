@@ -18,6 +18,7 @@ impl EtcdArbitration {
     /// that queued right behind the entry decide again at once instead of
     /// waiting for their watch.
     pub(super) fn release_ticket(&mut self, t: Ticket) {
+        self.materialized.lock().remove(&t.key);
         if let (Some(flag), Some(w)) = (self.broken_flags.remove(&t.key), &self.watcher) {
             w.unregister(&t.key, &flag);
         }
@@ -151,7 +152,9 @@ impl EtcdArbitration {
                     }
                     return (outcome, effects);
                 }
-                if outcome == Outcome::Granted && local.effective_ttl(ino).is_some() {
+                // (A TTL set after a solo grant was asked for is not seen
+                // by other hosts: they see no entry to break.)
+                if outcome == Outcome::Granted && local.effective_ttl(ino).is_some() && ticket.solo.is_none() {
                     // Another host may break it once its TTL passes.
                     let flag = Arc::new(AtomicBool::new(false));
                     if let Some(w) = &self.watcher {

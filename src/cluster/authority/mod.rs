@@ -199,6 +199,9 @@ pub struct EtcdArbitration {
     /// their queue) after this host's watch had shown them free: the
     /// change, decided again, takes them as held without asking etcd.
     busy: Arc<parking_lot::Mutex<std::collections::HashSet<String>>>,
+    /// Solo holders of this host whose entries a waiter wrote, by entry
+    /// key: the create revision a write through them compares now.
+    materialized: Arc<parking_lot::Mutex<HashMap<Vec<u8>, i64>>>,
     /// Waits of this host granted by another holder's release.
     handoffs: u64,
 }
@@ -324,6 +327,7 @@ impl EtcdArbitration {
             ttl_breaks: (0, 0),
             handoffs: 0,
             busy: Default::default(),
+            materialized: Default::default(),
             errands: Vec::new(),
             deciding: HashMap::new(),
             withdrawing: Vec::new(),
@@ -419,6 +423,11 @@ impl Arbitration for EtcdArbitration {
             ticket = ticket.with_ranges(vec![(r.start, r.end)]);
         }
         ticket.delay_lost = !self.config.lock_delay.is_zero();
+        // Recorded in the counter alone while nothing is in its way and no
+        // host reads events (the arbiter checks both): an exclusive
+        // whole-lease lock without a TTL (a TTL holder's entry carries its
+        // renewals).
+        ticket.solo_ok = mode == QMode::Exclusive && record.is_none() && asker.ttl_ms.is_none();
         ticket.served = self.served(&name);
         // Releases this request caused (a conversion) go first.
         let before = std::mem::take(&mut self.errands);
@@ -579,6 +588,15 @@ impl Arbitration for EtcdArbitration {
         self.handed_over(local, &mut effects);
         let (more, mut next) = local.tick();
         effects.extend(more);
+        if self.arbiter.listening_stale() {
+            // A new session (or a failed write): the listener key again.
+            let arbiter = self.arbiter.clone();
+            self.errands.push(Errand::new(move || {
+                if let Err(e) = arbiter.keep_listening() {
+                    tracing::warn!("cannot tell other hosts that events are read here: {e}");
+                }
+            }));
+        }
         let now = Instant::now();
         let mut due = false;
         for p in self.parked.values_mut() {
@@ -789,12 +807,42 @@ impl Arbitration for EtcdArbitration {
 
     fn hold_condition(&self, ino: Ino) -> Option<crate::namespace::replica::Condition> {
         self.held.iter().find(|((i, _), t)| *i == ino && t.mode == QMode::Exclusive).map(|(_, t)| {
-            crate::namespace::replica::Condition::Held { key: t.key.clone(), create_revision: t.create_revision }
+            let written = self.materialized.lock().get(&t.key).copied();
+            match (&t.solo, written) {
+                (Some(value), None) => {
+                    let (materialized, key) = (self.materialized.clone(), t.key.clone());
+                    crate::namespace::replica::Condition::HeldSolo {
+                        counter: self.arbiter.epoch_key_of(&t.name),
+                        value: value.clone().into_bytes(),
+                        entry: t.key.clone(),
+                        moved: Arc::new(move |rev| {
+                            materialized.lock().insert(key.clone(), rev);
+                        }),
+                    }
+                }
+                (Some(_), Some(rev)) => {
+                    crate::namespace::replica::Condition::Held { key: t.key.clone(), create_revision: rev }
+                }
+                (None, _) => crate::namespace::replica::Condition::Held {
+                    key: t.key.clone(),
+                    create_revision: t.create_revision,
+                },
+            }
         })
     }
 
     fn remote_events(&mut self) -> Vec<(crate::events::Event, Option<String>)> {
         self.watcher.as_ref().map(QueueWatcher::take_remote).unwrap_or_default()
+    }
+
+    fn listen(&mut self, on: bool) {
+        let arbiter = self.arbiter.clone();
+        self.errands.push(Errand::new(move || {
+            if let Err(e) = arbiter.listen(on) {
+                // Tried again by the lease timer.
+                tracing::warn!("cannot tell other hosts whether events are read here: {e}");
+            }
+        }));
     }
 
     fn backend(&self) -> (&'static str, Option<serde_json::Value>) {
