@@ -1737,6 +1737,32 @@ fn a_name_the_kernel_keeps_expires_with_the_copys_lag() {
     assert_eq!(sh_ok(&b.path, "stat -c %s g"), "12\n", "b's stat 400 ms later still showed the replaced file");
 }
 
+/// A Python holder of `x` that opens `reg` (guarded by `x`), prints
+/// `ready` and its epoch, waits for the file `go`, then writes `text` and a
+/// newline to `reg` and prints `written` or the errno; then stays 60 s if
+/// `stay`.
+fn guarded_holder(go: &Path, text: &str, stay: bool) -> String {
+    format!(
+        r#"
+import errno, fcntl, os, time
+fd = os.open("x", os.O_RDWR)
+fcntl.flock(fd, fcntl.LOCK_EX)
+g = os.open("reg", os.O_RDWR)
+print("ready", flush=True)
+print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+while not os.path.exists("{go}"):
+    time.sleep(0.01)
+try:
+    os.pwrite(g, b"{text}\n", 0)
+    print("written", flush=True)
+except OSError as e:
+    print(errno.errorcode[e.errno], flush=True)
+{stay}"#,
+        go = go.display(),
+        stay = if stay { "time.sleep(60)\n" } else { "" }
+    )
+}
+
 /// A holder granted solo (no queue entry) whose entry another host's
 /// waiter wrote when it queued behind it still holds: its write through a
 /// file its lease guards lands (the first attempt finds the counter
@@ -1750,24 +1776,7 @@ fn a_solo_holder_keeps_writing_after_a_waiter_queued_behind_it() {
     let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
     sh_ok(&a.path, "touch x && echo original > reg && setfattr -n user.leasefs.guard -v x reg");
     let go = a.dir.path().join("go");
-    let holder = format!(
-        r#"
-import errno, fcntl, os, time
-fd = os.open("x", os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-g = os.open("reg", os.O_RDWR)
-print("ready", flush=True)
-print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
-while not os.path.exists("{}"):
-    time.sleep(0.01)
-try:
-    os.pwrite(g, b"written \n", 0)
-    print("written", flush=True)
-except OSError as e:
-    print(errno.errorcode[e.errno], flush=True)
-"#,
-        go.display()
-    );
+    let holder = guarded_holder(&go, "written ", false);
     let mut h = py_ready(&a, &holder);
     await_lines(&h, 1, "the holder's epoch");
     let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
@@ -1790,6 +1799,8 @@ except OSError as e:
     let e1: u64 = h.output()[0].parse().unwrap();
     assert_eq!(w.output(), [format!("{}", e1 + 1)]);
     assert_eq!(sh_ok(&b.path, "cat reg"), "written \n");
+    assert_eq!(status(&a)["etcd"]["solo"]["granted"], 1, "{}", status(&a));
+    assert_eq!(status(&b)["etcd"]["solo"]["entries_written"], 1, "{}", status(&b));
 }
 
 #[test]
@@ -1808,25 +1819,7 @@ fn a_guarded_write_is_stored_only_while_its_lease_is_held_in_etcd() {
     let b = host(&cluster, &p, &[]);
     sh_ok(&b.path, "touch x && echo original > reg && setfattr -n user.leasefs.guard -v x reg");
     let go = a.dir.path().join("go");
-    let holder = format!(
-        r#"
-import errno, fcntl, os, time
-fd = os.open("x", os.O_RDWR)
-fcntl.flock(fd, fcntl.LOCK_EX)
-g = os.open("reg", os.O_RDWR)
-print("ready", flush=True)
-print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
-while not os.path.exists("{}"):
-    time.sleep(0.01)
-try:
-    os.pwrite(g, b"stale   \n", 0)
-    print("written", flush=True)
-except OSError as e:
-    print(errno.errorcode[e.errno], flush=True)
-time.sleep(60)
-"#,
-        go.display()
-    );
+    let holder = guarded_holder(&go, "stale   ", true);
     let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "x", 1);
     let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));

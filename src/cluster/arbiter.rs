@@ -204,6 +204,9 @@ pub struct Arbiter {
     mirror: parking_lot::Mutex<Option<Mirror>>,
     /// Releases that handed the lease to the next waiter.
     handoffs: AtomicU64,
+    /// Solo grants of this host, and solo holders (of any host) whose
+    /// entries this host wrote.
+    solo: (AtomicU64, AtomicU64),
     /// Epoch reads, shared by the readers that come together.
     epoch_rounds: parking_lot::Mutex<EpochRounds>,
     epoch_done: parking_lot::Condvar,
@@ -304,6 +307,7 @@ impl Arbiter {
             listening: Default::default(),
             mirror: Default::default(),
             handoffs: AtomicU64::new(0),
+            solo: Default::default(),
             epoch_rounds: Default::default(),
             epoch_done: Default::default(),
         }
@@ -312,6 +316,11 @@ impl Arbiter {
     /// Readers of epochs served by a read another reader sent.
     pub fn shared_epoch_reads(&self) -> u64 {
         self.epoch_rounds.lock().shared
+    }
+
+    /// Solo grants of this host, and solo holders whose entries it wrote.
+    pub fn solo_counts(&self) -> (u64, u64) {
+        (self.solo.0.load(Ordering::Relaxed), self.solo.1.load(Ordering::Relaxed))
     }
 
     /// Releases of this host that handed the lease to the next waiter.
@@ -433,6 +442,9 @@ impl Arbiter {
             let alive = Compare::new(self.session_key(solo.lease), CmpOp::Greater, Target::Version(0));
             let entry = Op::put(holder.as_bytes().to_vec(), solo.entry.to_string(), solo.lease);
             let r = self.client.txn(&[same.clone(), alive], &[entry, plain.clone()], &[Op::get(ek)])?;
+            if r.succeeded {
+                self.solo.1.fetch_add(1, Ordering::Relaxed);
+            }
             let moved = match r.responses.first() {
                 Some(OpResult::Range(kvs)) => kvs.first().is_none_or(|c| c.value != kv.value),
                 _ => r.succeeded,
@@ -804,6 +816,7 @@ impl Arbiter {
                         solo: Some(value.clone().into_bytes()),
                     };
                     self.know(&t.name, k);
+                    self.solo.0.fetch_add(1, Ordering::Relaxed);
                     t.solo = Some(value);
                     return Ok(Decision::Granted { epoch: epoch + 1, lost_holder: false });
                 }

@@ -868,6 +868,7 @@ impl Arbitration for EtcdArbitration {
             "fenced_by_session_loss": self.losses,
             "ttl_breaks": { "of_other_hosts": self.ttl_breaks.0, "by_other_hosts": self.ttl_breaks.1 },
             "handoffs": { "given": self.arbiter.handoffs(), "received": self.handoffs },
+            "solo": { "granted": self.arbiter.solo_counts().0, "entries_written": self.arbiter.solo_counts().1 },
             "epoch_reads": { "shared": self.arbiter.shared_epoch_reads() },
         });
         ("etcd", Some(info))
