@@ -34,7 +34,7 @@ checker reads the whole history afterwards:
 It prints a tally and the first violation of each kind, and exits 1 when
 there is one. Needs root, etcd (etcd-server), iproute2 and util-linux.
 
-    scripts/jepsen.py [--seconds 60] [--leasefs target/release/leasefs] [--lock-delay DUR]
+    scripts/jepsen.py [--seconds 60] [--leasefs target/release/leasefs] [--lock-delay DUR] [--idle SECONDS]
 """
 
 import argparse
@@ -72,6 +72,11 @@ def now():
 
 
 # ---------------------------------------------------------------- the worker
+
+
+# Longest pause between a worker's holds (`--idle`; passed to the workers
+# in the environment).
+IDLE = float(os.environ.get("LEASEFS_JEPSEN_IDLE", "0"))
 
 
 def worker(mount, name, log_path, until, ops):
@@ -144,6 +149,9 @@ def worker(mount, name, log_path, until, ops):
             os.close(g)
         note(op="release", epoch=epoch, inv=now())
         os.close(fd)
+        # --idle: a pause between holds, so that the same host often takes
+        # the lease again with nobody in its way (a solo grant).
+        time.sleep(random.uniform(0, IDLE))
 
 
 def observer(mounts, log_path, until):
@@ -457,9 +465,13 @@ def main():
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--lock-delay", default=None, metavar="DUR",
                     help="mount every host with --lock-delay DUR (a lost holder's lease is granted after it)")
+    ap.add_argument("--idle", type=float, default=0, metavar="SECONDS",
+                    help="each worker pauses up to this long between holds (more holds with nobody in the way)")
     ap.add_argument("--worker", nargs=5, metavar=("MOUNT", "NAME", "LOG", "UNTIL", "OPS"), help=argparse.SUPPRESS)
     ap.add_argument("--observer", nargs=3, metavar=("MOUNTS", "LOG", "UNTIL"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.idle:
+        os.environ["LEASEFS_JEPSEN_IDLE"] = str(a.idle)
     if a.observer:
         observer(json.loads(a.observer[0]), a.observer[1], float(a.observer[2]))
         return 0
@@ -534,8 +546,15 @@ def main():
                     print(f"--- daemon {host} (pid {pid}) ---\n{bt.stdout}", file=sys.stderr)
             raise
         registers = {}
+        solo = {"granted": 0, "entries_written": 0}
         for host, d in h.mounts.items():
             registers[host] = int(open(os.path.join(d, "reg"), "rb").read().strip() or b"0")
+            try:
+                st = json.load(open(os.path.join(d, ".leasefs/status")))["etcd"]["solo"]
+                for k in solo:
+                    solo[k] += st[k]
+            except (OSError, ValueError, KeyError):
+                pass
         history = [json.loads(line) for line in open(log)] + h.events
     finally:
         for p in procs:
@@ -560,6 +579,8 @@ def main():
           f"(all ESTALE unless reported), gaps between consecutive grants {explained['gaps']['seen']} "
           f"(explained by a fault or an unread grant: {explained['gaps']['explained']})")
     print(f"nemesis {faults}")
+    print(f"solo grants {solo['granted']}, solo holders' entries written by waiters {solo['entries_written']} "
+          f"(as the hosts' status counts them since their last mount)")
     if a.lock_delay:
         held_back = 0
         for host in "abc":
