@@ -1805,6 +1805,20 @@ fn a_solo_holder_keeps_writing_after_a_waiter_queued_behind_it() {
 
 #[test]
 fn a_guarded_write_is_stored_only_while_its_lease_is_held_in_etcd() {
+    guarded_write_after_the_hold_went(true);
+}
+
+/// The same without another holder: the hold's session key goes (as when
+/// etcd expired the session) while nothing else changes, and a holder
+/// granted solo (whose counter still names it) cannot land its write.
+/// Red (the write stored) without the session-key compare of a solo
+/// holder's writes.
+#[test]
+fn a_solo_holders_write_is_refused_once_its_session_is_gone_in_etcd() {
+    guarded_write_after_the_hold_went(false);
+}
+
+fn guarded_write_after_the_hold_went(next_holder: bool) {
     let cluster = Cluster::start();
     let p = prefix("guardtxn");
     let eps = cluster.endpoints().join(",");
@@ -1846,12 +1860,16 @@ fn a_guarded_write_is_stored_only_while_its_lease_is_held_in_etcd() {
     let mut reader = Bg::capture(&a.path, "cat", &["reg"]);
     // Meanwhile its holder's entry goes (as on expiry) and b is granted.
     c.delete(&gone, &[]).unwrap();
-    let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
-    let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
-    assert!(w.wait(STEP).success(), "b was never granted");
+    if next_holder {
+        let waiter = "import fcntl, os\nfd = os.open('x', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))";
+        let mut w = Bg::capture(&b.path, "python3", &["-c", waiter]);
+        assert!(w.wait(STEP).success(), "b was never granted");
+        let e1: u64 = h.output()[0].parse().unwrap();
+        assert_eq!(w.output(), [format!("{}", e1 + 1)]);
+    } else {
+        assert!(gone.starts_with(format!("{p}/s/").as_bytes()), "the holder was not granted solo");
+    }
     await_lines(&h, 2, "the write never returned");
-    let e1: u64 = h.output()[0].parse().unwrap();
-    assert_eq!(w.output(), [format!("{}", e1 + 1)]);
     assert_eq!(h.output()[1], "ESTALE", "the stale holder's write was stored");
     assert_eq!(sh_ok(&b.path, "cat reg"), "original\n");
     assert_eq!(sh_ok(&a.path, "cat reg"), "original\n");

@@ -356,6 +356,11 @@ impl Arbiter {
         format!("{}/q/{}/", self.prefix, escape(name)).into_bytes()
     }
 
+    /// The session key of `lease`, for a write's condition.
+    pub fn session_key_of(&self, lease: i64) -> Vec<u8> {
+        self.session_key(lease)
+    }
+
     /// The key that exists while the etcd lease `lease` does (written on
     /// it by the host whose session it is, before its first solo grant).
     fn session_key(&self, lease: i64) -> Vec<u8> {

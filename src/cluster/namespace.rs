@@ -868,8 +868,10 @@ impl Replica for EtcdNamespace {
                     cmp.push(Compare::new(key.clone(), CmpOp::Less, Target::Value(SOLO_FROM.to_vec())));
                 }
                 Condition::NoSolo { key, exists: false, .. } => cmp.push(Compare::absent(key.clone())),
-                Condition::HeldSolo { counter, value, .. } => {
+                Condition::HeldSolo { counter, value, session, .. } => {
                     cmp.push(Compare::new(counter.clone(), CmpOp::Equal, Target::Value(value.clone())));
+                    // Its session alive, as a holder's entry would be.
+                    cmp.push(Compare::new(session.clone(), CmpOp::Greater, Target::Version(0)));
                 }
             }
         }

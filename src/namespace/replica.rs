@@ -28,12 +28,13 @@ pub enum Condition {
     /// while its lease is held); `Stale` when it does not.
     Held { key: Vec<u8>, create_revision: i64 },
     /// A solo holder's hold (no entry; see `cluster::arbiter`): the
-    /// counter must still have the value its grant wrote. When a waiter
+    /// counter must still have the value its grant wrote, and the
+    /// holder's session key (`session`) must exist. When a waiter
     /// has written the holder's entry meanwhile, the holder still holds:
     /// `moved` hears that entry's create revision and the change is
     /// decided again (`Conflict`); without an entry the hold is lost
     /// (`Stale`).
-    HeldSolo { counter: Vec<u8>, value: Vec<u8>, entry: Vec<u8>, moved: Moved },
+    HeldSolo { counter: Vec<u8>, value: Vec<u8>, session: Vec<u8>, entry: Vec<u8>, moved: Moved },
     /// An acquisition by create or link takes the next epoch in the same
     /// step: the counter `key` must still be at `mod_revision` (0: absent)
     /// and is written `value`. When it moved, the change is decided again

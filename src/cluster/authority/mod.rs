@@ -814,6 +814,7 @@ impl Arbitration for EtcdArbitration {
                     crate::namespace::replica::Condition::HeldSolo {
                         counter: self.arbiter.epoch_key_of(&t.name),
                         value: value.clone().into_bytes(),
+                        session: self.arbiter.session_key_of(t.session),
                         entry: t.key.clone(),
                         moved: Arc::new(move |rev| {
                             materialized.lock().insert(key.clone(), rev);
