@@ -2361,6 +2361,52 @@ while p.poll(20000):
     reader.kill_all();
 }
 
+/// A process that starts reading `.leasefs/events` on one host while
+/// another host holds a lease solo (granted before anybody listened: no
+/// entry, no `grant` event) sees that holder's `release`: listening
+/// writes the entries of holders granted solo before its `open` returns.
+/// Red (no event) without that.
+#[test]
+fn events_read_after_a_solo_grant_on_another_host_show_its_release() {
+    let cluster = Cluster::start();
+    let p = prefix("eventsolo");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&b.path, "touch x");
+    let holder = Bg::ready(&b.path, "exec flock x sh -c 'echo ready; exec sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    assert_eq!(status(&b)["etcd"]["solo"]["granted"], 1, "the holder was not granted solo");
+    let mut reader = py_ready(
+        &a,
+        r#"
+import os, select
+fd = os.open(".leasefs/events", os.O_RDONLY)
+print("ready", flush=True)
+p = select.poll()
+p.register(fd, select.POLLIN)
+rest = b""
+while p.poll(20000):
+    lines = (rest + os.read(fd, 65536)).split(b"\n")
+    rest = lines.pop()
+    for l in lines:
+        print(l.decode(), flush=True)
+"#,
+    );
+    drop(holder);
+    let deadline = Instant::now() + STEP;
+    loop {
+        let seen = reader.output().iter().any(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .is_ok_and(|e| e["path"] == "/x" && e["event"] == "release" && e["epoch"] == 1)
+        });
+        if seen {
+            break;
+        }
+        assert!(Instant::now() < deadline, "A never saw B's release of /x: {:?}", reader.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reader.kill_all();
+}
+
 /// The stalled request `slow` on host `a` (a `what`) is still running
 /// after the requests before this were served, a `status` read runs beside
 /// it, and it then ends printing `printed`.

@@ -415,6 +415,14 @@ impl Arbiter {
             key.extend_from_slice(format!("{lease:016x}").as_bytes());
             self.client.put(&key, self.host.as_bytes(), lease)?;
             l.1 = lease;
+            // Holders granted solo before the key was there get their
+            // entries now, so that their releases reach every watch too.
+            let c = format!("{}/epoch/", self.prefix).into_bytes();
+            let (counters, _) = self.client.range(&c, &prefix_end(&c))?;
+            for kv in counters.iter().filter(|kv| solo_of(&kv.value).is_some()) {
+                let name = unescape(&String::from_utf8_lossy(&kv.key[c.len()..]));
+                self.unsolo(&name, kv)?;
+            }
         }
         Ok(())
     }
