@@ -376,6 +376,13 @@ mod arbitration {
         }
     }
 
+    /// Take `name` exclusively, allowing a solo grant; the ticket and epoch.
+    fn solo_acquire(a: &Arbiter, name: &str, pid: u32) -> (leasefs::cluster::arbiter::Ticket, u64) {
+        let mut t = a.ticket(name, Mode::Exclusive, &asker(pid)).unwrap();
+        t.solo_ok = true;
+        a.acquire_ticket(t, STEP).unwrap().unwrap()
+    }
+
     fn behind(a: &Arbiter, t: &leasefs::cluster::arbiter::Ticket) -> bool {
         matches!(a.decide(t).unwrap(), Decision::Behind { .. })
     }
@@ -572,9 +579,7 @@ mod arbitration {
     fn a_solo_holder_is_in_the_counter_alone_until_a_waiter_writes_its_entry_and_queues_behind_it() {
         let cluster = Cluster::start();
         let (a, b) = (host(&cluster, "a", 10), host(&cluster, "b", 10));
-        let mut t = a.ticket("/S", Mode::Exclusive, &asker(1)).unwrap();
-        t.solo_ok = true;
-        let (ta, e1) = a.acquire_ticket(t, STEP).unwrap().unwrap();
+        let (ta, e1) = solo_acquire(&a, "/S", 1);
         assert_eq!(e1, 1);
         assert!(ta.solo.is_some(), "granted with an entry");
         let client = Client::new(&cluster.endpoints(), Duration::from_secs(2));
@@ -602,9 +607,7 @@ mod arbitration {
         assert_eq!(await_grant(&b, &ts), (2, false));
         b.release(&ts).unwrap();
         // b knows the counter as its release left it: solo again.
-        let mut t = b.ticket("/S", Mode::Exclusive, &asker(3)).unwrap();
-        t.solo_ok = true;
-        let (tb, e3) = b.acquire_ticket(t, STEP).unwrap().unwrap();
+        let (tb, e3) = solo_acquire(&b, "/S", 3);
         assert_eq!((e3, tb.solo.is_some()), (3, true));
         // A release nobody interrupted clears the counter in one step.
         b.release(&tb).unwrap();
@@ -623,9 +626,7 @@ mod arbitration {
     fn a_solo_holder_whose_session_expired_is_a_lost_holder() {
         let cluster = Cluster::start();
         let (a, b) = (host(&cluster, "a", 2), host(&cluster, "b", 10));
-        let mut t = a.ticket("/T", Mode::Exclusive, &asker(1)).unwrap();
-        t.solo_ok = true;
-        let (ta, e1) = a.acquire_ticket(t, STEP).unwrap().unwrap();
+        let (ta, e1) = solo_acquire(&a, "/T", 1);
         assert!(ta.solo.is_some());
         assert_eq!(b.entries("/T").unwrap().0.len(), 1, "the solo holder is not shown");
         a.session().pause_renewals(true);

@@ -2302,16 +2302,11 @@ print(sorted(os.listdir(".")))
     assert_eq!(e.trim(), "1");
 }
 
-/// `.leasefs/events` on one host shows the grants and releases of holders
-/// on another, with their host, pid and command, in epoch order.
-#[test]
-fn events_on_one_host_show_the_grants_and_releases_of_holders_on_another() {
-    let cluster = Cluster::start();
-    let p = prefix("remote-events");
-    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
-    sh_ok(&b.path, "touch x y");
-    let mut reader = py_ready(
-        &a,
+/// A process on `m` that opens `.leasefs/events`, prints `ready` once it
+/// is open, then prints each event line.
+fn events_reader(m: &Mount) -> Bg {
+    py_ready(
+        m,
         r#"
 import os, select
 fd = os.open(".leasefs/events", os.O_RDONLY)
@@ -2325,7 +2320,18 @@ while p.poll(20000):
     for l in lines:
         print(l.decode(), flush=True)
 "#,
-    );
+    )
+}
+
+/// `.leasefs/events` on one host shows the grants and releases of holders
+/// on another, with their host, pid and command, in epoch order.
+#[test]
+fn events_on_one_host_show_the_grants_and_releases_of_holders_on_another() {
+    let cluster = Cluster::start();
+    let p = prefix("remote-events");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&b.path, "touch x y");
+    let mut reader = events_reader(&a);
     sh_ok(&b.path, "flock x true; flock x true; flock x true");
     let holder = Bg::ready(&b.path, "exec flock y sh -c 'echo ready; exec sleep 60'");
     let events = |bg: &Bg| -> Vec<serde_json::Value> {
@@ -2375,22 +2381,7 @@ fn events_read_after_a_solo_grant_on_another_host_show_its_release() {
     let holder = Bg::ready(&b.path, "exec flock x sh -c 'echo ready; exec sleep 60'");
     await_entries(&cluster, &p, "x", 1);
     assert_eq!(status(&b)["etcd"]["solo"]["granted"], 1, "the holder was not granted solo");
-    let mut reader = py_ready(
-        &a,
-        r#"
-import os, select
-fd = os.open(".leasefs/events", os.O_RDONLY)
-print("ready", flush=True)
-p = select.poll()
-p.register(fd, select.POLLIN)
-rest = b""
-while p.poll(20000):
-    lines = (rest + os.read(fd, 65536)).split(b"\n")
-    rest = lines.pop()
-    for l in lines:
-        print(l.decode(), flush=True)
-"#,
-    );
+    let mut reader = events_reader(&a);
     drop(holder);
     let deadline = Instant::now() + STEP;
     loop {
