@@ -2604,3 +2604,59 @@ fn lookups_of_different_names_in_one_directory_run_at_once() {
     let (shared, after) = shared_reads(&a);
     assert!(shared > shared0, "lookups in one directory waited for each other instead of sharing a read: {after}");
 }
+
+/// `user.leasefs.holder` is a fencing fact (SPEC 10): every host shows a
+/// lease's holders wherever they are, held solo (the counter alone) or
+/// with an entry in the queue, and `leasefs wait --free` waits for them.
+/// Red (`a` listed no holder, `wait --free` returned at once) while the
+/// attribute read this host's table only.
+#[test]
+fn the_holder_attribute_shows_holders_of_other_hosts_and_wait_free_waits_for_them() {
+    let cluster = Cluster::start();
+    let p = prefix("holderattr");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x y");
+    let b_host = status(&b)["etcd"]["host"].as_str().expect("b's host name").to_string();
+    let a_host = status(&a)["etcd"]["host"].as_str().expect("a's host name").to_string();
+    assert_ne!(a_host, b_host);
+    let holders = |m: &Mount, f: &str| -> serde_json::Value {
+        serde_json::from_str(&sh_ok(&m.path, &format!("getfattr --only-values -n user.leasefs.holder {f}")))
+            .expect("the holder attribute is JSON")
+    };
+    let bin = leasefs_bin();
+    let wait = |m: &Mount, args: &[&str]| {
+        run_timeout(std::process::Command::new(&bin).arg("wait").arg(&m.path).args(args), STEP).status.code()
+    };
+    // Held solo on b: the counter alone records it.
+    let holder = Bg::ready(&b.path, "exec flock x sh -c 'echo ready; exec sleep 60'");
+    await_entries(&cluster, &p, "x", 1);
+    assert_eq!(status(&b)["etcd"]["solo"]["granted"], 1, "the holder was not granted solo");
+    let h = holders(&a, "x");
+    assert_eq!(h["epoch"], 1, "{h}");
+    let rows = h["holders"].as_array().expect("holders");
+    assert_eq!(rows.len(), 1, "a shows b's holder: {h}");
+    assert_eq!(rows[0]["host"], b_host.as_str(), "{h}");
+    assert_eq!(rows[0]["mode"], "exclusive", "{h}");
+    assert_eq!(rows[0]["kind"], "flock", "{h}");
+    let on_b = holders(&b, "x");
+    assert_eq!(on_b["holders"].as_array().map(Vec::len), Some(1), "b shows its own holder once: {on_b}");
+    assert!(on_b["holders"][0].get("host").is_none(), "b's own holder is local: {on_b}");
+    assert_eq!(wait(&a, &["x", "--free", "-w", "0.5"]), Some(1), "wait --free on a returned while b holds x");
+    assert_eq!(wait(&a, &["x", "--held"]), Some(0));
+    // A waiter on a writes the holder's entry: still one holder, shown once.
+    let waiter = Bg::spawn(&a.path, "exec flock -w 30 x true");
+    await_entries(&cluster, &p, "x", 2);
+    let h = holders(&a, "x");
+    assert_eq!(h["holders"].as_array().map(Vec::len), Some(1), "one holder, from its queue entry: {h}");
+    assert_eq!(h["holders"][0]["host"], b_host.as_str(), "{h}");
+    // A wait for the lease to be free, started while b holds it, returns
+    // once b's holder is gone.
+    drop(waiter);
+    await_entries(&cluster, &p, "x", 1);
+    let path = a.path.to_string_lossy().to_string();
+    let mut free = Bg::capture(&a.path, bin.to_str().unwrap(), &["wait", &path, "x", "--free", "-w", "30"]);
+    free.wait_blocked();
+    drop(holder);
+    assert!(free.wait(STEP).success(), "wait --free on a never saw b's release");
+    assert_eq!(holders(&b, "x")["holders"].as_array().map(Vec::len), Some(0));
+}

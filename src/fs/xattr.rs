@@ -109,7 +109,19 @@ impl Fs {
                 st.name_lease(ino);
                 let mut st = self.refreshed(st, &[ino])?;
                 st.check_token(caller.pid, ino)?;
-                return Ok(holder_json(&st.lease, ino, now).into_bytes());
+                // Holders on other hosts count as much as this host's
+                // (`leasefs wait --free` waits for them too).
+                let (mut remote, mut floor) = (Vec::new(), 0);
+                if let Some(read) = st.lease.remote_holders(ino) {
+                    drop(st);
+                    (remote, floor) = read().map_err(|e| {
+                        tracing::warn!("cannot read other hosts' holders from etcd: {e}");
+                        Error::Io
+                    })?;
+                    st = self.state.lock();
+                    st.check_token(caller.pid, ino)?;
+                }
+                return Ok(holder_json(&st.lease, ino, now, remote, floor).into_bytes());
             }
             Some(XATTR_TTL) => {
                 let ttl = st.lease.table().lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
@@ -180,13 +192,16 @@ impl Fs {
 }
 
 /// `user.leasefs.holder`: the holders as JSON.
-pub(super) fn holder_json(locks: &LeaseAuthority, ino: Ino, now: u64) -> String {
-    let holders: Vec<HolderRow> = locks
+/// `remote` are other hosts' holders, granted epochs up to `floor`.
+pub(super) fn holder_json(locks: &LeaseAuthority, ino: Ino, now: u64, remote: Vec<HolderRow>, floor: u64) -> String {
+    let mut holders: Vec<HolderRow> = locks
         .table()
         .lease(ino)
         .map(|l| l.locks().iter().map(|k| HolderRow::local(k, now)).collect())
         .unwrap_or_default();
-    serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
+    holders.extend(remote);
+    let epoch = locks.epoch(ino).0.max(floor);
+    serde_json::json!({ "epoch": epoch, "holders": holders }).to_string()
 }
 
 pub(super) fn is_leasefs_xattr(name: &OsStr) -> bool {

@@ -28,7 +28,7 @@
 
 use super::local::LocalAuthority;
 use super::machine::{Effect, Fenced, Lock, Outcome, Request, WaitId};
-use super::seam::{Answer, Errand, Question, RemoteLeases, Step, Wake};
+use super::seam::{Answer, Errand, Question, RemoteHolders, RemoteLeases, Step, Wake};
 use crate::error::Result;
 use crate::namespace::replica::Condition;
 use crate::namespace::Ino;
@@ -129,6 +129,9 @@ pub trait Arbitration: Send + std::fmt::Debug {
     fn break_reason(&self, ino: Ino, fenced: &Fenced) -> Option<&'static str>;
     /// How to list other hosts' leases (a closure run without the state lock).
     fn remote_leases(&self) -> Option<RemoteLeases>;
+    /// How to read other hosts' holders of `ino` (a closure run without
+    /// the state lock); `None` when no other host can hold it.
+    fn remote_holders(&self, ino: Ino) -> Option<RemoteHolders>;
     /// The mount goes away: leave the arbiter cleanly.
     fn shutdown(&mut self);
 }

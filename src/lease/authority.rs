@@ -44,7 +44,7 @@
 use super::arbitration::Arbitration;
 use super::local::LocalAuthority;
 use super::machine::{Effect, Epoch, Fenced, Lock, Outcome, Owner, Request, WaitId};
-pub use super::seam::{Answer, Errand, Question, RemoteLeases, Step, Wake};
+pub use super::seam::{Answer, Errand, Question, RemoteHolders, RemoteLeases, Step, Wake};
 use crate::error::Result;
 use crate::namespace::Ino;
 
@@ -464,6 +464,13 @@ impl LeaseAuthority {
     /// without the state lock (it asks etcd); `None`: no other hosts.
     pub fn remote_leases(&self) -> Option<RemoteLeases> {
         self.shared.as_ref().and_then(|a| a.remote_leases())
+    }
+
+    /// Other hosts' holders of `ino`, for `user.leasefs.holder`. Run by
+    /// the caller without the state lock (it asks etcd); `None`: no other
+    /// hosts.
+    pub fn remote_holders(&self, ino: Ino) -> Option<RemoteHolders> {
+        self.shared.as_ref().and_then(|a| a.remote_holders(ino))
     }
 
     /// The mount goes away: leave the arbiter cleanly, so other hosts'

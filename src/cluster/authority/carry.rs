@@ -572,18 +572,7 @@ impl EtcdArbitration {
                 if theirs.is_empty() {
                     return None;
                 }
-                let holders = theirs
-                    .iter()
-                    .filter(|e| e.held)
-                    .map(|e| HolderRow {
-                        comm: Some(e.asker.comm.clone()),
-                        host: Some(e.host.clone()),
-                        kind: kind_name(crate::cluster::arbiter::owner_kind(&e.asker.owner)),
-                        mode: if e.mode == QMode::Shared { "shared" } else { "exclusive" },
-                        pid: e.asker.pid,
-                        ..HolderRow::default()
-                    })
-                    .collect();
+                let holders = theirs.iter().filter(|e| e.held).map(|e| remote_row(e)).collect::<Vec<_>>();
                 Some(LeaseRow {
                     epoch,
                     holders,
@@ -594,5 +583,31 @@ impl EtcdArbitration {
                 })
             })
             .collect()
+    }
+
+    /// Other hosts' holders of the lease `name` (`user.leasefs.holder`),
+    /// read from etcd (its queue, and its counter for a holder granted
+    /// solo), and the highest epoch granted to them.
+    pub(super) fn holders_elsewhere(
+        arbiter: &Arbiter,
+        me: &str,
+        name: &str,
+    ) -> std::result::Result<(Vec<HolderRow>, u64), String> {
+        let (entries, _) = arbiter.entries(name).map_err(|e| e.to_string())?;
+        let theirs: Vec<&crate::cluster::entries::Entry> = entries.iter().filter(|e| e.held && e.host != me).collect();
+        let epoch = theirs.iter().map(|e| e.epoch).max().unwrap_or(0);
+        Ok((theirs.into_iter().map(remote_row).collect(), epoch))
+    }
+}
+
+/// The row of a holder on another host (it has no byte range or age here).
+fn remote_row(e: &crate::cluster::entries::Entry) -> HolderRow {
+    HolderRow {
+        comm: Some(e.asker.comm.clone()),
+        host: Some(e.host.clone()),
+        kind: kind_name(crate::cluster::arbiter::owner_kind(&e.asker.owner)),
+        mode: if e.mode == QMode::Shared { "shared" } else { "exclusive" },
+        pid: e.asker.pid,
+        ..HolderRow::default()
     }
 }

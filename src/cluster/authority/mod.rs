@@ -64,7 +64,7 @@ use super::session::HostSession;
 use super::watcher::QueueWatcher;
 use crate::error::{Error, Result};
 use crate::lease::arbitration::Arbitration;
-use crate::lease::authority::{Answer, Errand, Question, RemoteLeases, Step, Wake};
+use crate::lease::authority::{Answer, Errand, Question, RemoteHolders, RemoteLeases, Step, Wake};
 use crate::lease::local::LocalAuthority;
 use crate::lease::machine::{Effect, Epoch, Fenced, Lock, LockKind, Mode, Outcome, Owner, Range, Request, WaitId};
 use crate::lease::rows::{kind_name, HolderRow, LeaseRow};
@@ -882,6 +882,12 @@ impl Arbitration for EtcdArbitration {
     fn remote_leases(&self) -> Option<RemoteLeases> {
         let (arbiter, me) = (self.arbiter.clone(), self.config.host.clone());
         Some(Box::new(move |prefix: &str| Self::list_remote(&arbiter, &me, prefix)))
+    }
+
+    fn remote_holders(&self, ino: Ino) -> Option<RemoteHolders> {
+        let name = self.names.get(&ino)?.clone();
+        let (arbiter, me) = (self.arbiter.clone(), self.config.host.clone());
+        Some(Box::new(move || Self::holders_elsewhere(&arbiter, &me, &name)))
     }
 
     fn shutdown(&mut self) {
