@@ -2641,9 +2641,15 @@ fn the_holder_attribute_shows_holders_of_other_hosts_and_wait_free_waits_for_the
     let on_b = holders(&b, "x");
     assert_eq!(on_b["holders"].as_array().map(Vec::len), Some(1), "b shows its own holder once: {on_b}");
     assert!(on_b["holders"][0].get("host").is_none(), "b's own holder is local: {on_b}");
+    // F_GETLK on a names the holder while it is still solo (pid 0: its
+    // pid is another host's).
+    let getlk = "import fcntl, os, struct\nfd = os.open('x', os.O_RDWR)\nask = struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0)\nt, _, _, _, pid = struct.unpack('hhqqi', fcntl.fcntl(fd, fcntl.F_GETLK, ask))\nprint(t, pid)";
+    assert_eq!(py_ok(&a.path, getlk).trim(), format!("{} 0", libc::F_WRLCK));
+    assert_eq!(status(&a)["etcd"]["solo"]["entries_written"], 0, "the holder was read solo, not made an entry");
     assert_eq!(wait(&a, &["x", "--free", "-w", "0.5"]), Some(1), "wait --free on a returned while b holds x");
     assert_eq!(wait(&a, &["x", "--held"]), Some(0));
-    // A waiter on a writes the holder's entry: still one holder, shown once.
+    // The holder has an entry now (`leasefs wait` listening for events
+    // wrote it) and a waiter queues behind it: still one holder, shown once.
     let waiter = Bg::spawn(&a.path, "exec flock -w 30 x true");
     await_entries(&cluster, &p, "x", 2);
     let h = holders(&a, "x");
