@@ -313,6 +313,7 @@ impl Fs {
             "reads": st.sharing.copy_reads,
             "refused": st.sharing.copy_refusals,
             "stale_lookups": st.sharing.stale_lookups,
+            "stale_lookups_reopened_without_read": st.sharing.retrying.reopened,
             "unconfirmed_creates": st.sharing.unconfirmed_creates,
         })
     }

@@ -2,6 +2,7 @@
 //! checked per handle), read, write (suid/sgid kill, `O_APPEND`), fallocate,
 //! lseek, readdir, statfs.
 
+use super::shared::Walk;
 use super::*;
 
 impl Fs {
@@ -192,8 +193,16 @@ impl Fs {
         }
         // A directory's open is the first step of a listing: a read
         // (close-to-open applies to files' contents).
-        let dir = self.reads_a_copy() && self.state.lock().ns.get(ino).is_ok_and(|i| i.attr().kind == Kind::Dir);
-        let mut st = if dir { self.fresh(&[ino])? } else { self.fresh_open(&[ino])? };
+        // The kernel's second walk after an open refused below: the read
+        // that refused it was made during this same call.
+        let (dir, walk) = if self.reads_a_copy() {
+            let mut st = self.state.lock();
+            let dir = st.ns.get(ino).is_ok_and(|i| i.attr().kind == Kind::Dir);
+            (dir, st.sharing.retrying.opened(tid, ino))
+        } else {
+            (false, Walk::First)
+        };
+        let mut st = if dir || walk == Walk::AgainAfterRead { self.fresh(&[ino])? } else { self.fresh_open(&[ino])? };
         if self.reads_a_copy() && !dir && st.opened_by_a_stale_name(ino) {
             // The kernel opens by a name it looked up (from this host's
             // copy, or kept since), and another host removed or replaced
@@ -201,6 +210,10 @@ impl Fs {
             // kernel looks the path up again (LOOKUP_REVAL, fresh LOOKUPs)
             // and opens what it names now.
             st.sharing.stale_lookups += 1;
+            // A second refusal goes to the caller: its next call is new.
+            if walk == Walk::First {
+                st.sharing.retrying.refused(tid, true);
+            }
             return Err(Error::Stale(Stale::Lookup));
         }
         st.permit(caller, ino, access::wanted_by_open(flags))?;

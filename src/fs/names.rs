@@ -13,6 +13,18 @@ impl Fs {
         if let Some(a) = self.control_lookup(parent, name)? {
             return Ok((a, true));
         }
+        let out = self.lookup_name(parent, name, caller);
+        if self.reads_a_copy() {
+            let mut st = self.state.lock();
+            if !st.sharing.retrying.is_empty() {
+                st.sharing.retrying.looked_up_by(caller.pid, out.as_ref().ok().map(|(a, _)| (a.ino, a.kind)));
+            }
+        }
+        out
+    }
+
+    /// [`Fs::lookup`] of a name that is not a control file's.
+    fn lookup_name(&self, parent: Ino, name: &OsStr, caller: Caller) -> Result<(Attr, bool)> {
         let mut st = self.fresh_name(parent, name, false)?;
         st.permit(caller, parent, access::X)?;
         let ino = match st.ns.child(parent, name) {
@@ -214,6 +226,7 @@ impl Fs {
                         // not confirmed): the kernel walks again
                         // (`ESTALE`) and opens what it finds as any open
                         // would (a symlink followed, `O_TRUNC` applied).
+                        st.sharing.retrying.refused(caller.pid, false);
                         return Err(Error::Stale(Stale::Lookup));
                     }
                     st.permit(caller, ino, access::wanted_by_open(flags))?;

@@ -49,6 +49,11 @@ pub(super) struct Sharing {
     /// Opens refused `ESTALE` because the name the kernel opened by, looked
     /// up from the copy, had gone stale by the open's read of the store.
     pub(super) stale_lookups: u64,
+    /// Threads whose open was just refused `ESTALE` after its read of the
+    /// store: the kernel is walking that same call's path again
+    /// (`LOOKUP_REVAL`), and the open it sends next needs no read of its
+    /// own ([`Retries::opened`]).
+    pub(super) retrying: Retries,
     /// Reads answered from the copy without asking the store (SPEC 10;
     /// not counting the root's attributes and control files, which always
     /// are).
@@ -78,6 +83,98 @@ pub(super) enum Read {
 impl std::fmt::Debug for Sharing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Sharing").field("shared", &self.replica.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// A thread's open refused `ESTALE` after a read of the store (see
+/// [`Sharing::retrying`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Retry {
+    at: Instant,
+    /// The regular file the walk's last lookup found, if it ended on one.
+    found: Option<Ino>,
+    /// Whether the refusal came after a read of the store made during the
+    /// call (an open's), or from a change decided on the copy (a create
+    /// that found the name made by another host).
+    read: bool,
+}
+
+/// What [`Retries::opened`] found of a thread's open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Walk {
+    /// The call's first walk (as far as this host knows).
+    First,
+    /// The kernel's second walk after a refusal: its open needs a read.
+    Again,
+    /// The second walk after an open refused following its read: the
+    /// open is answered from that read.
+    AgainAfterRead,
+}
+
+/// How soon after its `ESTALE` the retried open must come to be answered
+/// from the refused open's read (the kernel retries at once; a thread
+/// scheduled out longer simply reads the store again).
+const RETRY_WINDOW: Duration = Duration::from_millis(250);
+
+/// Threads whose open was just refused `ESTALE` (see
+/// [`Sharing::retrying`]), and how many opens of the kernel's second walk
+/// were answered from the read that refused the first.
+#[derive(Debug, Default)]
+pub(super) struct Retries {
+    map: HashMap<u32, Retry>,
+    pub(super) reopened: u64,
+}
+
+impl Retries {
+    pub(super) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Thread `tid`'s open was refused `ESTALE`: the kernel walks the same
+    /// call's path again (`LOOKUP_REVAL`, fresh lookups, from the same
+    /// thread, before the call can return) and opens what the walk finds.
+    /// `read`: the refusal came after a read of the store made during the
+    /// call (see [`Retry::read`]).
+    pub(super) fn refused(&mut self, tid: u32, read: bool) {
+        let now = Instant::now();
+        let r = &mut self.map;
+        if r.len() >= 1024 {
+            r.retain(|_, m| now.duration_since(m.at) < RETRY_WINDOW);
+        }
+        r.insert(tid, Retry { at: now, found: None, read });
+    }
+
+    /// A lookup by thread `tid` was answered (`found`: the inode and its
+    /// kind; `None`: no such name, or an error). While the thread walks a
+    /// path again after a refused open, the walk's regular file is the one
+    /// its open may take without a read; a walk that ends without a file
+    /// ends the retry (its call returns, and the next call reads).
+    pub(super) fn looked_up_by(&mut self, tid: u32, found: Option<(Ino, Kind)>) {
+        let Some(m) = self.map.get_mut(&tid) else { return };
+        match found {
+            Some((ino, Kind::File)) => m.found = Some(ino),
+            // A directory or a symlink on the way to the file.
+            Some((_, Kind::Dir | Kind::Symlink)) => m.found = None,
+            _ => {
+                self.map.remove(&tid);
+            }
+        }
+    }
+
+    /// Whether thread `tid`'s open of `ino` is the kernel's retry of an
+    /// open refused `ESTALE` after a read of the store, within the same
+    /// call: its walk looked `ino` up afresh since, from the copy that read
+    /// brought up to date, so the open sees every change that completed
+    /// before the call began without reading again. Any open of the
+    /// thread ends the retry.
+    pub(super) fn opened(&mut self, tid: u32, ino: Ino) -> Walk {
+        let Some(m) = self.map.remove(&tid) else { return Walk::First };
+        if m.read && m.found == Some(ino) && m.at.elapsed() < RETRY_WINDOW {
+            self.reopened += 1;
+            Walk::AgainAfterRead
+        } else {
+            Walk::Again
+        }
     }
 }
 
@@ -565,5 +662,45 @@ impl Fs {
         st.sharing.replica = Some(replica);
         st.mount.checks_access = true;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod retry_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_open_of_the_file_the_second_walk_found_after_a_read_skips_its_read() {
+        let (f, g) = (Ino(10), Ino(11));
+        let mut r = Retries::default();
+        assert_eq!(r.opened(1, f), Walk::First);
+        // Refused after a read; the walk goes through a directory to f.
+        r.refused(1, true);
+        r.looked_up_by(1, Some((Ino(5), Kind::Dir)));
+        r.looked_up_by(1, Some((f, Kind::File)));
+        assert_eq!(r.opened(1, f), Walk::AgainAfterRead);
+        assert_eq!(r.reopened, 1);
+        // Any open ends the retry: the next one is a new call.
+        assert_eq!(r.opened(1, f), Walk::First);
+        // Another file than the walk found, or another thread.
+        r.refused(1, true);
+        r.looked_up_by(1, Some((f, Kind::File)));
+        assert_eq!(r.opened(2, f), Walk::First);
+        assert_eq!(r.opened(1, g), Walk::Again);
+        // A walk that ended on no file ends the retry.
+        r.refused(1, true);
+        r.looked_up_by(1, None);
+        assert_eq!(r.opened(1, f), Walk::First);
+        // An open whose walk looked nothing up (the name came from the
+        // first walk) reads.
+        r.refused(1, true);
+        assert_eq!(r.opened(1, f), Walk::Again);
+        // A refusal without a read during the call (a create that found
+        // the name made elsewhere) never spares the read.
+        r.refused(1, false);
+        r.looked_up_by(1, Some((f, Kind::File)));
+        assert_eq!(r.opened(1, f), Walk::Again);
+        assert_eq!(r.reopened, 1);
+        assert!(r.is_empty());
     }
 }
