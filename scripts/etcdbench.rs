@@ -5,7 +5,9 @@
 //! contending for one lease, and what the cluster itself gives two clients
 //! writing disjoint keys at once against one alone (the ceiling of the
 //! mounts' `parallel2/1`).
-//!   etcdbench ENDPOINTS ITERATIONS SECONDS
+//!   etcdbench ENDPOINTS ITERATIONS SECONDS [cycle NAME]
+//! With `cycle NAME`, only the bare cycle, printed as `NAME` (the script
+//! measures it right before and after a mount's figure).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +19,20 @@ use leasefs::cluster::session::HostSession;
 fn median_us(mut v: Vec<Duration>) -> f64 {
     v.sort();
     v[v.len() / 2].as_secs_f64() * 1e6
+}
+
+/// `n` bare transaction cycles (create-if-absent, delete) through `raw`.
+fn bare_cycles(raw: &Client, n: usize) -> Vec<Duration> {
+    let mut cycle = Vec::with_capacity(n);
+    for i in 0..n {
+        let key = format!("bench/raw/{}", i % 16).into_bytes();
+        let t = Instant::now();
+        let r = raw.txn(&[Compare::absent(key.clone())], &[Op::put(key.clone(), b"x".to_vec(), 0)], &[]).expect("txn");
+        assert!(r.succeeded);
+        raw.delete(&key, &[]).expect("delete");
+        cycle.push(t.elapsed());
+    }
+    cycle
 }
 
 fn host(endpoints: &[String], name: &str) -> Arbiter {
@@ -31,14 +47,10 @@ fn main() {
     let n: usize = args[2].parse().expect("iterations");
     let secs: u64 = args[3].parse().expect("seconds");
     let raw = Client::new(&endpoints, Duration::from_secs(2));
-    let mut cycle = Vec::with_capacity(n);
-    for i in 0..n {
-        let key = format!("bench/raw/{}", i % 16).into_bytes();
-        let t = Instant::now();
-        let r = raw.txn(&[Compare::absent(key.clone())], &[Op::put(key.clone(), b"x".to_vec(), 0)], &[]).expect("txn");
-        assert!(r.succeeded);
-        raw.delete(&key, &[]).expect("delete");
-        cycle.push(t.elapsed());
+    let cycle = bare_cycles(&raw, n);
+    if args.get(4).map(String::as_str) == Some("cycle") {
+        println!("{} {:.0}", args[5], median_us(cycle));
+        return;
     }
     // Where an arbiter cycle's extra time goes: the same cycle writing two
     // keys per step (entry and counter, as the arbiter does), and with the

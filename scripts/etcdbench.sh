@@ -18,6 +18,11 @@
 #   gateway: a Lock+Unlock pair by one client, and two clients contending
 #   for one name, each with its own etcd lease (the anchor for a user who
 #   outgrows one host).
+# etcd's speed drifts over the minutes a run takes, so the goals are also
+# given against baselines measured right before and right after each
+# figure (etcd's lock pair and contended lock, the bare cycle for the
+# create and the renewal): each run's ratio to the mean of its two, median
+# over the runs.
 # Needs root (mounts) for the second part; it is skipped otherwise.
 #   scripts/etcdbench.sh [REPEATS] [N] [SECONDS]   (defaults: 5, 500, 3)
 # Needs etcd (apt-get install etcd-server).
@@ -201,19 +206,29 @@ PY
 for r in $(seq "$repeats"); do
     ./target/release/examples/etcdbench "$endpoints" "$n" "$secs"
     echo "etcdlock_pair_us $(python3 "$work/mountbench.py" etcdlock_pair "$n" 0 "${endpoints%%,*}")"
-    echo "etcdlock_contend2_acq_s $(python3 "$work/mountbench.py" etcdlock_contend 0 "$secs" "${endpoints%%,*}")"
     if [ ${#mounts[@]} -gt 0 ]; then
         echo "mount_flock_pair_us $(python3 "$work/mountbench.py" pair "$n" 0 "$work/a")"
+        # etcd's figure again right after: the goal is also taken against
+        # the mean of the two, measured on either side of the mount's.
+        echo "etcdlock_pair_after_us $(python3 "$work/mountbench.py" etcdlock_pair "$n" 0 "${endpoints%%,*}")"
+    fi
+    echo "etcdlock_contend2_acq_s $(python3 "$work/mountbench.py" etcdlock_contend 0 "$secs" "${endpoints%%,*}")"
+    if [ ${#mounts[@]} -gt 0 ]; then
         echo "mount_contend2_acq_s $(python3 "$work/mountbench.py" contend 0 "$secs" "$work/a" "$work/b")"
+        echo "etcdlock_contend2_after_acq_s $(python3 "$work/mountbench.py" etcdlock_contend 0 "$secs" "${endpoints%%,*}")"
         echo "local_flock_pair_us $(python3 "$work/mountbench.py" pair "$n" 0 "$work/local")"
         echo "local_contend2_acq_s $(python3 "$work/mountbench.py" contend 0 "$secs" "$work/local" "$work/local")"
         echo "mount_stat_us $(python3 "$work/mountbench.py" stat "$n" 0 "$work/a")"
         echo "mount_stats1_s $(python3 "$work/mountbench.py" stats 1 "$secs" "$work/a")"
         echo "mount_stats4_s $(python3 "$work/mountbench.py" stats 4 "$secs" "$work/a")"
         echo "local_stat_us $(python3 "$work/mountbench.py" stat "$n" 0 "$work/local")"
+        ./target/release/examples/etcdbench "$endpoints" "$n" 0 cycle raw_cycle_before_create_us
         echo "mount_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/a")"
+        ./target/release/examples/etcdbench "$endpoints" "$n" 0 cycle raw_cycle_after_create_us
         echo "local_create_us $(python3 "$work/mountbench.py" create "$n" 0 "$work/local")"
+        ./target/release/examples/etcdbench "$endpoints" "$n" 0 cycle raw_cycle_before_renew_us
         echo "mount_renew_read_us $(python3 "$work/mountbench.py" renew "$n" 0 "$work/a" "$work/b")"
+        ./target/release/examples/etcdbench "$endpoints" "$n" 0 cycle raw_cycle_after_renew_us
         echo "mount_parallel1_changes_s $(python3 "$work/mountbench.py" changes 0 "$secs" "$work/a")"
         echo "mount_parallel2_changes_s $(python3 "$work/mountbench.py" changes 0 "$secs" "$work/a" "$work/b")"
         echo "local_renew_read_us $(python3 "$work/mountbench.py" renew "$n" 0 "$work/local" "$work/local")"
@@ -246,4 +261,14 @@ if 'mount_flock_pair_us' in m:
     print(f"stats4/1            {m['mount_stats4_s'] / m['mount_stats1_s']:>9.2f}x  (readers on one host)")
     print(f"raw parallel2/1     {m['raw_parallel2_txn_s'] / m['raw_parallel1_txn_s']:>9.2f}x  (the cluster's own)")
     print(f"parallel2/1 / raw   {(m['mount_parallel2_changes_s'] / m['mount_parallel1_changes_s']) / (m['raw_parallel2_txn_s'] / m['raw_parallel1_txn_s']):>9.2f}x  (goal >= 0.9)")
+    # The same goals against baselines measured right before and after each
+    # figure (etcd's speed drifts over the minutes a run takes): the ratio
+    # of each run to the mean of its two baselines, median over the runs.
+    def bracketed(fig, before, after):
+        return statistics.median(f / ((b + a) / 2) for f, b, a in zip(data[fig], data[before], data[after]))
+    print("# against baselines measured on either side of each figure")
+    print(f"mount pair/etcdlock {bracketed('mount_flock_pair_us', 'etcdlock_pair_us', 'etcdlock_pair_after_us'):>9.2f}x  (goal <= 1.2)")
+    print(f"contend2/etcdlock   {bracketed('mount_contend2_acq_s', 'etcdlock_contend2_acq_s', 'etcdlock_contend2_after_acq_s'):>9.2f}x  (goal >= 3)")
+    print(f"mount create/raw    {bracketed('mount_create_us', 'raw_cycle_before_create_us', 'raw_cycle_after_create_us'):>9.2f}x  (goal <= 1.5)")
+    print(f"mount renew/raw     {bracketed('mount_renew_read_us', 'raw_cycle_before_renew_us', 'raw_cycle_after_renew_us'):>9.2f}x  (goal <= 3)")
 PY
