@@ -2680,3 +2680,55 @@ fn the_holder_attribute_shows_holders_of_other_hosts_and_wait_free_waits_for_the
     assert!(free.wait(STEP).success(), "wait --free on a never saw b's release");
     assert_eq!(holders(&b, "x")["holders"].as_array().map(Vec::len), Some(0));
 }
+
+/// The listener key of a host whose session etcd expired is written again
+/// under its new session, so other hosts' grants keep reaching its event
+/// readers: host a (host TTL 2 s) has `.leasefs/events` open and is frozen
+/// until etcd drops its key with its session; resumed, a writes the key
+/// again, and b's next holder is not granted solo and shows on a's stream.
+/// Red (no key after the thaw, b's holder granted solo, no event on a)
+/// without the lease timer's rewrite.
+#[test]
+fn a_host_back_from_a_lost_session_keeps_other_hosts_events_coming() {
+    let cluster = Cluster::start();
+    let p = prefix("listen-again");
+    let a = host(&cluster, &p, &["--host-ttl", "2s"]);
+    let b = host(&cluster, &p, &[]);
+    sh_ok(&b.path, "touch x");
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let l = format!("{p}/l/").into_bytes();
+    let listeners = || -> Vec<Vec<u8>> {
+        c.range(&l, &prefix_end(&l)).expect("read the listener keys").0.into_iter().map(|kv| kv.key).collect()
+    };
+    let await_listeners = |want: &dyn Fn(&[Vec<u8>]) -> bool, what: &str| {
+        let deadline = Instant::now() + STEP;
+        loop {
+            let now = listeners();
+            if want(&now) {
+                return now;
+            }
+            assert!(Instant::now() < deadline, "{what}: {now:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let mut reader = events_reader(&a);
+    let first = await_listeners(&|k| k.len() == 1, "a's reader left no listener key");
+    let frozen = Frozen::stop(a.pid());
+    await_listeners(&|k| k.is_empty(), "etcd kept the frozen host's listener key");
+    drop(frozen);
+    let again = await_listeners(&|k| k.len() == 1, "a never wrote its listener key again");
+    assert_ne!(again, first, "the key of a's new session");
+    let solo = status(&b)["etcd"]["solo"]["granted"].as_u64().unwrap();
+    sh_ok(&b.path, "flock x true");
+    assert_eq!(status(&b)["etcd"]["solo"]["granted"].as_u64().unwrap(), solo, "granted solo while a reads events");
+    let deadline = Instant::now() + STEP;
+    while !reader
+        .output()
+        .iter()
+        .any(|l| serde_json::from_str::<serde_json::Value>(l).is_ok_and(|e| e["path"] == "/x" && e["event"] == "grant"))
+    {
+        assert!(Instant::now() < deadline, "a never saw b's grant of /x: {:?}", reader.output());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    reader.kill_all();
+}
