@@ -136,6 +136,11 @@ impl Retries {
     /// `read`: the refusal came after a read of the store made during the
     /// call (see [`Retry::read`]).
     pub(super) fn refused(&mut self, tid: u32, read: bool) {
+        // A caller the kernel could not name in the daemon's pid namespace
+        // comes as pid 0, shared by every such thread.
+        if tid == 0 {
+            return;
+        }
         let now = Instant::now();
         let r = &mut self.map;
         if r.len() >= 1024 {
@@ -702,5 +707,9 @@ mod retry_tests {
         assert_eq!(r.opened(1, f), Walk::Again);
         assert_eq!(r.reopened, 1);
         assert!(r.is_empty());
+        // Pid 0 (a caller outside the daemon's pid namespace) names no one thread.
+        r.refused(0, true);
+        r.looked_up_by(0, Some((f, Kind::File)));
+        assert_eq!(r.opened(0, f), Walk::First);
     }
 }
