@@ -376,6 +376,10 @@ for f, what in ((fd, "epoch by descriptor"), ("x", "epoch by path")):
         print(what, int(os.getxattr(f, "user.leasefs.epoch")), flush=True)
     except OSError as e:
         print(what, errno.errorcode[e.errno], flush=True)
+try:
+    print("holders", os.getxattr(fd, "user.leasefs.holder").decode(), flush=True)
+except OSError as e:
+    print("holders", errno.errorcode[e.errno], flush=True)
 while not os.path.exists("{end}"):              # keeps its descriptor meanwhile
     time.sleep(0.02)
 "#,
@@ -398,12 +402,12 @@ while not os.path.exists("{end}"):              # keeps its descriptor meanwhile
     assert!(waiter.wait(STEP).success(), "the waiter on the other host was never granted");
     drop(frozen);
     std::fs::write(&go, "").unwrap();
-    await_lines(&h, 5, "the resumed holder");
+    await_lines(&h, 6, "the resumed holder");
     let lines = h.output();
     let e1: u64 = lines[0].trim().parse().unwrap();
     assert_eq!(
         &lines[1..],
-        ["lease ESTALE", "guarded ESTALE", "epoch by descriptor ESTALE", "epoch by path ESTALE"],
+        ["lease ESTALE", "guarded ESTALE", "epoch by descriptor ESTALE", "epoch by path ESTALE", "holders ESTALE"],
         "the resumed host's holder was not fenced, or learnt a token"
     );
     let e2: u64 = std::fs::read_to_string(&out).unwrap().trim().parse().unwrap();
@@ -702,6 +706,10 @@ fn without_etcd_lock_requests_fail_with_eio_in_bounded_time_and_work_again_when_
     assert!(!o.status.success(), "an unchecked epoch was shown: {o:?}");
     assert!(String::from_utf8_lossy(&o.stderr).contains("Input/output error"), "{o:?} after {took:?}");
     eprintln!("epoch read refused with EIO after {took:?} (--etcd-timeout 1s, quorum lost)");
+    // Nor holders it cannot check.
+    let o = crate::util::sh(&a.path, "getfattr --only-values -n user.leasefs.holder y");
+    assert!(!o.status.success(), "unchecked holders were shown: {o:?}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Input/output error"), "{o:?}");
     cluster.restart(others[0]);
     cluster.restart(others[1]);
     await_success(&a, "flock -n y true", "locks never worked again");

@@ -111,17 +111,17 @@ impl Fs {
                 st.check_token(caller.pid, ino)?;
                 // Holders on other hosts count as much as this host's
                 // (`leasefs wait --free` waits for them too).
-                let (mut remote, mut floor) = (Vec::new(), 0);
+                let mut remote = Vec::new();
                 if let Some(read) = st.lease.remote_holders(ino) {
                     drop(st);
-                    (remote, floor) = read().map_err(|e| {
+                    remote = read().map_err(|e| {
                         tracing::warn!("cannot read other hosts' holders from etcd: {e}");
                         Error::Io
                     })?;
                     st = self.state.lock();
                     st.check_token(caller.pid, ino)?;
                 }
-                return Ok(holder_json(&st.lease, ino, now, remote, floor).into_bytes());
+                return Ok(holder_json(&st.lease, ino, now, remote).into_bytes());
             }
             Some(XATTR_TTL) => {
                 let ttl = st.lease.table().lease(ino).and_then(|l| l.ttl()).ok_or(Error::NoAttr)?;
@@ -192,16 +192,15 @@ impl Fs {
 }
 
 /// `user.leasefs.holder`: the holders as JSON.
-/// `remote` are other hosts' holders, granted epochs up to `floor`.
-pub(super) fn holder_json(locks: &LeaseAuthority, ino: Ino, now: u64, remote: Vec<HolderRow>, floor: u64) -> String {
+/// `remote` are other hosts' holders.
+pub(super) fn holder_json(locks: &LeaseAuthority, ino: Ino, now: u64, remote: Vec<HolderRow>) -> String {
     let mut holders: Vec<HolderRow> = locks
         .table()
         .lease(ino)
         .map(|l| l.locks().iter().map(|k| HolderRow::local(k, now)).collect())
         .unwrap_or_default();
     holders.extend(remote);
-    let epoch = locks.epoch(ino).0.max(floor);
-    serde_json::json!({ "epoch": epoch, "holders": holders }).to_string()
+    serde_json::json!({ "epoch": locks.epoch(ino).0, "holders": holders }).to_string()
 }
 
 pub(super) fn is_leasefs_xattr(name: &OsStr) -> bool {

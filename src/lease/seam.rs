@@ -38,10 +38,9 @@ impl Wake {
 /// Lists other hosts' leases under a prefix (`LeaseAuthority::remote_leases`).
 pub type RemoteLeases = Box<dyn FnOnce(&str) -> Vec<super::rows::LeaseRow> + Send>;
 
-/// Reads other hosts' holders of one lease (`LeaseAuthority::remote_holders`):
-/// their rows and the highest epoch granted to them; `Err` when the
-/// other hosts cannot be asked.
-pub type RemoteHolders = Box<dyn FnOnce() -> Result<(Vec<super::rows::HolderRow>, u64), String> + Send>;
+/// Reads other hosts' holders of one lease (`LeaseAuthority::remote_holders`);
+/// `Err` when the other hosts cannot be asked.
+pub type RemoteHolders = Box<dyn FnOnce() -> Result<Vec<super::rows::HolderRow>, String> + Send>;
 
 /// What an authority must ask another party (etcd) before it can answer:
 /// the caller sends it **without the state lock**, so other requests go on

@@ -572,7 +572,7 @@ impl EtcdArbitration {
                 if theirs.is_empty() {
                     return None;
                 }
-                let holders = theirs.iter().filter(|e| e.held).map(|e| remote_row(e)).collect::<Vec<_>>();
+                let holders = theirs.iter().filter(|e| e.held).map(|e| remote_row(e)).collect();
                 Some(LeaseRow {
                     epoch,
                     holders,
@@ -587,16 +587,14 @@ impl EtcdArbitration {
 
     /// Other hosts' holders of the lease `name` (`user.leasefs.holder`),
     /// read from etcd (its queue, and its counter for a holder granted
-    /// solo), and the highest epoch granted to them.
+    /// solo).
     pub(super) fn holders_elsewhere(
         arbiter: &Arbiter,
         me: &str,
         name: &str,
-    ) -> std::result::Result<(Vec<HolderRow>, u64), String> {
+    ) -> std::result::Result<Vec<HolderRow>, String> {
         let (entries, _) = arbiter.entries(name).map_err(|e| e.to_string())?;
-        let theirs: Vec<&crate::cluster::entries::Entry> = entries.iter().filter(|e| e.held && e.host != me).collect();
-        let epoch = theirs.iter().map(|e| e.epoch).max().unwrap_or(0);
-        Ok((theirs.into_iter().map(remote_row).collect(), epoch))
+        Ok(entries.iter().filter(|e| e.held && e.host != me).map(remote_row).collect())
     }
 }
 
