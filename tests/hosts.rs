@@ -1955,21 +1955,19 @@ for name in ["lease.json", "plain"]:
     assert_eq!(sh_ok(&a.path, "cat lease.json plain"), "v9\np2\n");
 }
 
-#[test]
-fn a_holder_that_stops_renewing_is_broken_by_a_waiter_on_another_host_after_its_ttl() {
-    let cluster = Cluster::start();
-    let p = prefix("ttl");
-    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
-    // A TTL well above the time one renewal takes on a loaded machine.
-    sh_ok(&b.path, "touch x && setfattr -n user.leasefs.ttl -v 4s x");
-    let (stop, probe) = (a.dir.path().join("stop"), a.dir.path().join("probe"));
-    let holder = format!(
+/// A Python holder of `x`: prints `ready` and its epoch, runs `before`,
+/// renews by writing every 0.2 s until the file `stop` (in `scratch`)
+/// appears, then at `probe` writes once more and prints the errno name (or
+/// `written`) and its epoch read by descriptor and by path (or the errno).
+fn renewing_holder(scratch: &Path, before: &str) -> String {
+    format!(
         r#"
 import errno, fcntl, os, time
 fd = os.open("x", os.O_RDWR)
 fcntl.flock(fd, fcntl.LOCK_EX)
 print("ready", flush=True)
 print(int(os.getxattr(fd, "user.leasefs.epoch")), flush=True)
+{before}
 while not os.path.exists("{stop}"):
     os.pwrite(fd, b"renew", 0)
     time.sleep(0.2)
@@ -1987,9 +1985,34 @@ for what in (fd, "x"):
         print(errno.errorcode[e.errno], flush=True)
 time.sleep(60)
 "#,
-        stop = stop.display(),
-        probe = probe.display()
-    );
+        stop = scratch.join("stop").display(),
+        probe = scratch.join("probe").display()
+    )
+}
+
+/// Host `a` saw another host break its holder `h` (a [`renewing_holder`]):
+/// once `probe` exists, the holder's write and its epoch reads by
+/// descriptor and by path are all refused with `ESTALE`.
+fn await_broken_holder_refused(a: &Mount, h: &Bg, probe: &Path) {
+    let deadline = Instant::now() + STEP;
+    while status(a)["etcd"]["ttl_breaks"]["by_other_hosts"] != 1 {
+        assert!(Instant::now() < deadline, "host a never saw its holder broken: {}", status(a));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::write(probe, "").unwrap();
+    await_lines(h, 4, "the late write never returned");
+    assert_eq!(h.output()[1..4], ["ESTALE", "ESTALE", "ESTALE"], "the broken holder's write and epoch reads");
+}
+
+#[test]
+fn a_holder_that_stops_renewing_is_broken_by_a_waiter_on_another_host_after_its_ttl() {
+    let cluster = Cluster::start();
+    let p = prefix("ttl");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    // A TTL well above the time one renewal takes on a loaded machine.
+    sh_ok(&b.path, "touch x && setfattr -n user.leasefs.ttl -v 4s x");
+    let (stop, probe) = (a.dir.path().join("stop"), a.dir.path().join("probe"));
+    let holder = renewing_holder(a.dir.path(), "");
     let mut h = py_ready(&a, &holder);
     await_entries(&cluster, &p, "x", 1);
     // While the holder renews, a waiter on b waits well past the TTL...
@@ -2015,18 +2038,11 @@ time.sleep(60)
     assert!(w.wait(STEP).success(), "the waiter was never granted");
     let e1: u64 = h.output()[0].parse().unwrap();
     assert_eq!(w.output(), [format!("{}", e1 + 1)]);
-    // The holder's host learns it was broken: its write is refused.
-    let deadline = Instant::now() + STEP;
-    while status(&a)["etcd"]["ttl_breaks"]["by_other_hosts"] != 1 {
-        assert!(Instant::now() < deadline, "host a never saw its holder broken: {}", status(&a));
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    std::fs::write(&probe, "").unwrap();
-    await_lines(&h, 4, "the late write never returned");
-    // The token is a right (SPEC 5): the lost holder reads ESTALE for its
+    // The holder's host learns it was broken: its write is refused. The
+    // token is a right (SPEC 5): the lost holder reads ESTALE for its
     // epoch, by descriptor and by path; every other process on either
     // host reads the new holder's epoch.
-    assert_eq!(h.output()[1..4], ["ESTALE", "ESTALE", "ESTALE"], "the broken holder's write and epoch reads");
+    await_broken_holder_refused(&a, &h, &probe);
     let by_fd = "import os\nprint(int(os.getxattr(os.open('x', os.O_RDONLY), 'user.leasefs.epoch')))";
     for m in [&a, &b] {
         assert_eq!(epoch(&m.path, "x"), e1 + 1, "by path on {}", m.path.display());
@@ -2034,6 +2050,98 @@ time.sleep(60)
     }
     assert_eq!(status(&b)["etcd"]["ttl_breaks"]["of_other_hosts"], 1);
     h.kill_all();
+}
+
+/// The TTL the held entry of lease `name` shows other hosts (`None`: no
+/// held entry, or one without a TTL).
+fn held_entry_ttl(cluster: &Cluster, prefix: &str, name: &str) -> Option<u64> {
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let q = format!("{prefix}/q/{name}/").into_bytes();
+    c.range(&q, &prefix_end(&q)).expect("read the queue").0.iter().find_map(|kv| {
+        let v: serde_json::Value = serde_json::from_slice(&kv.value).ok()?;
+        if v["state"] == "held" {
+            v["ttl_ms"].as_u64()
+        } else {
+            None
+        }
+    })
+}
+
+#[test]
+fn a_ttl_set_after_the_grant_lets_waiters_on_other_hosts_break_a_holder_that_stops_renewing() {
+    let cluster = Cluster::start();
+    let p = prefix("latettl");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x y");
+    let waiter = |f: &str| {
+        format!("import fcntl, os\nfd = os.open('{f}', os.O_RDWR)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))")
+    };
+    // x: granted solo (no TTL, nobody in the way); then its holder sets a
+    // TTL and renews.
+    let (go, stop, probe) = (a.dir.path().join("go"), a.dir.path().join("stop"), a.dir.path().join("probe"));
+    let holder = renewing_holder(
+        a.dir.path(),
+        &format!(
+            "while not os.path.exists('{}'):\n    time.sleep(0.01)\nos.setxattr('x', 'user.leasefs.ttl', b'2s')",
+            go.display()
+        ),
+    );
+    let mut h = py_ready(&a, &holder);
+    await_lines(&h, 1, "the holder never printed its epoch");
+    let e1: u64 = h.output()[0].parse().unwrap();
+    assert_eq!(status(&a)["etcd"]["solo"]["granted"], 1, "x was not granted solo");
+    assert_eq!(held_entry_ttl(&cluster, &p, "x"), None);
+    std::fs::write(&go, "").unwrap();
+    // The holder's host writes its entry, with the TTL.
+    let deadline = Instant::now() + STEP;
+    while held_entry_ttl(&cluster, &p, "x") != Some(2000) {
+        assert!(Instant::now() < deadline, "the TTL set after the grant never reached etcd: {}", status(&a)["etcd"]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // While the holder renews (and its renewals reach etcd), a waiter on b
+    // waits two TTLs and more...
+    let mut w = Bg::capture(&b.path, "python3", &["-c", &waiter("x")]);
+    await_entries(&cluster, &p, "x", 2);
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(w.running(), "a renewing holder was broken: {:?}", w.output());
+    // ...and once it stops, breaks it after the TTL.
+    std::fs::write(&stop, "").unwrap();
+    assert!(w.wait(STEP).success(), "the waiter was never granted x");
+    assert_eq!(w.output(), [format!("{}", e1 + 1)]);
+    await_broken_holder_refused(&a, &h, &probe);
+    h.kill_all();
+
+    // y: a waiter on b is already queued behind the holder when the TTL
+    // is set, on b: the holder's host learns it through the shared
+    // namespace, and the waiter from the holder's rewritten entry.
+    let mut hy = Bg::ready(
+        &a.path,
+        "exec flock y sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch y; echo; sleep 60'",
+    );
+    await_lines(&hy, 1, "the holder of y never printed its epoch");
+    let ey: u64 = hy.output()[0].parse().unwrap();
+    let mut wy = Bg::capture(&b.path, "python3", &["-c", &waiter("y")]);
+    await_entries(&cluster, &p, "y", 2);
+    let deadline = Instant::now() + STEP;
+    while status(&b)["leases"]["awaited"] != 1 {
+        assert!(Instant::now() < deadline, "the wait on y never parked: {}", status(&b)["leases"]);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(held_entry_ttl(&cluster, &p, "y"), None);
+    sh_ok(&b.path, "setfattr -n user.leasefs.ttl -v 1s y");
+    let deadline = Instant::now() + STEP;
+    while wy.running() {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never learned the holder's new TTL (its entry shows {:?}): {}",
+            held_entry_ttl(&cluster, &p, "y"),
+            status(&b)["etcd"]
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(wy.wait(STEP).success());
+    assert_eq!(wy.output(), [format!("{}", ey + 1)]);
+    hy.kill_all();
 }
 
 #[test]

@@ -134,6 +134,22 @@ impl Ticket {
         self
     }
 
+    /// The TTL its entry shows other hosts.
+    pub fn ttl_ms(&self) -> Option<u64> {
+        self.value["ttl_ms"].as_u64()
+    }
+
+    /// Show other hosts `ttl` from the next write of its entry on.
+    pub fn set_ttl_ms(&mut self, ttl: Option<u64>) {
+        match (ttl, self.value.as_object_mut()) {
+            (Some(ttl), _) => self.value["ttl_ms"] = json!(ttl),
+            (None, Some(o)) => {
+                o.remove("ttl_ms");
+            }
+            (None, None) => {}
+        }
+    }
+
     /// Record that etcd granted the entry, with `epoch`.
     pub fn mark_held(&mut self, epoch: u64) {
         self.value["state"] = json!("held");
@@ -951,9 +967,62 @@ impl Arbiter {
     }
 
     fn rewrite(&self, t: &Ticket, value: Value) -> Result<bool> {
-        let same =
-            Compare::new(t.key.clone(), super::client::CmpOp::Equal, super::client::Target::Create(t.create_revision));
-        Ok(self.client.txn(&[same], &[Op::put(t.key.clone(), value.to_string(), t.session)], &[])?.succeeded)
+        Ok(self.rewrite_read(t, value)?.is_some())
+    }
+
+    /// [`Arbiter::rewrite`], answering the entry's create revision. An
+    /// entry this ticket never wrote (a solo holder's, written by a waiter
+    /// that found it, or by [`Arbiter::retime`]) is known by the etcd
+    /// lease it hangs on: only this session's holder has its key.
+    fn rewrite_read(&self, t: &Ticket, value: Value) -> Result<Option<i64>> {
+        use super::client::{CmpOp, OpResult, Target};
+        let same = if t.solo.is_some() || t.create_revision == 0 {
+            Compare::new(t.key.clone(), CmpOp::Equal, Target::Lease(t.session))
+        } else {
+            Compare::new(t.key.clone(), CmpOp::Equal, Target::Create(t.create_revision))
+        };
+        let r = self.client.txn(
+            &[same],
+            &[Op::put(t.key.clone(), value.to_string(), t.session), Op::get(t.key.clone())],
+            &[],
+        )?;
+        if !r.succeeded {
+            return Ok(None);
+        }
+        Ok(Some(match r.responses.get(1) {
+            Some(OpResult::Range(kvs)) => kvs.first().map_or(t.create_revision, |kv| kv.create_revision),
+            _ => t.create_revision,
+        }))
+    }
+
+    /// The TTL of the lease the held `t` (granted with `epoch`) holds was
+    /// set or removed after its grant: its entry shows it to other hosts
+    /// from now on (their waiters break a holder by the TTL its entry
+    /// shows). A holder granted solo has no entry yet: it is written here,
+    /// as a waiter that found the holder would write it. The entry's
+    /// create revision; `None` when the hold is gone in etcd.
+    pub fn retime(&self, t: &Ticket, epoch: u64) -> Result<Option<i64>> {
+        use super::client::{CmpOp, Target};
+        let mut value = t.value.clone();
+        value["state"] = json!("held");
+        value["epoch"] = json!(epoch);
+        if let Some(solo) = &t.solo {
+            let ek = self.epoch_key(&t.name);
+            let same = Compare::new(ek.clone(), CmpOp::Equal, Target::Value(solo.clone().into_bytes()));
+            let alive = Compare::new(self.session_key(t.session), CmpOp::Greater, Target::Version(0));
+            let r = self.client.txn(
+                &[same, alive],
+                &[Op::put(t.key.clone(), value.to_string(), t.session), Op::put(ek, counter_value(epoch, &t.key), 0)],
+                &[],
+            )?;
+            if r.succeeded {
+                self.solo.1.fetch_add(1, Ordering::Relaxed);
+                return Ok(Some(r.revision));
+            }
+            // A waiter wrote the entry first (or the hold is gone): the
+            // entry, if there, is rewritten below.
+        }
+        self.rewrite_read(t, value)
     }
 
     /// Break the holder entry `key` whose TTL passed unrenewed since

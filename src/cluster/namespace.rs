@@ -818,6 +818,13 @@ impl Replica for EtcdNamespace {
         out
     }
 
+    fn catch_up_queued(&mut self, ns: &mut Namespace) -> Result<Caught> {
+        if self.desync || self.feed.as_ref().is_none_or(|f| f.broken()) {
+            return Ok(Caught::default());
+        }
+        self.catch_up_quick(ns)
+    }
+
     fn begin(&mut self, ns: &mut Namespace, target: Option<Result<i64>>) -> Result<Caught> {
         if self.session.as_ref().and_then(|s| s.alive()).is_none() {
             return Err(Error::Unreachable);

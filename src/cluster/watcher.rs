@@ -139,7 +139,7 @@ impl Dispatch {
     fn put(&mut self, q: &[u8], kv: &Kv) -> bool {
         let mut woke = false;
         let prev = self.entries.get(&kv.key).and_then(entry);
-        if prev.is_some_and(|p| !p.held) && entry(kv).is_some_and(|e| e.held) {
+        if prev.as_ref().is_some_and(|p| !p.held) && entry(kv).is_some_and(|e| e.held) {
             // A waiter's own entry written held: a releaser handed it the
             // lease ([`super::arbiter::Arbiter::release`]).
             if let Some(flags) = self.handed.remove(&kv.key) {
@@ -156,9 +156,22 @@ impl Dispatch {
                 }
             }
         }
+        // Another host's holder whose TTL was set, changed or removed after
+        // its grant: the waiters behind it decide again, and so learn when
+        // it may be broken (a renewal keeps the TTL and wakes nobody).
+        if let (Some(p), Some(e)) = (prev.as_ref(), entry(kv)) {
+            if e.held && e.host != self.me && p.asker.ttl_ms != e.asker.ttl_ms {
+                if let Some(flags) = self.waiting.get(&kv.key) {
+                    for f in flags {
+                        f.store(true, Ordering::Relaxed);
+                    }
+                    woke = true;
+                }
+            }
+        }
         let Some(t) = theirs(q, kv, &self.me) else { return woke };
         if self.theirs.contains_key(&kv.key) {
-            return false;
+            return woke;
         }
         self.note(t.event(Kind::Grant));
         self.theirs.insert(kv.key.clone(), t);

@@ -7,6 +7,10 @@ use super::*;
 const COMPACTION_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 /// The pause between two slices of a snapshot image, for requests.
 const SLICE_GAP: std::time::Duration = std::time::Duration::from_millis(1);
+/// How often a host holding leases of a shared namespace applies what its
+/// watch delivered when no request does: a TTL another host sets on a
+/// lease held here reaches the holder's entry within about this long.
+const HELD_CATCH_UP: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Fs {
     /// Run lease timers: break leases whose TTL ran out while someone
@@ -16,6 +20,12 @@ impl Fs {
         st.finish_compaction(false);
         if st.encoding() {
             self.compaction_step(&mut st);
+        }
+        let held_shared = st.sharing.replica.is_some() && !st.lease.held().is_empty();
+        if held_shared {
+            // TTLs other hosts set on leases held here (no round trip: what
+            // the watch delivered).
+            st.catch_up_queued();
         }
         let waited = st.lease.waited();
         for ino in waited {
@@ -41,6 +51,9 @@ impl Fs {
             st.emit_remote(remote);
         }
         let mut next = next.map(std::time::Duration::from_millis);
+        if held_shared {
+            next = Some(next.map_or(HELD_CATCH_UP, |n| n.min(HELD_CATCH_UP)));
+        }
         if st.outgrown() {
             // Without an fsync nothing else would shrink the directory.
             self.tidy(&mut st);

@@ -269,6 +269,15 @@ impl State {
         }
     }
 
+    /// Apply what the watch delivered, never re-reading (the lease timer).
+    pub(super) fn catch_up_queued(&mut self) {
+        let Some(r) = self.sharing.replica.as_mut() else { return };
+        match r.catch_up_queued(&mut self.ns) {
+            Ok(c) => self.caught(c),
+            Err(e) => tracing::debug!("applying what the watch delivered: {e:?}"),
+        }
+    }
+
     /// Bring a shared namespace up to `target` (from its barrier): every
     /// change other hosts committed before the barrier was asked. A failed
     /// barrier marks the copy stale (`status`: `"stale": true`).
@@ -325,7 +334,7 @@ impl State {
         for (ino, x) in c.extras {
             if self.lease.table().lease(ino).and_then(|l| l.ttl()) != x.ttl_ms {
                 // Effects of a changed TTL reach waiters at the next tick.
-                let _ = self.lease.table_mut().set_ttl(ino, x.ttl_ms);
+                let _ = self.lease.set_ttl(ino, x.ttl_ms);
             }
             match x.guard {
                 Some(g) if self.lease.table().guard(ino).as_ref() != Some(&g) => {

@@ -24,7 +24,7 @@ impl Fs {
                 return match name.to_str() {
                     Some(XATTR_TTL) => {
                         let ttl = parse_ttl(text)?;
-                        st.lease.table_mut().set_ttl(ino, ttl);
+                        st.lease.set_ttl(ino, ttl);
                         st.ns.mark_dirty(ino);
                         Ok(())
                     }
@@ -167,7 +167,7 @@ impl Fs {
                 return match name.to_str() {
                     Some(XATTR_TTL) => {
                         st.clock();
-                        st.lease.table_mut().set_ttl(ino, None);
+                        st.lease.set_ttl(ino, None);
                         st.ns.mark_dirty(ino);
                         Ok(())
                     }

@@ -66,6 +66,10 @@ pub trait Arbitration: Send + std::fmt::Debug {
     fn changed(&mut self, local: &LocalAuthority, ino: Ino);
     /// A holder of `ino` renewed its lease on `local`.
     fn renewed(&mut self, local: &LocalAuthority, ino: Ino);
+    /// The TTL of `ino` changed on `local` (set or removed here, or by
+    /// another host through the shared namespace): holders here tell the
+    /// other hosts, which break a holder only by the TTL they can see.
+    fn ttl_changed(&mut self, _local: &LocalAuthority, _ino: Ino) {}
     /// The lease of each lock request parked in the arbiter, one per waiter.
     fn parked(&self) -> Box<dyn Iterator<Item = Ino> + '_>;
     /// Work for the lease timer: deliver what the arbiter decided

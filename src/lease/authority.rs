@@ -314,6 +314,15 @@ impl LeaseAuthority {
 
     // TTLs, renewal, breaking and fences (SPEC 7).
 
+    /// Set or remove the TTL of `ino` (`None`: the mount's, if any).
+    pub fn set_ttl(&mut self, ino: Ino, ttl: Option<u64>) -> Vec<Effect> {
+        let effects = self.local.set_ttl(ino, ttl);
+        if let Some(a) = &mut self.shared {
+            a.ttl_changed(&self.local, ino);
+        }
+        effects
+    }
+
     /// Renew the holds of `handle` or of any of `pids`; true if one was held.
     pub fn renew(&mut self, ino: Ino, handle: Option<u64>, pids: &[u32]) -> bool {
         let renewed = self.local.renew(ino, handle, pids);

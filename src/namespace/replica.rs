@@ -148,6 +148,12 @@ pub trait Replica: Send + std::fmt::Debug {
     fn catch_up_to(&mut self, ns: &mut Namespace, target: Result<i64>) -> Result<Caught>;
     /// Apply what the watch delivered so far, without asking the store.
     fn catch_up_quick(&mut self, ns: &mut Namespace) -> Result<Caught>;
+    /// Apply what the watch delivered so far and nothing else: no re-read
+    /// even when one is due (the lease timer's catch-up, which a request
+    /// never waits for).
+    fn catch_up_queued(&mut self, _ns: &mut Namespace) -> Result<Caught> {
+        Ok(Caught::default())
+    }
     /// Apply every change committed before this call.
     fn catch_up(&mut self, ns: &mut Namespace) -> Result<Caught> {
         let target = self.barrier().target();

@@ -152,8 +152,7 @@ impl EtcdArbitration {
                     }
                     return (outcome, effects);
                 }
-                // (A TTL set after a solo grant was asked for is not seen
-                // by other hosts: they see no entry to break.)
+                // (A TTL set after the grant: `ttl_changed`.)
                 if outcome == Outcome::Granted && local.effective_ttl(ino).is_some() && ticket.solo.is_none() {
                     // Another host may break it once its TTL passes.
                     let flag = Arc::new(AtomicBool::new(false));
@@ -218,6 +217,43 @@ impl EtcdArbitration {
                 // Broken meanwhile: the queue watch reports it.
                 Ok(false) => {}
                 Err(e) => tracing::warn!(lease = %t.name, "renewing in etcd failed: {e}"),
+            }));
+        }
+    }
+
+    /// The TTL of `ino` changed after its holders here were granted: their
+    /// entries show it (a holder granted solo gets its entry now), so
+    /// other hosts' waiters break them by it, and renewals are written
+    /// from now on.
+    pub(super) fn ttl_changed(&mut self, local: &LocalAuthority, ino: Ino) {
+        let ttl = local.effective_ttl(ino);
+        let epoch = local.epoch(ino).0;
+        let changed: Vec<(Ino, Owner)> =
+            self.held.iter().filter(|((i, _), t)| *i == ino && t.ttl_ms() != ttl).map(|(k, _)| *k).collect();
+        for k in changed {
+            let Some(t) = self.held.get_mut(&k) else { continue };
+            t.set_ttl_ms(ttl);
+            if ttl.is_some() && !self.broken_flags.contains_key(&t.key) {
+                let flag = Arc::new(AtomicBool::new(false));
+                if let Some(w) = &self.watcher {
+                    // Deletions from now on only: no other host can break
+                    // the entry before it shows the TTL, written below.
+                    w.register(&t.key, i64::MAX, &flag);
+                }
+                self.broken_flags.insert(t.key.clone(), flag);
+            }
+            let t = t.clone();
+            let (arbiter, materialized) = (self.arbiter.clone(), self.materialized.clone());
+            self.errands.push(Errand::new(move || match arbiter.retime(&t, epoch) {
+                Ok(Some(rev)) => {
+                    if t.solo.is_some() {
+                        // Guarded writes compare the entry from now on.
+                        materialized.lock().insert(t.key.clone(), rev);
+                    }
+                }
+                // Released or broken meanwhile.
+                Ok(None) => {}
+                Err(e) => tracing::warn!(lease = %t.name, "showing a new TTL to other hosts failed: {e}"),
             }));
         }
     }

@@ -577,6 +577,10 @@ impl Arbitration for EtcdArbitration {
         self.touch(local, ino);
     }
 
+    fn ttl_changed(&mut self, local: &LocalAuthority, ino: Ino) {
+        EtcdArbitration::ttl_changed(self, local, ino);
+    }
+
     fn parked(&self) -> Box<dyn Iterator<Item = Ino> + '_> {
         Box::new(self.parked.values().map(|p| p.ino))
     }
