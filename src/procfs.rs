@@ -142,6 +142,12 @@ pub fn cgroup(pid: u32) -> Option<String> {
 /// lexically named), or anything cannot be read (another user's process,
 /// for an unprivileged daemon; a call made by io_uring's workers).
 pub fn creating(tid: u32) -> Option<std::path::PathBuf> {
+    making(tid).map(|(path, _)| path)
+}
+
+/// [`creating`], and whether the call fails when the name exists (an
+/// open with `O_EXCL`, and every call but an open).
+pub fn making(tid: u32) -> Option<(std::path::PathBuf, bool)> {
     let text = read(&format!("/proc/{tid}/syscall"))?;
     let mut fields = text.split_whitespace();
     let nr: libc::c_long = fields.next()?.parse().ok()?;
@@ -151,29 +157,31 @@ pub fn creating(tid: u32) -> Option<std::path::PathBuf> {
         return None;
     }
     let creates = |flags: u64| flags & libc::O_CREAT as u64 != 0;
+    let excl = |flags: u64| flags & libc::O_EXCL as u64 != 0;
     // The descriptor argument is an `int`: its low 32 bits.
     let fd = |a: u64| a as u32 as i32;
-    // (directory descriptor, path, whether the call makes a directory)
-    let (dirfd, path, dir) = match nr {
+    // (directory descriptor, path, whether the call makes a directory,
+    // whether it fails when the name exists)
+    let (dirfd, path, dir, exclusive) = match nr {
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_open if creates(args[1]) => (libc::AT_FDCWD, args[0], false),
-        libc::SYS_openat if creates(args[2]) => (fd(args[0]), args[1], false),
+        libc::SYS_open if creates(args[1]) => (libc::AT_FDCWD, args[0], false, excl(args[1])),
+        libc::SYS_openat if creates(args[2]) => (fd(args[0]), args[1], false, excl(args[2])),
         // `struct open_how` starts with the flags, a u64.
         libc::SYS_openat2 => {
             let mut how = [0u8; 8];
             (read_memory(tid, args[2], &mut how)? == 8 && creates(u64::from_ne_bytes(how))).then_some(())?;
-            (fd(args[0]), args[1], false)
+            (fd(args[0]), args[1], false, excl(u64::from_ne_bytes(how)))
         }
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_mkdir => (libc::AT_FDCWD, args[0], true),
-        libc::SYS_mkdirat => (fd(args[0]), args[1], true),
+        libc::SYS_mkdir => (libc::AT_FDCWD, args[0], true, true),
+        libc::SYS_mkdirat => (fd(args[0]), args[1], true, true),
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_mknod => (libc::AT_FDCWD, args[0], false),
-        libc::SYS_mknodat => (fd(args[0]), args[1], false),
+        libc::SYS_mknod => (libc::AT_FDCWD, args[0], false, true),
+        libc::SYS_mknodat => (fd(args[0]), args[1], false, true),
         // The target (the first argument) is a string, never walked.
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_symlink => (libc::AT_FDCWD, args[1], false),
-        libc::SYS_symlinkat => (fd(args[1]), args[2], false),
+        libc::SYS_symlink => (libc::AT_FDCWD, args[1], false, true),
+        libc::SYS_symlinkat => (fd(args[1]), args[2], false, true),
         _ => return None,
     };
     let mut path = read_string(tid, path)?;
@@ -183,7 +191,7 @@ pub fn creating(tid: u32) -> Option<std::path::PathBuf> {
             path.pop();
         }
     }
-    lexical_path(&path, || {
+    let full = lexical_path(&path, || {
         let link = if path.first() == Some(&b'/') {
             format!("/proc/{tid}/root")
         } else if dirfd == libc::AT_FDCWD {
@@ -192,7 +200,8 @@ pub fn creating(tid: u32) -> Option<std::path::PathBuf> {
             format!("/proc/{tid}/fd/{dirfd}")
         };
         std::fs::read_link(link).ok()
-    })
+    })?;
+    Some((full, exclusive))
 }
 
 /// `path` made absolute from `base` lexically; `None` as

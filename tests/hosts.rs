@@ -1828,6 +1828,103 @@ fn a_solo_holder_keeps_writing_after_a_waiter_queued_behind_it() {
     assert_eq!(status(&b)["etcd"]["solo"]["entries_written"], 1, "{}", status(&b));
 }
 
+/// Names host b has seen, removed on host a: b's `O_EXCL` create and
+/// `mkdir` right after make them (b's copy, its watch held back 400 ms,
+/// still has the name: the kernel asks again before such calls, and that
+/// lookup is confirmed with etcd). Red (`EEXIST` every time) when the copy
+/// answers it.
+#[test]
+fn an_exclusive_create_after_another_hosts_unlink_makes_the_name() {
+    let cluster = Cluster::start();
+    let p = prefix("reexcl");
+    let a = host(&cluster, &p, &[]);
+    let b = host_env(&cluster, &p, &[], &[("LEASEFS_PAUSE", "feed:400")]);
+    let script = format!(
+        r#"
+import os
+a, b = "{a}", "{b}"
+refused = []
+for i in range(5):
+    open(f"{{a}}/g{{i}}", "w").close()
+    os.mkdir(f"{{a}}/d{{i}}")
+    os.stat(f"{{b}}/g{{i}}"); os.stat(f"{{b}}/d{{i}}")
+    os.unlink(f"{{a}}/g{{i}}")
+    os.rmdir(f"{{a}}/d{{i}}")
+    try:
+        os.close(os.open(f"{{b}}/g{{i}}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        refused.append(f"g{{i}}")
+    try:
+        os.mkdir(f"{{b}}/d{{i}}")
+    except FileExistsError:
+        refused.append(f"d{{i}}")
+print(" ".join(refused) or "none")
+"#,
+        a = a.path.display(),
+        b = b.path.display()
+    );
+    assert_eq!(py_ok(a.dir.path(), &script).trim(), "none", "b's exclusive calls refused with EEXIST");
+    let copy = &status(&b)["etcd"]["namespace"]["copy"];
+    assert!(copy["confirmed_existing"].as_u64().unwrap() > 0, "no lookup of a removed name was confirmed: {copy}");
+}
+
+/// An `O_EXCL` create on host b of the name of a lease a holder on host
+/// a holds (its file unlinked there) re-attaches the lease (SPEC 4): the
+/// epoch stays on both hosts and the holder keeps writing through a file
+/// its lease guards, whether it was granted solo or with an entry. Once
+/// the holder is gone from etcd (its entry deleted), the same create is
+/// an acquisition: epoch + 1. Red without the re-attach: epoch 2 on both
+/// hosts, and the solo holder's guarded write `ESTALE`.
+#[test]
+fn an_exclusive_create_of_a_lease_held_on_another_host_reattaches_it() {
+    let cluster = Cluster::start();
+    let p = prefix("reattach");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "touch x && echo original > reg && setfattr -n user.leasefs.guard -v x reg");
+    let excl = |f: &str| {
+        format!("import os\nfd = os.open('{f}', os.O_CREAT|os.O_EXCL|os.O_RDWR)\nprint(int(os.getxattr(fd, 'user.leasefs.epoch')))")
+    };
+    // Granted solo.
+    let go = a.dir.path().join("go");
+    let mut h = py_ready(&a, &guarded_holder(&go, "still held", true));
+    await_lines(&h, 1, "the holder's epoch");
+    let e1: u64 = h.output()[0].parse().unwrap();
+    assert_eq!(status(&a)["etcd"]["solo"]["granted"], 1, "x was not granted solo");
+    sh_ok(&a.path, "rm x");
+    assert_eq!(py_ok(&b.path, &excl("x")).trim(), format!("{e1}"), "b's O_EXCL create of x");
+    for m in [&a, &b] {
+        assert_eq!(epoch(&m.path, "x"), e1, "x's epoch on {}", m.path.display());
+    }
+    std::fs::write(&go, "").unwrap();
+    await_lines(&h, 2, "the write never returned");
+    assert_eq!(h.output()[1], "written", "the holder's guarded write");
+    assert_eq!(sh_ok(&b.path, "cat reg"), "still held\n");
+    h.kill_all();
+    // Granted with an entry (an events reader keeps solo grants off).
+    let mut events = Bg::capture(&a.path, "cat", &[".leasefs/events"]);
+    sh_ok(&a.path, "touch y");
+    let mut hy = Bg::ready(
+        &a.path,
+        "exec flock y sh -c 'echo ready; getfattr --only-values -n user.leasefs.epoch y; echo; sleep 60'",
+    );
+    await_lines(&hy, 1, "the holder of y never printed its epoch");
+    let ey: u64 = hy.output()[0].parse().unwrap();
+    let c = Client::new(&cluster.endpoints(), Duration::from_secs(2));
+    let q = format!("{p}/q/y/").into_bytes();
+    let held = c.range(&q, &prefix_end(&q)).unwrap().0;
+    assert_eq!(held.len(), 1, "y's holder has no entry");
+    sh_ok(&a.path, "rm y");
+    assert_eq!(py_ok(&b.path, &excl("y")).trim(), format!("{ey}"), "b's O_EXCL create of y");
+    assert_eq!(epoch(&a.path, "y"), ey);
+    // Its entry gone (as when its host's session expired): the next
+    // create of the name acquires the lease.
+    c.delete(&held[0].key, &[]).unwrap();
+    sh_ok(&b.path, "rm y");
+    assert_eq!(py_ok(&b.path, &excl("y")).trim(), format!("{}", ey + 1), "b's O_EXCL create once the holder was gone");
+    hy.kill_all();
+    events.kill_all();
+}
+
 #[test]
 fn a_guarded_write_is_stored_only_while_its_lease_is_held_in_etcd() {
     guarded_write_after_the_hold_went(true);

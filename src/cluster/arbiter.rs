@@ -307,6 +307,9 @@ struct Known {
     rev: i64,
     /// Its value when it records a solo holder.
     solo: Option<Vec<u8>>,
+    /// The holder it names was found gone (its entry, or a solo holder's
+    /// session key) while the counter stayed as it is: a lost holder.
+    lost: bool,
 }
 
 impl Arbiter {
@@ -843,6 +846,7 @@ impl Arbiter {
                         holder: String::from_utf8_lossy(&t.key).into_owned(),
                         rev: r.revision,
                         solo: Some(value.clone().into_bytes()),
+                        lost: false,
                     };
                     self.know(&t.name, k);
                     self.solo.0.fetch_add(1, Ordering::Relaxed);
@@ -930,14 +934,14 @@ impl Arbiter {
 
     /// Note the counter of `name` as read or written at `rev`.
     fn remember(&self, name: &str, epoch: u64, holder: &str, rev: i64) {
-        self.know(name, Known { epoch, holder: holder.to_string(), rev, solo: None });
+        self.know(name, Known { epoch, holder: holder.to_string(), rev, solo: None, lost: false });
     }
 
     /// Note the counter of `name` as read (`None`: absent).
     fn remember_kv(&self, name: &str, kv: Option<&Kv>) {
         let (epoch, holder, rev) = epoch_of(kv);
         let solo = kv.filter(|kv| solo_of(&kv.value).is_some()).map(|kv| kv.value.clone());
-        self.know(name, Known { epoch, holder, rev, solo });
+        self.know(name, Known { epoch, holder, rev, solo, lost: false });
     }
 
     fn know(&self, name: &str, k: Known) {
@@ -1111,19 +1115,54 @@ impl Arbiter {
     /// saw it) and the condition that writes it there, compared on that
     /// counter. When the counter had moved, the change is decided again on
     /// the counter as the failed transaction read it.
-    pub fn claim(self: &Arc<Self>, name: &str) -> (u64, Condition) {
-        let Known { epoch, holder, rev, solo } = self.counters.lock().get(name).cloned().unwrap_or_default();
+    ///
+    /// Unless `always` (a `link`), a lease the counter shows held by a
+    /// holder that is still there is re-attached instead (SPEC 4: a create
+    /// of a live lease's name keeps its holders and epoch): the epoch as it
+    /// is, and a condition that takes none (`false`: not acquired).
+    pub fn claim(self: &Arc<Self>, name: &str, always: bool) -> (u64, Condition, bool) {
+        let Known { epoch, holder, rev, solo, lost } = self.counters.lock().get(name).cloned().unwrap_or_default();
         let key = self.epoch_key(name);
         let me = Arc::downgrade(self);
-        let name = name.to_string();
+        let n = name.to_string();
+        if !always && !holder.is_empty() && !lost {
+            let alive = match solo.as_deref().and_then(solo_of) {
+                Some(s) => self.session_key(s.lease),
+                None => holder.as_bytes().to_vec(),
+            };
+            let gone = alive.clone();
+            let seen: Seen = Arc::new(move |kv: Option<(&[u8], i64)>| {
+                let Some(a) = me.upgrade() else { return };
+                match kv {
+                    // The counter as decided on: was it the holder that went?
+                    Some((_, r)) if r == rev => match a.client.get(&gone) {
+                        Ok((None, _)) => {
+                            if let Some(k) = a.counters.lock().get_mut(&n).filter(|k| k.rev == rev) {
+                                k.lost = true;
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(_) => {
+                            a.counters.lock().remove(&n);
+                        }
+                    },
+                    Some((value, r)) => {
+                        let kv = Kv { value: value.to_vec(), mod_revision: r, ..Default::default() };
+                        a.remember_kv(&n, Some(&kv));
+                    }
+                    None => a.remember(&n, 0, "", 0),
+                }
+            });
+            return (epoch, Condition::Reattach { key, mod_revision: rev, alive, seen }, false);
+        }
         let seen: Seen = Arc::new(move |kv: Option<(&[u8], i64)>| {
             let Some(a) = me.upgrade() else { return };
             match kv {
                 Some((value, rev)) => {
                     let kv = Kv { value: value.to_vec(), mod_revision: rev, ..Default::default() };
-                    a.remember_kv(&name, Some(&kv));
+                    a.remember_kv(&n, Some(&kv));
                 }
-                None => a.remember(&name, 0, "", 0),
+                None => a.remember(&n, 0, "", 0),
             }
         });
         // A solo holder stays one (its entry is not written here).
@@ -1132,7 +1171,7 @@ impl Arbiter {
             None => counter_value(epoch + 1, holder.as_bytes()),
         }
         .into_bytes();
-        (epoch + 1, Condition::Claim { key, mod_revision: rev, value, seen })
+        (epoch + 1, Condition::Claim { key, mod_revision: rev, value, seen }, true)
     }
 
     /// The condition that no solo holder holds `name` (for a change that

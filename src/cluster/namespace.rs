@@ -870,6 +870,10 @@ impl Replica for EtcdNamespace {
                     cmp.push(Compare::unchanged(key.clone(), *mod_revision));
                     ops.push(Op::put(key.clone(), value.clone(), 0));
                 }
+                Condition::Reattach { key, mod_revision, alive, .. } => {
+                    cmp.push(Compare::unchanged(key.clone(), *mod_revision));
+                    cmp.push(Compare::new(alive.clone(), CmpOp::Greater, Target::Version(0)));
+                }
                 Condition::Free { prefix, .. } => cmp.push(Compare::none_under(prefix.clone())),
                 Condition::NoSolo { key, exists: true, .. } => {
                     cmp.push(Compare::new(key.clone(), CmpOp::Less, Target::Value(SOLO_FROM.to_vec())));
@@ -949,7 +953,9 @@ impl Replica for EtcdNamespace {
                             lost |= kv.is_none_or(|k| k.create_revision != *create_revision);
                         }
                         // Decided again on the counter as it is now.
-                        Condition::Claim { seen, .. } => seen(kv.map(|k| (k.value.as_slice(), k.mod_revision))),
+                        Condition::Claim { seen, .. } | Condition::Reattach { seen, .. } => {
+                            seen(kv.map(|k| (k.value.as_slice(), k.mod_revision)))
+                        }
                         // Decided again, asking etcd whether it is held.
                         Condition::Free { busy, .. } if !kvs.is_empty() => busy(),
                         Condition::Free { .. } => {}

@@ -315,6 +315,7 @@ impl Fs {
             "stale_lookups": st.sharing.stale_lookups,
             "stale_lookups_reopened_without_read": st.sharing.retrying.reopened,
             "unconfirmed_creates": st.sharing.unconfirmed_creates,
+            "confirmed_existing": st.sharing.confirmed_existing,
         })
     }
 
@@ -346,6 +347,11 @@ impl Fs {
                 "leasefs_etcd_unconfirmed_creates_total",
                 "Lookups of a name the copy lacks answered without asking etcd, for the call that makes it (O_CREAT open, mkdir, mknod, symlink).",
                 st.sharing.unconfirmed_creates,
+            ),
+            (
+                "leasefs_etcd_confirmed_existing_total",
+                "Lookups of a name the copy has, for a call that makes that very name (O_EXCL open, mkdir, mknod, symlink), confirmed with etcd.",
+                st.sharing.confirmed_existing,
             ),
         ] {
             out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name}{{{m}}} {v}\n"));

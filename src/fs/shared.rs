@@ -65,6 +65,9 @@ pub(super) struct Sharing {
     /// store, for the call that makes it (an `O_CREAT` open, `mkdir`,
     /// `mknod`, `symlink`).
     pub(super) unconfirmed_creates: u64,
+    /// Names the copy has that a call making that very name looked up:
+    /// confirmed with the store (another host may have removed it).
+    pub(super) confirmed_existing: u64,
 }
 
 /// How a read of a shared namespace is answered (SPEC 10).
@@ -136,12 +139,16 @@ impl Retries {
     /// `read`: the refusal came after a read of the store made during the
     /// call (see [`Retry::read`]).
     pub(super) fn refused(&mut self, tid: u32, read: bool) {
+        self.refused_at(tid, read, Instant::now());
+    }
+
+    /// [`Retries::refused`] at `now`.
+    fn refused_at(&mut self, tid: u32, read: bool, now: Instant) {
         // A caller the kernel could not name in the daemon's pid namespace
         // comes as pid 0, shared by every such thread.
         if tid == 0 {
             return;
         }
-        let now = Instant::now();
         let r = &mut self.map;
         if r.len() >= 1024 {
             r.retain(|_, m| now.duration_since(m.at) < RETRY_WINDOW);
@@ -173,8 +180,13 @@ impl Retries {
     /// before the call began without reading again. Any open of the
     /// thread ends the retry.
     pub(super) fn opened(&mut self, tid: u32, ino: Ino) -> Walk {
+        self.opened_at(tid, ino, Instant::now())
+    }
+
+    /// [`Retries::opened`] at `now`.
+    fn opened_at(&mut self, tid: u32, ino: Ino, now: Instant) -> Walk {
         let Some(m) = self.map.remove(&tid) else { return Walk::First };
-        if m.read && m.found == Some(ino) && m.at.elapsed() < RETRY_WINDOW {
+        if m.read && m.found == Some(ino) && now.saturating_duration_since(m.at) < RETRY_WINDOW {
             self.reopened += 1;
             Walk::AgainAfterRead
         } else {
@@ -720,5 +732,25 @@ mod retry_tests {
         r.refused(0, true);
         r.looked_up_by(0, Some((f, Kind::File)));
         assert_eq!(r.opened(0, f), Walk::First);
+    }
+
+    #[test]
+    fn a_second_walk_later_than_the_window_reads_again() {
+        let f = Ino(10);
+        let t0 = Instant::now();
+        let mut r = Retries::default();
+        let just_inside = RETRY_WINDOW - Duration::from_millis(1);
+        for (after, walk) in [(just_inside, Walk::AgainAfterRead), (RETRY_WINDOW, Walk::Again)] {
+            r.refused_at(7, true, t0);
+            r.looked_up_by(7, Some((f, Kind::File)));
+            assert_eq!(r.opened_at(7, f, t0 + after), walk, "{after:?} after the refusal");
+        }
+        assert_eq!(r.reopened, 1);
+        // A full table drops the refusals older than the window.
+        for tid in 1..=1024 {
+            r.refused_at(tid, true, t0);
+        }
+        r.refused_at(2000, true, t0 + RETRY_WINDOW);
+        assert_eq!(r.map.len(), 1, "only the newest refusal is kept");
     }
 }

@@ -97,8 +97,10 @@ pub trait Arbitration: Send + std::fmt::Debug {
     /// An acquisition by `how` (`O_EXCL`, `link`) of `ino`: take its next
     /// epoch from the arbiter in the transaction that stores the change
     /// ([`Arbitration::take_claims`]), raising `local` so its own
-    /// acquisition (+1) lands on it; `EIO` when it cannot.
-    fn claim(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<()>;
+    /// acquisition (+1) lands on it; `EIO` when it cannot. False: not an
+    /// acquisition after all (an `O_EXCL` create of the name of a lease a
+    /// holder on another host holds re-attaches it, SPEC 4).
+    fn claim(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<bool>;
     /// What the transaction storing the current change must also compare
     /// and write.
     fn take_claims(&mut self) -> Vec<Condition>;

@@ -253,7 +253,9 @@ impl LeaseAuthority {
     /// locally, which another host may have handed out too.
     pub fn acquire_by_create(&mut self, ino: Ino) -> Result<Vec<Effect>> {
         if let Some(a) = &mut self.shared {
-            a.claim(&mut self.local, ino, "O_EXCL")?;
+            if !a.claim(&mut self.local, ino, "O_EXCL")? {
+                return Ok(Vec::new());
+            }
         }
         self.local.acquire_by_create(ino)
     }

@@ -41,6 +41,13 @@ pub enum Condition {
     /// (`Conflict`). `seen` hears the counter as the step left it (its value
     /// and revision; `None` when absent).
     Claim { key: Vec<u8>, mod_revision: i64, value: Vec<u8>, seen: Seen },
+    /// A create of the name of a lease that a holder on another host holds
+    /// re-attaches it (SPEC 4: same holders and epoch), taking no epoch:
+    /// the counter `key` must still be at `mod_revision` and name that
+    /// holder, and `alive` (its entry, or a solo holder's session key) must
+    /// still exist. Otherwise the change is decided again (`Conflict`) and
+    /// `seen` hears the counter first.
+    Reattach { key: Vec<u8>, mod_revision: i64, alive: Vec<u8>, seen: Seen },
     /// No key may be under `prefix` (a lease's queue: nobody on any host
     /// holds or awaits it), as the host last saw it when it decided the
     /// change. When one is, the change is decided again (`Conflict`) and
@@ -74,6 +81,9 @@ impl std::fmt::Debug for Condition {
             Condition::Claim { key, mod_revision, .. } => {
                 write!(f, "Claim({}, {mod_revision})", String::from_utf8_lossy(key))
             }
+            Condition::Reattach { key, mod_revision, .. } => {
+                write!(f, "Reattach({}, {mod_revision})", String::from_utf8_lossy(key))
+            }
             Condition::Free { prefix, .. } => write!(f, "Free({})", String::from_utf8_lossy(prefix)),
             Condition::NoSolo { key, exists, .. } => write!(f, "NoSolo({}, {exists})", String::from_utf8_lossy(key)),
             Condition::HeldSolo { entry, .. } => write!(f, "HeldSolo({})", String::from_utf8_lossy(entry)),
@@ -84,7 +94,10 @@ impl std::fmt::Debug for Condition {
 impl Condition {
     pub fn key(&self) -> &[u8] {
         match self {
-            Condition::Held { key, .. } | Condition::Claim { key, .. } | Condition::NoSolo { key, .. } => key,
+            Condition::Held { key, .. }
+            | Condition::Claim { key, .. }
+            | Condition::Reattach { key, .. }
+            | Condition::NoSolo { key, .. } => key,
             // Read when the compare fails: whether a waiter wrote it.
             Condition::HeldSolo { entry, .. } => entry,
             Condition::Free { prefix, .. } => prefix,

@@ -573,7 +573,7 @@ impl EtcdArbitration {
     /// acquisition by `how` (O_EXCL, link) in the transaction that stores
     /// the change ([`Arbiter::claim`]), so the local acquisition (+1) lands
     /// on it; the change is not stored unless etcd hands out that epoch.
-    pub(super) fn claimed(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<()> {
+    pub(super) fn claimed(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<bool> {
         let Some(name) = self.names.get(&ino).cloned() else {
             tracing::warn!(ino = ino.0, "{how} acquisition of a lease without a name: refused");
             return Err(Error::Io);
@@ -582,10 +582,15 @@ impl EtcdArbitration {
             tracing::warn!(lease = %name, "{how} acquisition refused: etcd did not hand out its epoch (failpoint)");
             return Err(Error::Io);
         }
-        let (epoch, claim) = self.arbiter.claim(&name);
-        local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
+        let (epoch, claim, acquires) = self.arbiter.claim(&name, how == "link");
+        if acquires {
+            local.raise_epoch(ino, Epoch(epoch.saturating_sub(1)));
+        } else {
+            // Held on another host: re-attached, with its epoch.
+            local.raise_epoch(ino, Epoch(epoch));
+        }
         self.claims.push(claim);
-        Ok(())
+        Ok(acquires)
     }
 
     /// Other hosts' leases at or under `prefix`, as etcd's queues say

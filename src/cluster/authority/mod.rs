@@ -748,7 +748,7 @@ impl Arbitration for EtcdArbitration {
         Ok(())
     }
 
-    fn claim(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<()> {
+    fn claim(&mut self, local: &mut LocalAuthority, ino: Ino, how: &str) -> Result<bool> {
         self.claimed(local, ino, how)
     }
 
