@@ -142,12 +142,27 @@ pub fn cgroup(pid: u32) -> Option<String> {
 /// lexically named), or anything cannot be read (another user's process,
 /// for an unprivileged daemon; a call made by io_uring's workers).
 pub fn creating(tid: u32) -> Option<std::path::PathBuf> {
-    making(tid).map(|(path, _)| path)
+    making(tid).filter(|(_, how)| *how != Making::Link).map(|(path, _)| path)
 }
 
-/// [`creating`], and whether the call fails when the name exists (an
-/// open with `O_EXCL`, and every call but an open).
-pub fn making(tid: u32) -> Option<(std::path::PathBuf, bool)> {
+/// How a call makes the name [`making`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Making {
+    /// An open with `O_CREAT` but not `O_EXCL`: it opens the name when it
+    /// exists.
+    Open,
+    /// An open with `O_CREAT|O_EXCL`, `mkdir`, `mknod`, `symlink`: it
+    /// fails with `EEXIST` when the name exists.
+    Exclusive,
+    /// `link`, `linkat`, or `renameat2` with `RENAME_NOREPLACE` (the new
+    /// name): it fails with `EEXIST` when the name exists, but its own
+    /// request to the filesystem does not make a new file.
+    Link,
+}
+
+/// [`creating`], and how the call makes the name; also the new name of a
+/// `link`, `linkat` or a `renameat2` with `RENAME_NOREPLACE`.
+pub fn making(tid: u32) -> Option<(std::path::PathBuf, Making)> {
     let text = read(&format!("/proc/{tid}/syscall"))?;
     let mut fields = text.split_whitespace();
     let nr: libc::c_long = fields.next()?.parse().ok()?;
@@ -157,7 +172,7 @@ pub fn making(tid: u32) -> Option<(std::path::PathBuf, bool)> {
         return None;
     }
     let creates = |flags: u64| flags & libc::O_CREAT as u64 != 0;
-    let excl = |flags: u64| flags & libc::O_EXCL as u64 != 0;
+    let excl = |flags: u64| if flags & libc::O_EXCL as u64 != 0 { Making::Exclusive } else { Making::Open };
     // The descriptor argument is an `int`: its low 32 bits.
     let fd = |a: u64| a as u32 as i32;
     // (directory descriptor, path, whether the call makes a directory,
@@ -173,15 +188,21 @@ pub fn making(tid: u32) -> Option<(std::path::PathBuf, bool)> {
             (fd(args[0]), args[1], false, excl(u64::from_ne_bytes(how)))
         }
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_mkdir => (libc::AT_FDCWD, args[0], true, true),
-        libc::SYS_mkdirat => (fd(args[0]), args[1], true, true),
+        libc::SYS_mkdir => (libc::AT_FDCWD, args[0], true, Making::Exclusive),
+        libc::SYS_mkdirat => (fd(args[0]), args[1], true, Making::Exclusive),
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_mknod => (libc::AT_FDCWD, args[0], false, true),
-        libc::SYS_mknodat => (fd(args[0]), args[1], false, true),
+        libc::SYS_mknod => (libc::AT_FDCWD, args[0], false, Making::Exclusive),
+        libc::SYS_mknodat => (fd(args[0]), args[1], false, Making::Exclusive),
         // The target (the first argument) is a string, never walked.
         #[cfg(target_arch = "x86_64")]
-        libc::SYS_symlink => (libc::AT_FDCWD, args[1], false, true),
-        libc::SYS_symlinkat => (fd(args[1]), args[2], false, true),
+        libc::SYS_symlink => (libc::AT_FDCWD, args[1], false, Making::Exclusive),
+        libc::SYS_symlinkat => (fd(args[1]), args[2], false, Making::Exclusive),
+        #[cfg(target_arch = "x86_64")]
+        libc::SYS_link => (libc::AT_FDCWD, args[1], false, Making::Link),
+        libc::SYS_linkat => (fd(args[2]), args[3], false, Making::Link),
+        libc::SYS_renameat2 if args[4] & libc::RENAME_NOREPLACE as u64 != 0 => {
+            (fd(args[2]), args[3], false, Making::Link)
+        }
         _ => return None,
     };
     let mut path = read_string(tid, path)?;

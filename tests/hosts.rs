@@ -1828,11 +1828,11 @@ fn a_solo_holder_keeps_writing_after_a_waiter_queued_behind_it() {
     assert_eq!(status(&b)["etcd"]["solo"]["entries_written"], 1, "{}", status(&b));
 }
 
-/// Names host b has seen, removed on host a: b's `O_EXCL` create and
-/// `mkdir` right after make them (b's copy, its watch held back 400 ms,
-/// still has the name: the kernel asks again before such calls, and that
-/// lookup is confirmed with etcd). Red (`EEXIST` every time) when the copy
-/// answers it.
+/// Names host b has seen, removed on host a: b's `O_EXCL` create,
+/// `mkdir`, `link` and `renameat2(RENAME_NOREPLACE)` right after make them
+/// (b's copy, its watch held back 400 ms, still has the name: the kernel
+/// asks again before such calls, and that lookup is confirmed with etcd).
+/// Red (`EEXIST` every time) when the copy answers it.
 #[test]
 fn an_exclusive_create_after_another_hosts_unlink_makes_the_name() {
     let cluster = Cluster::start();
@@ -1841,23 +1841,35 @@ fn an_exclusive_create_after_another_hosts_unlink_makes_the_name() {
     let b = host_env(&cluster, &p, &[], &[("LEASEFS_PAUSE", "feed:400")]);
     let script = format!(
         r#"
-import os
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
 a, b = "{a}", "{b}"
 refused = []
-for i in range(5):
-    open(f"{{a}}/g{{i}}", "w").close()
-    os.mkdir(f"{{a}}/d{{i}}")
-    os.stat(f"{{b}}/g{{i}}"); os.stat(f"{{b}}/d{{i}}")
-    os.unlink(f"{{a}}/g{{i}}")
-    os.rmdir(f"{{a}}/d{{i}}")
+def made(name, call):
     try:
-        os.close(os.open(f"{{b}}/g{{i}}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        call()
     except FileExistsError:
-        refused.append(f"g{{i}}")
-    try:
-        os.mkdir(f"{{b}}/d{{i}}")
-    except FileExistsError:
-        refused.append(f"d{{i}}")
+        refused.append(name)
+def noreplace(old, new):
+    if libc.renameat2(-100, old.encode(), -100, new.encode(), 1) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+# Each call right after a's removal, before anything else catches b's
+# copy up.
+calls = {{
+    "g": lambda n: os.close(os.open(f"{{b}}/{{n}}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)),
+    "d": lambda n: os.mkdir(f"{{b}}/{{n}}"),
+    "l": lambda n: os.link(f"{{b}}/src", f"{{b}}/{{n}}"),
+    "r": lambda n: noreplace(f"{{b}}/src", f"{{b}}/{{n}}"),
+}}
+for i in range(3):
+    for kind, call in calls.items():
+        n = f"{{kind}}{{i}}"
+        open(f"{{b}}/src", "w").close()
+        (os.mkdir if kind == "d" else lambda p: open(p, "w").close())(f"{{a}}/{{n}}")
+        os.stat(f"{{b}}/{{n}}")
+        (os.rmdir if kind == "d" else os.unlink)(f"{{a}}/{{n}}")
+        made(n, lambda: call(n))
 print(" ".join(refused) or "none")
 "#,
         a = a.path.display(),

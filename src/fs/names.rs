@@ -27,23 +27,23 @@ impl Fs {
     fn lookup_name(&self, parent: Ino, name: &OsStr, caller: Caller) -> Result<(Attr, bool)> {
         let mut st = self.fresh_name(parent, name, false)?;
         st.permit(caller, parent, access::X)?;
-        // Whether the caller is making this very name (and whether its
-        // call fails when the name exists).
+        // Whether the caller is making this very name, and how.
         let making_it = |st: &State| {
             let path = st.ns.dir_path(parent).map(|d| {
                 let mut p = st.mount.point.clone();
                 p.extend(d);
                 p.join(name)
             })?;
-            crate::procfs::making(caller.pid).filter(|(p, _)| *p == path).map(|(_, exclusive)| exclusive)
+            crate::procfs::making(caller.pid).filter(|(p, _)| *p == path).map(|(_, how)| how)
         };
         let ino = match st.ns.child(parent, name) {
             // A name the copy has, looked up by a call that fails when it
-            // exists (`O_CREAT|O_EXCL`, `mkdir`, `mknod`, `symlink`: the
-            // kernel asks again for them): confirmed with the store, or
-            // the call would fail with `EEXIST` for a name another host
-            // removed before it began (SPEC 10).
-            Ok(_) if self.reads_a_copy() && making_it(&st) == Some(true) => {
+            // exists (`O_CREAT|O_EXCL`, `mkdir`, `mknod`, `symlink`,
+            // `link`, `RENAME_NOREPLACE`: the kernel asks again for them):
+            // confirmed with the store, or the call would fail with
+            // `EEXIST` for a name another host removed before it began
+            // (SPEC 10).
+            Ok(_) if self.reads_a_copy() && making_it(&st).is_some_and(|how| how != crate::procfs::Making::Open) => {
                 drop(st);
                 self.state.lock().sharing.confirmed_existing += 1;
                 st = self.fresh_name(parent, name, true)?;
@@ -53,7 +53,7 @@ impl Fs {
             // A name the copy lacks is confirmed with the store before
             // ENOENT (SPEC 10): another host may have just made it.
             Err(Error::NotFound) if self.reads_a_copy() => {
-                let creating = making_it(&st).is_some();
+                let creating = making_it(&st).is_some_and(|how| how != crate::procfs::Making::Link);
                 drop(st);
                 // Unless the caller is making this very name (the last
                 // part of an `O_CREAT` open, a `mkdir`, `mknod` or
