@@ -2191,7 +2191,7 @@ fn a_ttl_set_after_the_grant_lets_waiters_on_other_hosts_break_a_holder_that_sto
     let holder = renewing_holder(
         a.dir.path(),
         &format!(
-            "while not os.path.exists('{}'):\n    time.sleep(0.01)\nos.setxattr('x', 'user.leasefs.ttl', b'2s')",
+            "while not os.path.exists('{}'):\n    time.sleep(0.01)\nos.setxattr('x', 'user.leasefs.ttl', b'3s')",
             go.display()
         ),
     );
@@ -2203,7 +2203,7 @@ fn a_ttl_set_after_the_grant_lets_waiters_on_other_hosts_break_a_holder_that_sto
     std::fs::write(&go, "").unwrap();
     // The holder's host writes its entry, with the TTL.
     let deadline = Instant::now() + STEP;
-    while held_entry_ttl(&cluster, &p, "x") != Some(2000) {
+    while held_entry_ttl(&cluster, &p, "x") != Some(3000) {
         assert!(Instant::now() < deadline, "the TTL set after the grant never reached etcd: {}", status(&a)["etcd"]);
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -2211,7 +2211,7 @@ fn a_ttl_set_after_the_grant_lets_waiters_on_other_hosts_break_a_holder_that_sto
     // waits two TTLs and more...
     let mut w = Bg::capture(&b.path, "python3", &["-c", &waiter("x")]);
     await_entries(&cluster, &p, "x", 2);
-    std::thread::sleep(Duration::from_secs(5));
+    std::thread::sleep(Duration::from_secs(7));
     assert!(w.running(), "a renewing holder was broken: {:?}", w.output());
     // ...and once it stops, breaks it after the TTL.
     std::fs::write(&stop, "").unwrap();
