@@ -2251,6 +2251,33 @@ fn a_ttl_set_after_the_grant_lets_waiters_on_other_hosts_break_a_holder_that_sto
     assert!(wy.wait(STEP).success());
     assert_eq!(wy.output(), [format!("{}", ey + 1)]);
     hy.kill_all();
+
+    // z: a waiter on b granted after the TTL was set while it waited
+    // shows that TTL in its entry from its grant on.
+    sh_ok(&a.path, "touch z");
+    let mut hz = Bg::ready(&a.path, "exec flock z sh -c 'echo ready; sleep 60'");
+    let mut wz = Bg::capture(&b.path, "flock", &["z", "sh", "-c", "echo granted; sleep 60"]);
+    await_entries(&cluster, &p, "z", 2);
+    sh_ok(&a.path, "setfattr -n user.leasefs.ttl -v 60s z");
+    // b's copy has the TTL before the grant (so no later change of it
+    // reaches b's holder).
+    let deadline = Instant::now() + STEP;
+    while sh_ok(&b.path, "getfattr --only-values -n user.leasefs.ttl z") != "60s" {
+        assert!(Instant::now() < deadline, "b never saw z's TTL");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    hz.kill_all();
+    await_lines(&wz, 1, "the waiter on z was never granted");
+    let deadline = Instant::now() + STEP;
+    while held_entry_ttl(&cluster, &p, "z") != Some(60_000) {
+        assert!(
+            Instant::now() < deadline,
+            "the holder granted after the TTL was set shows {:?}",
+            held_entry_ttl(&cluster, &p, "z")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wz.kill_all();
 }
 
 #[test]

@@ -162,6 +162,11 @@ impl EtcdArbitration {
                     self.broken_flags.insert(ticket.key.clone(), flag);
                 }
                 self.held.insert((ino, req.owner), ticket);
+                if outcome == Outcome::Granted {
+                    // A TTL set or changed while it waited: its entry still
+                    // shows the one it was asked with.
+                    self.ttl_changed(local, ino);
+                }
                 (outcome, effects)
             }
             Err(e) => {
