@@ -1011,12 +1011,17 @@ impl Arbiter {
         value["state"] = json!("held");
         value["epoch"] = json!(epoch);
         if let Some(solo) = &t.solo {
+            // The epoch the counter records (the grant's), not this
+            // host's view of it: the counter is rewritten with it.
+            let granted = serde_json::from_str::<Value>(solo).ok().and_then(|v| v["epoch"].as_u64()).unwrap_or(epoch);
+            let mut value = value.clone();
+            value["epoch"] = json!(granted);
             let ek = self.epoch_key(&t.name);
             let same = Compare::new(ek.clone(), CmpOp::Equal, Target::Value(solo.clone().into_bytes()));
             let alive = Compare::new(self.session_key(t.session), CmpOp::Greater, Target::Version(0));
             let r = self.client.txn(
                 &[same, alive],
-                &[Op::put(t.key.clone(), value.to_string(), t.session), Op::put(ek, counter_value(epoch, &t.key), 0)],
+                &[Op::put(t.key.clone(), value.to_string(), t.session), Op::put(ek, counter_value(granted, &t.key), 0)],
                 &[],
             )?;
             if r.succeeded {
