@@ -131,20 +131,6 @@ pub fn cgroup(pid: u32) -> Option<String> {
     read(&format!("/proc/{pid}/cgroup"))?.lines().find_map(|l| l.strip_prefix("0::")).map(str::to_string)
 }
 
-/// The name a thread is making, while it waits in a call that makes one:
-/// `open`, `openat` or `openat2` with `O_CREAT`, `mkdir`, `mkdirat`,
-/// `mknod`, `mknodat`, `symlink` or `symlinkat`. It is the path the call
-/// was given, made absolute (lexically) from the thread's root, working
-/// directory or directory descriptor as this process sees them (a
-/// directory's trailing `/` dropped). `None` when the thread is in no such
-/// call, the path's last part is not a name (`.`, `..`, a trailing `/`
-/// elsewhere) or another part is `..` (a walk that may leave a directory
-/// lexically named), or anything cannot be read (another user's process,
-/// for an unprivileged daemon; a call made by io_uring's workers).
-pub fn creating(tid: u32) -> Option<std::path::PathBuf> {
-    making(tid).filter(|(_, how)| *how != Making::Link).map(|(path, _)| path)
-}
-
 /// How a call makes the name [`making`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Making {
@@ -160,8 +146,18 @@ pub enum Making {
     Link,
 }
 
-/// [`creating`], and how the call makes the name; also the new name of a
-/// `link`, `linkat` or a `renameat2` with `RENAME_NOREPLACE`.
+/// The name a thread is making, and how, while it waits in a call that
+/// makes one: `open`, `openat` or `openat2` with `O_CREAT`, `mkdir`,
+/// `mkdirat`, `mknod`, `mknodat`, `symlink`, `symlinkat`, and the new name
+/// of `link`, `linkat` or a `renameat2` with `RENAME_NOREPLACE`. It is the
+/// path the call was given, made absolute (lexically) from the thread's
+/// root, working directory or directory descriptor as this process sees
+/// them (a directory's trailing `/` dropped). `None` when the thread is in
+/// no such call, the path's last part is not a name (`.`, `..`, a trailing
+/// `/` elsewhere) or another part is `..` (a walk that may leave a
+/// directory lexically named), or anything cannot be read (another user's
+/// process, for an unprivileged daemon; a call made by io_uring's
+/// workers).
 pub fn making(tid: u32) -> Option<(std::path::PathBuf, Making)> {
     let text = read(&format!("/proc/{tid}/syscall"))?;
     let mut fields = text.split_whitespace();
@@ -226,7 +222,7 @@ pub fn making(tid: u32) -> Option<(std::path::PathBuf, Making)> {
 }
 
 /// `path` made absolute from `base` lexically; `None` as
-/// [`creating`] says.
+/// [`making`] says.
 fn lexical_path(path: &[u8], base: impl FnOnce() -> Option<std::path::PathBuf>) -> Option<std::path::PathBuf> {
     use std::os::unix::ffi::OsStrExt;
     let last = path.rsplit(|&b| b == b'/').next()?;
@@ -326,7 +322,7 @@ mod tests {
         assert_eq!(lexical_path(b"x", || Some("rel".into())), None, "a base that is not absolute");
     }
 
-    /// What `creating` shows of a thread while `open` (given the FIFO's
+    /// What `making` shows of a thread while `open` (given the FIFO's
     /// path) holds it in its call: a FIFO's write side blocks until a
     /// reader comes. The path is shown relative to the FIFO's directory.
     fn seen_while_opening(open: fn(&std::ffi::CStr) -> i64) -> Option<std::path::PathBuf> {
@@ -356,7 +352,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the thread never waited in its open");
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        let seen = creating(tid);
+        let seen = making(tid).map(|(path, _)| path);
         let _reader = std::fs::File::open(&fifo).unwrap();
         writer.join().unwrap();
         seen.map(|p| p.strip_prefix(dir.path().canonicalize().unwrap()).unwrap().to_path_buf())
@@ -388,6 +384,6 @@ mod tests {
         // SAFETY: a NUL-terminated path and plain flags.
         let plain = |p: &std::ffi::CStr| unsafe { libc::openat(libc::AT_FDCWD, p.as_ptr(), libc::O_WRONLY) as i64 };
         assert_eq!(seen_while_opening(plain), None, "an open without O_CREAT makes nothing");
-        assert_eq!(creating(std::process::id()), None, "a thread in no open");
+        assert_eq!(making(std::process::id()), None, "a thread in no open");
     }
 }

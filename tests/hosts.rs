@@ -1499,6 +1499,10 @@ fn reads_answer_from_the_copy_within_its_lag_and_fail_with_eio_past_it() {
     };
     let o = sh(&a.path, "cat z");
     assert!(String::from_utf8_lossy(&o.stderr).contains("Input/output error"), "an open on a frozen etcd: {o:?}");
+    // An O_EXCL create of a name the copy has is not refused `EEXIST`
+    // unchecked (another host may have removed it): `EIO`, as the open.
+    let excl = "import errno, os\ntry:\n os.open('z', os.O_CREAT|os.O_EXCL|os.O_WRONLY)\n print('made')\nexcept OSError as e:\n print(errno.errorcode[e.errno])";
+    assert_eq!(py_ok(&a.path, excl).trim(), "EIO", "an O_EXCL create of a name the copy has, etcd frozen");
     // Past the lag the copy stops answering.
     let deadline = Instant::now() + STEP;
     let failed = loop {

@@ -161,10 +161,11 @@ impl EtcdArbitration {
                     }
                     self.broken_flags.insert(ticket.key.clone(), flag);
                 }
+                // A TTL set or changed while it waited: its entry still
+                // shows the one it was asked with.
+                let retime = outcome == Outcome::Granted && ticket.ttl_ms() != local.effective_ttl(ino);
                 self.held.insert((ino, req.owner), ticket);
-                if outcome == Outcome::Granted {
-                    // A TTL set or changed while it waited: its entry still
-                    // shows the one it was asked with.
+                if retime {
                     self.ttl_changed(local, ino);
                 }
                 (outcome, effects)
