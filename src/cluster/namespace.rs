@@ -928,7 +928,16 @@ impl Replica for EtcdNamespace {
                         seen(Some((value, t.revision)));
                     }
                 }
+                let inodes = self.key("i/");
                 for (k, v) in written {
+                    // An inode this change removed from the store: its id
+                    // goes (its own event is skipped below, so the feed
+                    // would never take it away).
+                    if v.is_none() {
+                        if let Some(id) = k.strip_prefix(inodes.as_slice()) {
+                            self.unmap(&String::from_utf8_lossy(id));
+                        }
+                    }
                     // The feed may have brought a later change of the key
                     // while the answer was on its way.
                     match self.revs.get(&k) {
@@ -1084,6 +1093,35 @@ mod tests {
         assert!(c.removed_names.iter().any(|(_, n, i)| n == "l.json" && *i == old));
         assert!(c.added_names.iter().any(|(_, n, i)| n == "l.json" && *i == new));
         assert!(!t.to_ino.contains_key("o.1"));
+    }
+
+    #[test]
+    fn an_inode_this_host_removed_from_the_store_leaves_the_id_table() {
+        // Another host's file, renewed over by a rename made here: the old
+        // inode's key is deleted by this host's change, whose own event the
+        // feed then skips. A host renewing a lease this way for a day must
+        // not keep an id per renewal.
+        let (mut t, mut ns) = with_file("l.json");
+        ns.set_tracking();
+        let old = ns.child(Ino::ROOT, OsStr::new("l.json")).unwrap();
+        ns.unlink(Ino::ROOT, OsStr::new("l.json")).unwrap();
+        let p = t.prepare(&mut ns, &|_| Extra::default(), &[]).unwrap().unwrap();
+        let mut p = p.into_any().downcast::<EtcdPublication>().unwrap();
+        assert!(p.written.contains(&(b"p/ns/i/o.1".to_vec(), None)), "{:?}", p.written);
+        p.answer = Some(Ok(TxnResult { succeeded: true, revision: t.applied + 1, responses: vec![] }));
+        t.settle(&mut ns, p).unwrap();
+        assert!(!t.to_ino.contains_key("o.1") && !t.to_id.contains_key(&old));
+        assert_eq!(t.to_ino.len(), 1, "{:?}", t.to_ino);
+        // A change that did not land keeps it until the store says otherwise.
+        let (mut t, mut ns) = with_file("l.json");
+        ns.set_tracking();
+        ns.unlink(Ino::ROOT, OsStr::new("l.json")).unwrap();
+        let p = t.prepare(&mut ns, &|_| Extra::default(), &[]).unwrap().unwrap();
+        let mut p = p.into_any().downcast::<EtcdPublication>().unwrap();
+        p.answer = Some(Ok(TxnResult { succeeded: false, revision: t.applied + 1, responses: vec![] }));
+        assert_eq!(t.settle(&mut ns, p), Err(Error::Conflict));
+        assert!(t.to_ino.contains_key("o.1"));
+        assert_eq!(read(&ns, Ino::ROOT, "l.json"), "v1");
     }
 
     #[test]
