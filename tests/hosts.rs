@@ -1355,6 +1355,95 @@ fn two_hosts_changing_disjoint_files_at_once_never_conflict() {
     assert_eq!((conflicts(&a) - before_a, conflicts(&b) - before_b), (0, 0));
 }
 
+/// Two hosts making, writing and renewing (by `rename`) files of one
+/// directory at once: a change of the directory's names writes only its
+/// times, never compared, so none has to be decided again; both hosts
+/// then list the same names and show the same modification time. Red
+/// (dozens of conflicts) when the directory's value is written and
+/// compared by every change of its names.
+#[test]
+fn two_hosts_making_names_in_one_directory_at_once_never_conflict() {
+    let cluster = Cluster::start();
+    let p = prefix("onedir");
+    let (a, b) = (host(&cluster, &p, &[]), host(&cluster, &p, &[]));
+    sh_ok(&a.path, "mkdir d");
+    let maker = |tag: &str| {
+        format!(
+            r#"{GATE}for i in range(40):
+    fd = os.open("d/{tag}%d" % i, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, b"x")
+    os.close(fd)
+    with open("d/{tag}.tmp", "w") as f:
+        f.write(str(i))
+    os.rename("d/{tag}.tmp", "d/{tag}.json")
+print("done")"#
+        )
+    };
+    open_gate(&[&a, &b]);
+    let (before_a, before_b) = (conflicts(&a), conflicts(&b));
+    let mut ma = Bg::capture(&a.path, "python3", &["-c", &maker("a")]);
+    let mut mb = Bg::capture(&b.path, "python3", &["-c", &maker("b")]);
+    assert!(ma.wait(STEP * 4).success() && mb.wait(STEP * 4).success(), "{:?} {:?}", ma.output(), mb.output());
+    assert_eq!((conflicts(&a) - before_a, conflicts(&b) - before_b), (0, 0));
+    // Each host opens the other's last file (close-to-open: its copy has
+    // caught up), then lists the directory and reads its times.
+    let view = |m: &Mount| sh_ok(&m.path, "cat d/a.json d/b.json >/dev/null; ls d | wc -l; stat -c '%y %z' d");
+    let (va, vb) = (view(&a), view(&b));
+    assert_eq!(va, vb);
+    assert!(va.starts_with("82\n"), "{va}");
+    // The directory's times are those of its last change of names, later
+    // than any of its files' births.
+    let newest_birth = sh_ok(&a.path, "stat -c %Y d/a39 d/b39 | sort -n | tail -1");
+    let dir_mtime = sh_ok(&b.path, "stat -c %Y d");
+    assert!(dir_mtime.trim().parse::<u64>().unwrap() >= newest_birth.trim().parse::<u64>().unwrap());
+}
+
+/// A directory removed on one host while another host makes a name in it
+/// (which writes only the directory's times): the removal is compared to
+/// find the directory empty, loses, and is decided again: `ENOTEMPTY`, and
+/// the new name stays readable on both hosts. Red (the removal succeeded,
+/// leaving a name under a directory that is gone) without that compare.
+#[test]
+fn a_directory_removed_while_another_host_makes_a_name_in_it_is_not_empty() {
+    let cluster = Cluster::start();
+    let p = prefix("rmdirrace");
+    let (_marks, mark, a, b) = paused_and_plain(&cluster, &p, 1500, "mkdir d");
+    let before = conflicts(&a);
+    let _ = std::fs::remove_file(&mark);
+    let remover =
+        "import errno, os\ntry:\n    os.rmdir('d')\n    print('removed')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])";
+    let mut r = Bg::capture(&a.path, "python3", &["-c", remover]);
+    await_mark(&mark);
+    sh_ok(&b.path, "echo new > d/x");
+    assert!(r.wait(STEP).success());
+    assert_eq!(r.output(), ["ENOTEMPTY"]);
+    assert!(conflicts(&a) > before, "the removal's first attempt must have lost the compare");
+    assert_eq!(sh_ok(&a.path, "cat d/x"), "new\n");
+    assert_eq!(sh_ok(&b.path, "ls d; cat d/x"), "x\nnew\n");
+}
+
+/// Two hosts moving two directories each into the other at once: the
+/// first move to reach etcd wins, the other compares the ancestors of
+/// its new parent, loses, and is decided again: `EINVAL` (a directory
+/// cannot move into itself), so no cycle is ever stored. Red (both moves
+/// stored, a cycle no walk from the root reaches) when a directory move
+/// writes only its parents' times.
+#[test]
+fn crossing_moves_of_two_directories_on_two_hosts_never_make_a_cycle() {
+    let cluster = Cluster::start();
+    let p = prefix("crossing");
+    let (_marks, mark, a, b) = paused_and_plain(&cluster, &p, 1500, "mkdir d1 d2");
+    let _ = std::fs::remove_file(&mark);
+    let mover = "import errno, os\ntry:\n    os.rename('d1', 'd2/d1')\n    print('moved')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])";
+    let mut m = Bg::capture(&a.path, "python3", &["-c", mover]);
+    await_mark(&mark);
+    sh_ok(&b.path, "mv d2 d1/d2");
+    assert!(m.wait(STEP).success());
+    assert_eq!(m.output(), ["EINVAL"]);
+    assert_eq!(sh_ok(&a.path, "find . | sort"), ".\n./d1\n./d1/d2\n");
+    assert_eq!(sh_ok(&b.path, "find . | sort"), ".\n./d1\n./d1/d2\n");
+}
+
 #[test]
 fn exclusive_creates_of_one_name_on_two_hosts_at_once_succeed_exactly_once() {
     let cluster = Cluster::start();

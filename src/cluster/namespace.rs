@@ -9,6 +9,14 @@
 //!   the host's first etcd lease id, which etcd never hands out twice.
 //! - `P/ns/e/<dir id>/<name>`: a directory entry; its value is the id of
 //!   the inode it names (neither ids nor names contain `/`).
+//! - `P/ns/t/<dir id>`: a directory's modification and change times when
+//!   a change of its names moved them and nothing else the directory's
+//!   value holds (its link count and size are its entries'): written
+//!   blindly, never compared, and taken only when later than the
+//!   directory's own value. Changes of different names of one directory
+//!   on several hosts then compare different keys and never conflict; the
+//!   directory's value is compared (it must still exist as the host knew
+//!   it), and a directory removed is compared to have no entries.
 //! - `P/ns/rev`: written (blindly, never compared) by every change, so its
 //!   mod revision is the namespace's revision.
 //!
@@ -39,7 +47,7 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
 
@@ -50,7 +58,7 @@ use super::session::HostSession;
 use crate::error::{Error, Result};
 use crate::namespace::replica::{Barrier, Caught, Condition, Publication, Replica};
 use crate::namespace::{Body, Ino, Kind, Namespace, NewInode};
-use crate::store::records::{decode_object, encode_object, Extra};
+use crate::store::records::{decode_object, decode_object_head, encode_object, Extra};
 
 /// Largest file an etcd namespace keeps (etcd's default request limit is
 /// 1.5 MiB; a file is one value).
@@ -285,6 +293,9 @@ struct Changes {
     compares: Vec<Compare>,
     ops: Vec<Op>,
     written: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// Keys of `written` stored blindly (directories' times): never
+    /// compared, and other hosts' writes of them are applied meanwhile.
+    blind: HashSet<Vec<u8>>,
 }
 
 /// What one batch of events does to the table, in the order it is applied.
@@ -294,6 +305,34 @@ struct Batch {
     entries: Vec<(String, OsString, String)>,
     removed_entries: Vec<(String, OsString)>,
     removed_inodes: Vec<String>,
+    /// Directories' times (`P/ns/t/`).
+    times: Vec<(String, Vec<u8>)>,
+}
+
+/// A directory's times as `P/ns/t/<id>` stores them: modification and
+/// change time, nanoseconds since the epoch.
+fn encode_times(mtime: SystemTime, ctime: SystemTime) -> Vec<u8> {
+    let ns = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{} {}", ns(mtime), ns(ctime)).into_bytes()
+}
+
+fn decode_times(v: &[u8]) -> Option<(SystemTime, SystemTime)> {
+    let text = std::str::from_utf8(v).ok()?;
+    let mut parts = text.split(' ').map(|p| p.parse::<u64>().ok().map(|n| UNIX_EPOCH + Duration::from_nanos(n)));
+    let (m, c) = (parts.next()??, parts.next()??);
+    parts.next().is_none().then_some((m, c))
+}
+
+/// Whether `i` differs from the directory value `stored` only in what a
+/// change of its names moves: times, size, link count (readers take
+/// those from the entries), version and local number.
+fn only_names_moved(stored: &[u8], i: &crate::namespace::Inode, extra: &Extra) -> bool {
+    let Some((s, sx)) = decode_object_head(stored) else { return false };
+    s.kind == Kind::Dir
+        && i.kind == Kind::Dir
+        && (s.perm, s.uid, s.gid, s.rdev, s.atime, s.crtime) == (i.perm, i.uid, i.gid, i.rdev, i.atime, i.crtime)
+        && s.xattrs == i.xattrs
+        && sx == *extra
 }
 
 impl EtcdNamespace {
@@ -351,6 +390,18 @@ impl EtcdNamespace {
 
     fn inode_key(&self, id: &str) -> Vec<u8> {
         self.key(&format!("i/{id}"))
+    }
+
+    fn times_key(&self, id: &str) -> Vec<u8> {
+        self.key(&format!("t/{id}"))
+    }
+
+    /// Whether the inode `key` names is a directory, as etcd has it.
+    fn stored_dir(&self, key: &[u8]) -> bool {
+        match self.revs.get(key) {
+            Some((_, Some(v))) => decode_object_head(v).is_some_and(|(i, _)| i.kind == Kind::Dir),
+            _ => false,
+        }
     }
 
     fn entry_key(&self, dir: &str, name: &OsStr) -> Vec<u8> {
@@ -418,7 +469,7 @@ impl EtcdNamespace {
     /// are not the table's).
     fn sort(&mut self, batch: &mut Batch, key: &[u8], value: Option<&[u8]>, rev: i64) {
         let Some(rest) = key.strip_prefix(self.base.as_bytes()) else { return };
-        if !rest.starts_with(b"i/") && !rest.starts_with(b"e/") {
+        if !rest.starts_with(b"i/") && !rest.starts_with(b"e/") && !rest.starts_with(b"t/") {
             return;
         }
         if rev <= self.floor || self.revs.get(key).is_some_and(|&(r, _)| r >= rev) {
@@ -443,6 +494,8 @@ impl EtcdNamespace {
                 Some(v) => batch.entries.push((dir, name, String::from_utf8_lossy(v).into_owned())),
                 None => batch.removed_entries.push((dir, name)),
             }
+        } else if let (Some(id), Some(v)) = (rest.strip_prefix(b"t/"), value) {
+            batch.times.push((String::from_utf8_lossy(id).into_owned(), v.to_vec()));
         }
     }
 
@@ -492,11 +545,19 @@ impl EtcdNamespace {
         for id in batch.removed_inodes {
             self.unmap(&id);
         }
+        for (id, v) in batch.times {
+            let (Some(&ino), Some((m, c))) = (self.to_ino.get(&id), decode_times(&v)) else { continue };
+            if let Ok(i) = ns.get_mut(ino) {
+                i.mtime = i.mtime.max(m);
+                i.ctime = i.ctime.max(c);
+            }
+        }
         Ok(())
     }
 
     /// Create or update the inode `id` from its stored value.
     fn apply_inode(&mut self, ns: &mut Namespace, id: String, v: &[u8], caught: &mut Caught) -> Result<()> {
+        let times = self.times_key(&id);
         let Some((new, extra)) = decode_object(v) else {
             tracing::warn!(id, "shared namespace: an inode value does not decode; skipped");
             return Ok(());
@@ -515,7 +576,16 @@ impl EtcdNamespace {
                 ino
             }
         };
-        let n = *new;
+        let mut n = *new;
+        if n.kind == Kind::Dir {
+            // Times a change of its names stored since are later.
+            if let Some((_, Some(tv))) = self.revs.get(&times) {
+                if let Some((m, c)) = decode_times(tv) {
+                    n.mtime = n.mtime.max(m);
+                    n.ctime = n.ctime.max(c);
+                }
+            }
+        }
         if n.kind == Kind::Dir && ns.get(ino).is_ok_and(|i| i.perm & 0o111 == 0o111) && n.perm & 0o111 != 0o111 {
             caught.unsearchable.push(ino);
         }
@@ -720,15 +790,34 @@ impl EtcdNamespace {
         let freed: Vec<Ino> = freed.iter().copied().collect();
         let mut ops = Vec::new();
         let mut written: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
+        let mut blind: HashSet<Vec<u8>> = HashSet::new();
+        // Keys compared without being written: directories whose names
+        // changed (they must still be as this host knew them), and removed
+        // directories' entries (none may be left).
+        let mut guards: Vec<Vec<u8>> = Vec::new();
+        let mut empty: Vec<Vec<u8>> = Vec::new();
         // Directories a directory moved into: their ancestors are compared too.
         let mut moved_into: Vec<Ino> = Vec::new();
         let named = |ns: &Namespace, ino: Ino| ns.get(ino).is_ok_and(|i| i.nlink > 0 || ino == Ino::ROOT);
+        // A directory made, moved or removed: the directories whose names
+        // change are written whole and compared, as the ancestors of a
+        // moved directory are (two crossing moves must conflict).
+        let structural = dirty.iter().any(|&ino| {
+            let Ok(Body::Dir(d)) = ns.get(ino).map(|i| &i.body) else { return false };
+            let Some(id) = self.to_id.get(&ino) else { return true };
+            d.dirty_names().any(|name| {
+                let now = d.get(name).is_some_and(|c| ns.get(c).is_ok_and(|c| c.kind == Kind::Dir));
+                let before = match self.revs.get(&self.entry_key(id, name)) {
+                    Some((_, Some(child))) => self.stored_dir(&self.inode_key(&String::from_utf8_lossy(child))),
+                    _ => false,
+                };
+                now || before
+            })
+        });
         for &ino in &dirty {
             if !named(ns, ino) {
                 if let Some(id) = self.to_id.get(&ino).cloned() {
-                    let k = self.inode_key(&id);
-                    ops.push(Op::delete(k.clone()));
-                    written.push((k, None));
+                    self.remove_inode(&id, &mut ops, &mut written, &mut blind, &mut empty);
                 }
                 continue;
             }
@@ -740,9 +829,23 @@ impl EtcdNamespace {
             }
             let id = self.id_of(ino);
             let k = self.inode_key(&id);
-            let v = encode_object(i, &extra(ino));
-            ops.push(Op::put(k.clone(), v.clone(), 0));
-            written.push((k, Some(v)));
+            let x = extra(ino);
+            let names_only = match self.revs.get(&k) {
+                Some((_, Some(stored))) if !structural => only_names_moved(stored, i, &x),
+                _ => false,
+            };
+            if names_only {
+                let tk = self.times_key(&id);
+                let tv = encode_times(i.mtime, i.ctime);
+                ops.push(Op::put(tk.clone(), tv.clone(), 0));
+                written.push((tk.clone(), Some(tv)));
+                blind.insert(tk);
+                guards.push(k);
+            } else {
+                let v = encode_object(i, &x);
+                ops.push(Op::put(k.clone(), v.clone(), 0));
+                written.push((k, Some(v)));
+            }
             if let Body::Dir(d) = &i.body {
                 for name in d.dirty_names() {
                     let key = self.entry_key(&id, name);
@@ -772,18 +875,17 @@ impl EtcdNamespace {
         }
         for ino in freed {
             if let Some(id) = self.to_id.get(&ino).cloned() {
-                let k = self.inode_key(&id);
-                ops.push(Op::delete(k.clone()));
-                written.push((k, None));
+                self.remove_inode(&id, &mut ops, &mut written, &mut blind, &mut empty);
             }
         }
         let mut compared: HashSet<Vec<u8>> = HashSet::new();
         let mut cmp = Vec::new();
-        for (k, _) in &written {
+        for k in written.iter().map(|(k, _)| k).filter(|k| !blind.contains(*k)).chain(&guards) {
             if compared.insert(k.clone()) {
                 cmp.push(Compare::unchanged(k.clone(), self.rev_of(k)));
             }
         }
+        cmp.extend(empty.into_iter().map(Compare::none_under));
         for dir in moved_into {
             let mut at = dir;
             while at != Ino::ROOT {
@@ -797,7 +899,32 @@ impl EtcdNamespace {
                 }
             }
         }
-        Ok(Changes { compares: cmp, ops, written })
+        Ok(Changes { compares: cmp, ops, written, blind })
+    }
+
+    /// Delete inode `id` from the store; a directory's times go with it,
+    /// and it is compared to have no entries left (another host's change
+    /// of its names does not write the directory's value).
+    fn remove_inode(
+        &self,
+        id: &str,
+        ops: &mut Vec<Op>,
+        written: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        blind: &mut HashSet<Vec<u8>>,
+        empty: &mut Vec<Vec<u8>>,
+    ) {
+        let k = self.inode_key(id);
+        if self.stored_dir(&k) {
+            empty.push(self.key(&format!("e/{id}/")));
+            let tk = self.times_key(id);
+            if matches!(self.revs.get(&tk), Some((_, Some(_)))) {
+                ops.push(Op::delete(tk.clone()));
+                written.push((tk.clone(), None));
+                blind.insert(tk);
+            }
+        }
+        ops.push(Op::delete(k.clone()));
+        written.push((k, None));
     }
 }
 
@@ -851,7 +978,7 @@ impl Replica for EtcdNamespace {
     ) -> Result<Option<Box<dyn Publication>>> {
         let changes = self.changes(ns, extra);
         ns.clear_dirty();
-        let Changes { compares: mut cmp, mut ops, written } = match changes {
+        let Changes { compares: mut cmp, mut ops, written, blind } = match changes {
             Ok(c) => c,
             Err(e) => return Err(self.undo(ns, e)),
         };
@@ -893,7 +1020,7 @@ impl Replica for EtcdNamespace {
                 _ => Op::get(c.key().to_vec()),
             })
             .collect();
-        self.in_flight = written.iter().map(|(k, _)| k.clone()).collect();
+        self.in_flight = written.iter().map(|(k, _)| k.clone()).filter(|k| !blind.contains(k)).collect();
         self.skipped.clear();
         Ok(Some(Box::new(EtcdPublication {
             client: self.client.clone(),
@@ -1122,6 +1249,112 @@ mod tests {
         assert_eq!(t.settle(&mut ns, p), Err(Error::Conflict));
         assert!(t.to_ino.contains_key("o.1"));
         assert_eq!(read(&ns, Ino::ROOT, "l.json"), "v1");
+    }
+
+    /// The keys `p` puts, deletes and compares.
+    fn shape(p: &EtcdPublication) -> (Vec<String>, Vec<String>, Vec<String>) {
+        let text = |k: &[u8]| String::from_utf8_lossy(k).into_owned();
+        let mut puts = Vec::new();
+        let mut dels = Vec::new();
+        for op in &p.ops {
+            match op {
+                Op::Put { key, .. } => puts.push(text(key)),
+                Op::Delete { key, .. } => dels.push(text(key)),
+                Op::Get { .. } => {}
+            }
+        }
+        let cmps = p
+            .compares
+            .iter()
+            .map(|c| if c.range_end.is_empty() { text(&c.key) } else { format!("{}*", text(&c.key)) })
+            .collect();
+        (puts, dels, cmps)
+    }
+
+    fn publish(t: &mut EtcdNamespace, ns: &mut Namespace) -> Box<EtcdPublication> {
+        let p = t.prepare(ns, &|_| Extra::default(), &[]).unwrap().unwrap();
+        p.into_any().downcast::<EtcdPublication>().unwrap()
+    }
+
+    #[test]
+    fn a_new_name_writes_its_directorys_times_and_compares_its_value_unwritten() {
+        let (mut t, mut ns) = with_file("f");
+        events(&mut t, &mut ns, &[("p/ns/i/r", Some(value(Kind::Dir, "")))]);
+        ns.set_tracking();
+        let file = NewInode { kind: Kind::File, perm: 0o644, uid: 0, gid: 0, rdev: 0, symlink: None };
+        let g = ns.alloc(file, Ino::ROOT, UNIX_EPOCH);
+        ns.link(Ino::ROOT, OsStr::new("g"), g).unwrap();
+        let later = UNIX_EPOCH + Duration::from_secs(7);
+        ns.get_mut(Ino::ROOT).unwrap().mtime = later;
+        let mut p = publish(&mut t, &mut ns);
+        let (puts, dels, cmps) = shape(&p);
+        assert!(puts.contains(&"p/ns/t/r".to_string()) && !puts.contains(&"p/ns/i/r".to_string()), "{puts:?}");
+        assert!(dels.is_empty(), "{dels:?}");
+        // The directory must still be as known; its times are not compared
+        // (another host's new name in it does not conflict with this one).
+        assert!(cmps.contains(&"p/ns/i/r".to_string()) && !cmps.contains(&"p/ns/t/r".to_string()), "{cmps:?}");
+        assert!(cmps.contains(&"p/ns/e/r/g".to_string()), "{cmps:?}");
+        assert!(!t.in_flight.contains(b"p/ns/t/r".as_slice()) && t.in_flight.contains(b"p/ns/e/r/g".as_slice()));
+        let rev = t.applied + 1;
+        p.answer = Some(Ok(TxnResult { succeeded: true, revision: rev, responses: vec![] }));
+        t.settle(&mut ns, p).unwrap();
+        assert_eq!(t.rev_of(b"p/ns/t/r"), rev);
+        // A directory made in it: the directory's value is written whole
+        // (its link count; crossing moves of directories must conflict).
+        ns.clear_dirty();
+        let dir = NewInode { kind: Kind::Dir, perm: 0o755, uid: 0, gid: 0, rdev: 0, symlink: None };
+        let d = ns.alloc(dir, Ino::ROOT, UNIX_EPOCH);
+        ns.link(Ino::ROOT, OsStr::new("d"), d).unwrap();
+        let p = publish(&mut t, &mut ns);
+        let (puts, _, cmps) = shape(&p);
+        assert!(puts.contains(&"p/ns/i/r".to_string()) && !puts.contains(&"p/ns/t/r".to_string()), "{puts:?}");
+        assert!(cmps.contains(&"p/ns/i/r".to_string()), "{cmps:?}");
+    }
+
+    #[test]
+    fn a_removed_directory_is_compared_empty_and_its_times_go_with_it() {
+        let (mut t, mut ns) = table();
+        events(
+            &mut t,
+            &mut ns,
+            &[
+                ("p/ns/i/r", Some(value(Kind::Dir, ""))),
+                ("p/ns/i/o.1", Some(value(Kind::Dir, ""))),
+                ("p/ns/e/r/d", Some(b"o.1".to_vec())),
+                ("p/ns/t/o.1", Some(encode_times(UNIX_EPOCH, UNIX_EPOCH))),
+            ],
+        );
+        ns.set_tracking();
+        ns.unlink(Ino::ROOT, OsStr::new("d")).unwrap();
+        let p = publish(&mut t, &mut ns);
+        let (_, dels, cmps) = shape(&p);
+        assert!(dels.contains(&"p/ns/i/o.1".to_string()) && dels.contains(&"p/ns/t/o.1".to_string()), "{dels:?}");
+        // Another host may have made a name in it without writing its value.
+        assert!(cmps.contains(&"p/ns/e/o.1/*".to_string()), "{cmps:?}");
+        assert!(!cmps.contains(&"p/ns/t/o.1".to_string()), "{cmps:?}");
+        // The root's value is written whole: a directory left it.
+        assert!(shape(&p).0.contains(&"p/ns/i/r".to_string()));
+    }
+
+    #[test]
+    fn a_directorys_times_from_another_host_are_taken_only_when_later() {
+        let (mut t, mut ns) = table();
+        events(&mut t, &mut ns, &[("p/ns/i/r", Some(value(Kind::Dir, "")))]);
+        let t5 = UNIX_EPOCH + Duration::new(5, 7);
+        events(&mut t, &mut ns, &[("p/ns/t/r", Some(encode_times(t5, t5)))]);
+        assert_eq!((ns.get(Ino::ROOT).unwrap().mtime, ns.get(Ino::ROOT).unwrap().ctime), (t5, t5));
+        // A later value of the directory written by a host whose copy
+        // lacked those times (a chmod) does not take them back.
+        events(&mut t, &mut ns, &[("p/ns/i/r", Some(value(Kind::Dir, "")))]);
+        assert_eq!(ns.get(Ino::ROOT).unwrap().mtime, t5);
+        // Earlier times do not either; later ones are taken.
+        events(&mut t, &mut ns, &[("p/ns/t/r", Some(encode_times(UNIX_EPOCH, UNIX_EPOCH)))]);
+        assert_eq!(ns.get(Ino::ROOT).unwrap().mtime, t5);
+        let t9 = UNIX_EPOCH + Duration::from_secs(9);
+        events(&mut t, &mut ns, &[("p/ns/t/r", Some(encode_times(t9, t5)))]);
+        assert_eq!((ns.get(Ino::ROOT).unwrap().mtime, ns.get(Ino::ROOT).unwrap().ctime), (t9, t5));
+        assert_eq!(decode_times(b"1 2 3"), None);
+        assert_eq!(decode_times(&encode_times(t9, t5)), Some((t9, t5)));
     }
 
     #[test]

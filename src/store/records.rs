@@ -444,6 +444,22 @@ pub fn decode_object(image: &[u8]) -> Option<(Box<Inode>, Extra)> {
     Some((i, x))
 }
 
+/// The inode record of what [`encode_object`] wrote, without its pages
+/// (a directory's value is that record alone; a file's pages are not
+/// checked or decoded).
+pub fn decode_object_head(image: &[u8]) -> Option<(Box<Inode>, Extra)> {
+    let len = u32::from_le_bytes(image.get(..4)?.try_into().ok()?) as usize;
+    let crc = u32::from_le_bytes(image.get(8..12)?.try_into().ok()?);
+    let payload = image.get(FRAME..FRAME.checked_add(len)?)?;
+    if crc32(payload) != crc {
+        return None;
+    }
+    match decode(payload)? {
+        Rec::Inode(i, _, x) => Some((i, x)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod object_tests {
     use super::*;
@@ -487,5 +503,12 @@ mod object_tests {
         bad[at] ^= 1;
         assert!(decode_object(&bad).is_none());
         assert!(decode_object(&v[..v.len() - 3]).is_none());
+        // The head alone: the attributes, whatever follows.
+        let (head, hx) = decode_object_head(&bad).expect("head decodes");
+        assert_eq!((head.kind, head.perm, head.mtime, hx), (Kind::File, 0o640, t, x));
+        assert!(decode_object_head(&v[..10]).is_none());
+        let mut bad_head = v.clone();
+        bad_head[FRAME + 2] ^= 1;
+        assert!(decode_object_head(&bad_head).is_none());
     }
 }
