@@ -1396,6 +1396,13 @@ print("done")"#
     let newest_birth = sh_ok(&a.path, "stat -c %Y d/a39 d/b39 | sort -n | tail -1");
     let dir_mtime = sh_ok(&b.path, "stat -c %Y d");
     assert!(dir_mtime.trim().parse::<u64>().unwrap() >= newest_birth.trim().parse::<u64>().unwrap());
+    // Times set back on the directory reach the other host as set (red
+    // when they went the way of a change of names: the later times stood).
+    sh_ok(&a.path, "touch -m -d @981173106 d");
+    assert_eq!(sh_ok(&b.path, "cat d/a.json >/dev/null; stat -c %Y d"), "981173106\n");
+    sh_ok(&b.path, "touch d/c");
+    let made = sh_ok(&a.path, "cat d/c; stat -c %Y d").trim().parse::<u64>().unwrap();
+    assert!(made > 981173106, "a name made after it moves the time again");
 }
 
 /// A directory removed on one host while another host makes a name in it

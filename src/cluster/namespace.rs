@@ -830,12 +830,15 @@ impl EtcdNamespace {
             let id = self.id_of(ino);
             let k = self.inode_key(&id);
             let x = extra(ino);
+            // A change of names alone (not a `utime`, which may set times
+            // back: the directory's value carries those).
+            let renamed = matches!(&i.body, Body::Dir(d) if d.dirty_names().next().is_some());
             let names_only = match self.revs.get(&k) {
-                Some((_, Some(stored))) if !structural => only_names_moved(stored, i, &x),
+                Some((_, Some(stored))) if renamed && !structural => only_names_moved(stored, i, &x),
                 _ => false,
             };
+            let tk = self.times_key(&id);
             if names_only {
-                let tk = self.times_key(&id);
                 let tv = encode_times(i.mtime, i.ctime);
                 ops.push(Op::put(tk.clone(), tv.clone(), 0));
                 written.push((tk.clone(), Some(tv)));
@@ -845,6 +848,13 @@ impl EtcdNamespace {
                 let v = encode_object(i, &x);
                 ops.push(Op::put(k.clone(), v.clone(), 0));
                 written.push((k, Some(v)));
+                // The value now carries the directory's times, earlier
+                // ones too: stored times no longer stand over them.
+                if matches!(self.revs.get(&tk), Some((_, Some(_)))) {
+                    ops.push(Op::delete(tk.clone()));
+                    written.push((tk.clone(), None));
+                    blind.insert(tk);
+                }
             }
             if let Body::Dir(d) = &i.body {
                 for name in d.dirty_names() {
@@ -1355,6 +1365,30 @@ mod tests {
         assert_eq!((ns.get(Ino::ROOT).unwrap().mtime, ns.get(Ino::ROOT).unwrap().ctime), (t9, t5));
         assert_eq!(decode_times(b"1 2 3"), None);
         assert_eq!(decode_times(&encode_times(t9, t5)), Some((t9, t5)));
+    }
+
+    #[test]
+    fn times_set_back_on_a_directory_are_stored_in_its_value_and_its_times_go() {
+        let (mut t, mut ns) = table();
+        let t9 = UNIX_EPOCH + Duration::from_secs(9);
+        events(&mut t, &mut ns, &[("p/ns/i/r", Some(value(Kind::Dir, ""))), ("p/ns/t/r", Some(encode_times(t9, t9)))]);
+        ns.set_tracking();
+        // `touch -m -d` of the directory: no name changes.
+        let t3 = UNIX_EPOCH + Duration::from_secs(3);
+        ns.get_mut(Ino::ROOT).unwrap().mtime = t3;
+        let p = publish(&mut t, &mut ns);
+        let (puts, dels, _) = shape(&p);
+        assert!(puts.contains(&"p/ns/i/r".to_string()) && !puts.contains(&"p/ns/t/r".to_string()), "{puts:?}");
+        assert!(dels.contains(&"p/ns/t/r".to_string()), "{dels:?}");
+        // Another host applies the change: the time set back stands.
+        let (mut o, mut ons) = table();
+        events(&mut o, &mut ons, &[("p/ns/i/r", Some(value(Kind::Dir, ""))), ("p/ns/t/r", Some(encode_times(t9, t9)))]);
+        let v = p.ops.iter().find_map(|op| match op {
+            Op::Put { key, value, .. } if key == b"p/ns/i/r" => Some(value.clone()),
+            _ => None,
+        });
+        events(&mut o, &mut ons, &[("p/ns/i/r", v), ("p/ns/t/r", None)]);
+        assert_eq!(ons.get(Ino::ROOT).unwrap().mtime, t3);
     }
 
     #[test]
