@@ -1149,6 +1149,8 @@ impl Replica for EtcdNamespace {
         json!({
             "revision": self.applied,
             "inodes": self.to_ino.len(),
+            "keys": self.revs.len(),
+            "tombstones": self.tombstones.len(),
             "reloads": self.reloads,
             "replayed": self.replayed,
             "conflicts": self.conflicts,

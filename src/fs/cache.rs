@@ -153,9 +153,12 @@ impl KernelCache {
         self.order.push_back(ino);
         self.last_took = Some(now);
         // Forgotten files leave stale slots behind: rebuild the queue from
-        // what the kernel holds when it has grown far past it.
-        if self.order.len() > 4 * bound.max(ns.held()) + 1024 {
-            self.order.retain(|i| ns.get(*i).is_ok_and(|i| i.lookups > 0));
+        // what the kernel holds when it has grown far past it (a walk per
+        // `3 * held + 1024` new references at least, so O(1) each; the
+        // queue stays near what is held, not near the bound, when files
+        // come and go: one per renewal by `rename`).
+        if self.order.len() > 4 * ns.held() + 1024 {
+            self.compact(ns);
         }
         let batch = Self::batch(bound);
         if ns.held() <= bound + batch {
@@ -172,6 +175,27 @@ impl KernelCache {
             }
         }
         !std::mem::replace(&mut self.trim_due, true)
+    }
+
+    /// Keep one slot per file the kernel holds: its latest, the time of its
+    /// current first reference (a file forgotten and looked up again was
+    /// queued again).
+    fn compact(&mut self, ns: &Namespace) {
+        let mut seen = std::collections::HashSet::new();
+        let mut kept: Vec<Ino> = Vec::with_capacity(ns.held());
+        for &i in self.order.iter().rev() {
+            if ns.get(i).is_ok_and(|i| i.lookups > 0) && seen.insert(i) {
+                kept.push(i);
+            }
+        }
+        kept.reverse();
+        self.order = kept.into();
+    }
+
+    /// Slots in the queue (stale ones too).
+    #[cfg(test)]
+    pub(super) fn queued(&self) -> usize {
+        self.order.len()
     }
 
     /// Once no file was newly referenced for [`TRIM_AFTER`], pick a batch of

@@ -663,6 +663,42 @@ fn the_kernel_is_asked_to_drop_the_oldest_unopened_names_past_the_bound() {
     assert_eq!(trim(later), None, "nothing more to do");
 }
 
+/// Files that come and go (a lease renewed by `rename`, one new file per
+/// renewal, the old one forgotten) leave the queue of kernel references
+/// near what the kernel holds, not near the bound: its memory does not
+/// grow with the renewals.
+#[test]
+fn the_queue_of_kernel_references_stays_near_what_is_held_as_files_come_and_go() {
+    let fs = fs();
+    let bound = fs.limits().0.kernel_inodes;
+    assert!(bound >= 65_536, "{bound}");
+    let (json, tmp) = (OsStr::new("r.json"), OsStr::new("r.tmp"));
+    let mut old = None;
+    for i in 0..20_000 {
+        let a = fs.mknod(C, Ino::ROOT, tmp, libc::S_IFREG | 0o644, 0, 0).unwrap();
+        fs.rename(Ino::ROOT, tmp, Ino::ROOT, json, 0, by(0)).unwrap();
+        // The kernel forgets the file the rename replaced.
+        if let Some(o) = old.replace(a.ino) {
+            fs.forget(o, 1);
+        }
+        let st = fs.state.lock();
+        let (held, queued) = (st.ns.held(), st.cache.refs.queued());
+        assert!(held <= 2, "{held} held after renewal {i}");
+        // Held at the last reference: this one and the one it replaced.
+        assert!(queued <= 4 * 2 + 1024 + 1, "{queued} slots for {held} held after renewal {i}");
+    }
+    // One file forgotten and looked up again, over and over: one slot for
+    // it once the queue is rebuilt, not one per lookup.
+    fs.forget(old.unwrap(), 1);
+    assert_eq!(fs.state.lock().ns.held(), 0);
+    for i in 0..5_000 {
+        let a = fs.lookup(Ino::ROOT, json, C).unwrap().0;
+        let queued = fs.state.lock().cache.refs.queued();
+        assert!(queued <= 4 + 1024 + 1, "{queued} slots after lookup {i}");
+        fs.forget(a.ino, 1);
+    }
+}
+
 /// Where the daemon checks permissions (a shared namespace), it refuses
 /// what the kernel's `default_permissions` would: search, write and read
 /// of directories and files, the sticky bit, chmod/chown/times by others,
