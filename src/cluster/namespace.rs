@@ -1525,7 +1525,11 @@ mod tests {
         assert_eq!(t.tombstones, vec![(at + 3, b"p/ns/e/r/f".to_vec())]);
         // Every key the table has stays.
         assert_eq!(t.rev_of(b"p/ns/i/o.1"), at);
+        // `status` counts them: f's inode, and f's entry kept as deleted.
+        let kept = |t: &EtcdNamespace| (t.status()["keys"].clone(), t.status()["tombstones"].clone());
+        assert_eq!(kept(&t), (json!(2), json!(1)));
         t.apply_queued(&mut ns, vec![(at + 3, vec![ev("p/ns/e/r/f", None)])]).unwrap();
         assert!(!t.revs.contains_key(b"p/ns/e/r/f".as_slice()) && t.tombstones.is_empty());
+        assert_eq!(kept(&t), (json!(1), json!(0)));
     }
 }
